@@ -1,0 +1,180 @@
+"""The ``packdata`` command: thin wrappers that parse, call the library and print."""
+
+from __future__ import annotations
+
+import json
+import os
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+from rich.table import Table
+
+from packdata.errors import PackdataError
+
+app = typer.Typer(
+    help="Pack one-file-per-sample datasets into LMDB, HDF5 or tar shards, and load them fast.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+console = Console(stderr=True, soft_wrap=True)
+
+
+class ContainerName(str, Enum):
+    lmdb = "lmdb"
+    hdf5 = "hdf5"
+    tar = "tar"
+
+
+class Kind(str, Enum):
+    image = "image"
+
+
+class Encoding(str, Enum):
+    raw = "raw"
+    keep = "keep"
+
+
+class OnError(str, Enum):
+    fail = "fail"
+    skip = "skip"
+
+
+def _fail(exc: Exception) -> None:
+    console.print(f"[red]error:[/red] {exc}", highlight=False)
+    raise typer.Exit(2)
+
+
+@app.command()
+def convert(
+    src: Annotated[Path, typer.Argument(help="Input: a folder of files, one per sample.")],
+    dst: Annotated[Path, typer.Argument(
+        help="Output. *.lmdb → LMDB; *.h5/*.hdf5 → HDF5; a directory, NAME.tar or "
+        "DIR/NAME-%06d.tar → uncompressed tar shards (webdataset naming).")],
+    format: Annotated[ContainerName | None, typer.Option(
+        "--format", "-f", help="Container, when DST's suffix does not say.")] = None,
+    kind: Annotated[Kind | None, typer.Option(
+        help="Sample kind; detected from file suffixes when omitted.")] = None,
+    workers: Annotated[int, typer.Option(
+        help="Parallel decode processes (default: CPU count).")] = os.cpu_count() or 1,
+    encoding: Annotated[Encoding, typer.Option(
+        help="Images: 'raw' stores decoded uint8 pixels (no decode when loading); 'keep' "
+        "stores the original file bytes (smaller, for large JPEGs).")] = Encoding.raw,
+    resize: Annotated[str | None, typer.Option(
+        help="Images: resize to N×N or WxH pixels at conversion (needs --encoding raw).")] = None,
+    labels: Annotated[Path | None, typer.Option(
+        help="Labels file: .json, .csv or .pkl mapping file name → class index. Found "
+        "automatically as SRC/labels.*; class sub-folders need none. A .pkl is unpickled: "
+        "use only one you trust.")] = None,
+    on_error: Annotated[OnError, typer.Option(
+        help="'fail' stops at the first bad input, naming it; 'skip' skips, counts and "
+        "records bad inputs in the manifest.")] = OnError.fail,
+    overwrite: Annotated[bool, typer.Option(
+        help="Replace DST if it is an existing packdata dataset.")] = False,
+    shard_size: Annotated[str | None, typer.Option(
+        help="Tar: samples per shard (10000) or bytes per shard (e.g. 512MB).")] = None,
+) -> None:
+    """Convert a one-file-per-sample dataset into a packed one.
+
+    Example: packdata convert ./cifar-png cifar.lmdb --labels labels.pkl
+    """
+    from packdata.convert import convert as run_convert
+    from packdata.sources import open_source
+
+    options = {"labels": labels, "encoding": encoding.value, "resize": resize}
+    defaults = {"encoding": "raw"}
+    source_options = {k: v for k, v in options.items() if v is not None and defaults.get(k) != v}
+    try:
+        source = open_source(src, kind.value if kind else None, **source_options)
+        with Progress(
+            "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+            TimeRemainingColumn(), console=console, transient=True,
+        ) as bar:
+            task = bar.add_task(f"converting {src}", total=None)
+            result = run_convert(
+                source, dst, container=format.value if format else None,
+                container_options={"shard_size": shard_size} if shard_size else None,
+                workers=workers, on_error=on_error.value, overwrite=overwrite,
+                progress=lambda done, total: bar.update(task, completed=done, total=total),
+            )
+    except (PackdataError, OSError, ValueError) as exc:
+        _fail(exc)
+    m = result.manifest
+    console.print(
+        f"wrote {result.path}: {m.count} {m.kind} samples ({m.container}) in "
+        f"{result.seconds:.1f} s", highlight=False,
+    )
+    if m.skipped:
+        console.print(f"[yellow]skipped {len(m.skipped)} inputs:[/yellow]")
+        for s in m.skipped:
+            console.print(f"  {s['path']}: {s['reason']}", highlight=False, markup=False)
+
+
+@app.command()
+def inspect(
+    dataset: Annotated[Path, typer.Argument(help="A packdata dataset.")],
+    preview: Annotated[Path | None, typer.Option(
+        help="Write a PNG grid of the first samples (image datasets).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Show what a dataset holds: count, fields, classes, size on disk, how it was made."""
+    from packdata.inspect import describe
+    from packdata.inspect import preview as write_preview
+
+    try:
+        info = describe(dataset)
+        if preview:
+            write_preview(dataset, preview)
+    except (PackdataError, OSError) as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(info, indent=2))
+        return
+    table = Table(title=str(dataset), show_header=False)
+    table.add_row("container", info["container"])
+    table.add_row("kind", info["kind"])
+    table.add_row("samples", f"{info['count']:,}")
+    for name, f in info["fields"].items():
+        shape = "×".join("N" if s is None else str(s) for s in f["shape"]) or "scalar"
+        codec = f" ({f['codec']})" if f.get("codec") else ""
+        table.add_row(f"field {name}", f"{f['dtype']} {shape}{codec}")
+    for name, stats in info.get("lengths", {}).items():
+        table.add_row(f"{name} lengths", ", ".join(f"{k} {v:,}" for k, v in stats.items()))
+    if info["classes"]:
+        table.add_row("classes", f"{len(info['classes'])}: " + ", ".join(info["classes"][:10]))
+    table.add_row("size on disk", f"{info['bytes_on_disk'] / 2**20:,.1f} MiB")
+    table.add_row("source", json.dumps(info["source"]))
+    table.add_row("options", json.dumps(info["options"]))
+    if info["skipped"]:
+        table.add_row("skipped inputs", str(info["skipped"]))
+    for k, v in info["extra"].items():
+        table.add_row(k, json.dumps(v)[:200])
+    Console().print(table)
+    if preview:
+        console.print(f"preview written to {preview}")
+
+
+@app.command()
+def demo(
+    count: Annotated[int, typer.Option(help="Images in the demo folder.")] = 10_000,
+    workdir: Annotated[Path | None, typer.Option(
+        help="Keep the demo's files here (default: a temporary directory).")] = None,
+    as_json: Annotated[Path | None, typer.Option("--json", help="Also write results as JSON.")] = None,
+    seconds: Annotated[float, typer.Option(help="Minimum timing per loader.")] = 1.0,
+) -> None:
+    """Convert a real CIFAR-10 sample shipped with packdata into every container and compare
+    loading speed with the classic one-file-per-sample Dataset."""
+    from packdata.demo import print_table, run_demo
+
+    results = run_demo(count=count, workdir=workdir, min_seconds=seconds,
+                       log=lambda m: console.print(m, highlight=False))
+    print_table(results, Console())
+    if as_json:
+        as_json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    app()

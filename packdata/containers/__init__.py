@@ -1,0 +1,64 @@
+"""Containers: the on-disk formats. One module each; this table is the only place that lists them.
+
+A container module defines ``NAME``, ``SUFFIXES``, a ``Writer`` and a ``Reader``
+(see :mod:`packdata.containers.base`). Modules are imported only when used, so a missing backend
+costs nothing until it is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+
+from packdata.errors import DatasetError
+
+CONTAINERS: dict[str, str] = {
+    "lmdb": "packdata.containers.lmdb",
+    "hdf5": "packdata.containers.hdf5",
+    "tar": "packdata.containers.tar",
+}
+
+
+def get(name: str) -> ModuleType:
+    """The container module registered as ``name``."""
+    try:
+        return importlib.import_module(CONTAINERS[name])
+    except KeyError:
+        raise DatasetError(
+            f"unknown container '{name}'; registered: {', '.join(CONTAINERS)}"
+        ) from None
+
+
+def for_destination(dst: str | Path, name: str | None = None) -> ModuleType:
+    """The container to write ``dst`` with: ``name`` if given, else chosen by ``dst``'s suffix."""
+    if name:
+        return get(name)
+    suffix = Path(dst).suffix.lower()
+    for key in CONTAINERS:
+        module = get(key)
+        if suffix in module.SUFFIXES:
+            return module
+    if suffix == "":
+        return get("tar")  # a plain directory holds tar shards
+    known = sorted(s for key in CONTAINERS for s in get(key).SUFFIXES)
+    raise DatasetError(
+        f"{dst}: cannot tell the container from the suffix '{suffix}'; use one of "
+        f"{', '.join(known)}, a directory (tar shards), or --format {'|'.join(CONTAINERS)}"
+    )
+
+
+def for_existing(path: str | Path) -> ModuleType:
+    """The container that holds the dataset at ``path``."""
+    p = Path(path)
+    if not p.exists():
+        raise DatasetError(f"{p}: no such file or directory")
+    for key in CONTAINERS:
+        module = get(key)
+        if module.READER.detect(p):
+            return module
+    found = "a directory holding " + ", ".join(sorted(x.name for x in p.iterdir())[:5]) \
+        if p.is_dir() else f"a file of {p.stat().st_size} bytes"
+    raise DatasetError(
+        f"{p}: not a packdata dataset (found {found}); create one with `packdata convert`"
+    )

@@ -1,0 +1,116 @@
+"""The two halves every container implements: a Writer that appends records and a Reader whose
+unit of work is the batch (``read(indices)``), never the single sample."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from packdata.errors import DatasetError
+from packdata.manifest import Field, Manifest
+
+Batch = dict[str, "np.ndarray | list[np.ndarray]"]
+
+
+class Writer(ABC):
+    """Appends records into a fresh path; :func:`packdata.convert` renames it into place."""
+
+    #: container-specific options this writer accepts (name -> default)
+    OPTIONS: ClassVar[dict[str, Any]] = {}
+
+    def __init__(
+        self, path: Path, fields: dict[str, Field], capacity: int, options: dict[str, Any]
+    ) -> None:
+        unknown = set(options) - set(self.OPTIONS)
+        if unknown:
+            accepted = ", ".join(self.OPTIONS) or "none"
+            raise ValueError(
+                f"options {sorted(unknown)} do not apply to this container (accepted: {accepted})"
+            )
+        self.path = path
+        self.fields = fields
+        self.capacity = capacity
+        self.options = {**self.OPTIONS, **options}
+        self.count = 0
+
+    @abstractmethod
+    def append(self, key: str, record: dict[str, np.ndarray]) -> None:
+        """Store one record (every field of ``fields``, already checked)."""
+
+    @abstractmethod
+    def finish(self, manifest: Manifest) -> None:
+        """Flush, store the manifest and close: the output is complete after this returns."""
+
+    def abort(self) -> None:  # noqa: B027 - optional hook
+        """Release handles after a failure; the caller deletes the partial output."""
+
+
+class Reader(ABC):
+    """Batched random access to a container. Open one per process (handles do not survive fork)."""
+
+    manifest: Manifest
+
+    @staticmethod
+    @abstractmethod
+    def detect(path: Path) -> bool:
+        """Whether ``path`` looks like a complete dataset of this container."""
+
+    @abstractmethod
+    def read(self, indices: np.ndarray) -> Batch:
+        """Records ``indices`` (in that order): fixed fields stacked into one array each,
+        variable-length fields as a list of arrays."""
+
+    @abstractmethod
+    def lengths(self, name: str) -> np.ndarray:
+        """Per-record length of the variable field ``name``, without reading the records."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release file handles."""
+
+    def check_indices(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = self.manifest.count
+        if idx.size and (idx.min() < -n or idx.max() >= n):
+            bad = idx[(idx < -n) | (idx >= n)][0]
+            raise IndexError(f"index {bad} out of range for a dataset of {n} records")
+        return np.where(idx < 0, idx + n, idx)
+
+    def check_variable(self, name: str) -> Field:
+        field = self.manifest.fields.get(name)
+        if field is None or not field.variable:
+            variable = list(self.manifest.variable_fields) or "none"
+            raise DatasetError(f"'{name}' is not a variable-length field (those are: {variable})")
+        return field
+
+
+def map_file(path: Path) -> np.ndarray:
+    """The whole file as a read-only uint8 array backed by a memory map.
+
+    A plain ndarray over :mod:`mmap` rather than ``np.memmap``: the subclass adds Python-level
+    work to every indexing call, which shows at hundreds of thousands of samples per second.
+    """
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return np.empty(0, dtype=np.uint8)
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    return np.frombuffer(mapped, dtype=np.uint8)
+
+
+def split_rows(flat: np.ndarray, lengths: np.ndarray, field: Field) -> list[np.ndarray]:
+    """Cut one flat buffer into per-record arrays of ``field``'s row shape."""
+    ends = np.cumsum(lengths)
+    rows = flat.view(field.np_dtype).reshape(-1, *field.row_shape)
+    return np.split(rows, ends[:-1]) if len(lengths) else []
+
+
+def disk_size(path: Path) -> int:
+    """Bytes on disk of a file or of everything under a directory."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

@@ -1,0 +1,183 @@
+"""LMDB container: one value per record, laid out so a batch of values becomes one array.
+
+Layout (readable with plain ``lmdb``):
+
+- key ``b"%010d" % i`` → record ``i``: the fixed fields' raw bytes in manifest order, then one
+  little-endian uint64 row count per variable field, then the variable fields' raw bytes;
+- key ``b"__lengths__/<field>"`` → the row counts of a variable field for all records (int64);
+- key ``b"__manifest__"`` → the manifest JSON.
+
+LMDB values live in a memory map, so reads copy nothing until the batch is assembled.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import numpy as np
+
+from packdata.containers.base import Batch, Reader, Writer
+from packdata.errors import DatasetError
+from packdata.manifest import Field, Manifest
+
+NAME = "lmdb"
+SUFFIXES = (".lmdb",)
+MANIFEST_KEY = b"__manifest__"
+MAP_SIZE = 1 << 40  # address space only; the file grows with the data
+COMMIT_BYTES = 64 << 20
+
+
+def record_key(i: int) -> bytes:
+    return b"%010d" % i
+
+
+def lengths_key(name: str) -> bytes:
+    return b"__lengths__/" + name.encode()
+
+
+class LMDBWriter(Writer):
+    def __init__(
+        self, path: Path, fields: dict[str, Field], capacity: int, options: dict[str, Any]
+    ) -> None:
+        super().__init__(path, fields, capacity, options)
+        self.env = lmdb.open(str(path), map_size=MAP_SIZE, subdir=True, sync=False)
+        self.txn = self.env.begin(write=True)
+        self.pending = 0
+        self.fixed = [n for n, f in fields.items() if not f.variable]
+        self.variable = [n for n, f in fields.items() if f.variable]
+        self.rows: dict[str, list[int]] = {n: [] for n in self.variable}
+
+    def append(self, key: str, record: dict[str, np.ndarray]) -> None:
+        parts = [np.ascontiguousarray(record[n]).tobytes() for n in self.fixed]
+        if self.variable:
+            counts = [len(record[n]) for n in self.variable]
+            for n, c in zip(self.variable, counts):
+                self.rows[n].append(c)
+            parts.append(np.asarray(counts, dtype="<u8").tobytes())
+            parts.extend(np.ascontiguousarray(record[n]).tobytes() for n in self.variable)
+        value = b"".join(parts)
+        self.txn.put(record_key(self.count), value, append=True)
+        self.count += 1
+        self.pending += len(value)
+        if self.pending >= COMMIT_BYTES:
+            self.txn.commit()
+            self.txn = self.env.begin(write=True)
+            self.pending = 0
+
+    def finish(self, manifest: Manifest) -> None:
+        for n in self.variable:
+            self.txn.put(lengths_key(n), np.asarray(self.rows[n], dtype="<i8").tobytes())
+        self.txn.put(MANIFEST_KEY, manifest.to_json().encode())
+        self.txn.commit()
+        self.env.sync(True)
+        self.env.close()
+
+    def abort(self) -> None:
+        self.txn.abort()
+        self.env.close()
+
+
+# LMDB refuses a second open of the same files in one process, so readers of one dataset share
+# an environment; an entry made before a fork is closed and replaced in the child.
+_envs: dict[tuple[int, int], tuple[int, lmdb.Environment]] = {}
+
+
+def shared_env(path: Path) -> lmdb.Environment:
+    """This process's read-only environment for the LMDB at ``path``."""
+    st = os.stat(path / "data.mdb")
+    key, pid = (st.st_dev, st.st_ino), os.getpid()
+    entry = _envs.get(key)
+    if entry is not None and entry[0] == pid:
+        return entry[1]
+    if entry is not None:
+        entry[1].close()
+    env = lmdb.open(
+        str(path), readonly=True, lock=False, readahead=False, subdir=True, max_readers=1024
+    )
+    _envs[key] = (pid, env)
+    return env
+
+
+class LMDBReader(Reader):
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.env = shared_env(self.path)
+        with self.env.begin() as txn:
+            raw = txn.get(MANIFEST_KEY)
+            if raw is None:
+                raise DatasetError(f"{self.path}: LMDB has no packdata manifest")
+            self.manifest = Manifest.from_json(raw, str(self.path))
+            self._lengths = {
+                n: np.frombuffer(txn.get(lengths_key(n)), dtype="<i8")
+                for n in self.manifest.variable_fields
+            }
+        fixed = self.manifest.fixed_fields
+        self.fixed_bytes = sum(f.nbytes for f in fixed.values())
+        self.columns: list[tuple[str, Field, int, int]] = []  # name, field, start, end (bytes)
+        start = 0
+        for name, field in fixed.items():
+            self.columns.append((name, field, start, start + field.nbytes))
+            start += field.nbytes
+
+    @staticmethod
+    def detect(path: Path) -> bool:
+        if not (path / "data.mdb").is_file():
+            return False
+        with shared_env(path).begin() as txn:
+            return txn.get(MANIFEST_KEY) is not None
+
+    def read(self, indices: np.ndarray) -> Batch:
+        idx = self.check_indices(indices)
+        keys = [record_key(i) for i in idx.tolist()]
+        with self.env.begin(buffers=True) as txn:
+            values = [v for _, v in txn.cursor().getmulti(keys)]
+            if self.manifest.variable_fields:
+                return self._split_variable(values)
+            # all records have the same size: one join makes the whole batch one (writable) array
+            flat = np.frombuffer(bytearray().join(values), dtype=np.uint8)
+        table = flat.reshape(len(keys), self.fixed_bytes)
+        return {
+            name: np.ascontiguousarray(table[:, a:b]).view(field.np_dtype).reshape(
+                len(keys), *field.shape
+            )
+            for name, field, a, b in self.columns
+        }
+
+    def _split_variable(self, values: list) -> Batch:
+        variable = self.manifest.variable_fields
+        nvar = len(variable)
+        head = self.fixed_bytes + 8 * nvar
+        table = np.empty((len(values), head), dtype=np.uint8)
+        pieces: dict[str, list[np.ndarray]] = {n: [] for n in variable}
+        for j, v in enumerate(values):
+            buf = np.frombuffer(v, dtype=np.uint8)
+            table[j] = buf[:head]
+            counts = buf[self.fixed_bytes : head].view("<u8")
+            pos = head
+            for (name, field), rows in zip(variable.items(), counts.tolist()):
+                nbytes = rows * int(np.prod(field.row_shape, dtype=np.int64)) * field.np_dtype.itemsize
+                pieces[name].append(buf[pos : pos + nbytes].copy())
+                pos += nbytes
+        batch: Batch = {
+            name: np.ascontiguousarray(table[:, a:b]).view(field.np_dtype).reshape(
+                len(values), *field.shape
+            )
+            for name, field, a, b in self.columns
+        }
+        for name, field in variable.items():
+            batch[name] = [p.view(field.np_dtype).reshape(-1, *field.row_shape) for p in pieces[name]]
+        return batch
+
+    def lengths(self, name: str) -> np.ndarray:
+        self.check_variable(name)
+        return self._lengths[name]
+
+    def close(self) -> None:
+        pass  # the environment is shared by this process's readers (see shared_env)
+
+
+WRITER = LMDBWriter
+READER = LMDBReader

@@ -1,0 +1,274 @@
+"""Tar-shard container: uncompressed POSIX tar files in webdataset's naming, plus an offset index.
+
+Layout of a dataset directory:
+
+- ``shard-000000.tar`` …: each sample's fields as consecutive members named ``KEY.EXT`` (dots in
+  keys become ``_``): an integer scalar ``label`` as ``KEY.cls`` (decimal text), encoded image
+  bytes as ``KEY.png``/``KEY.jpg``, every other field as ``KEY.<field>.npy``. The ``webdataset``
+  library and DALI's webdataset reader read these shards unchanged;
+- ``index.npz`` (numpy, no pickle): per field ``<field>.shard`` (int32), ``<field>.offset`` and
+  ``<field>.nbytes`` (int64) locating each record's payload bytes, and ``<field>.values`` for
+  scalar fields, so labels need no member reads;
+- ``manifest.json``: the manifest; ``extra.shards`` lists shard names and record counts.
+
+Reads memory-map the shards; where a shard's records sit at a constant stride (the usual case for
+fixed-shape fields) a batch is one numpy gather through a strided view.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packdata.containers.base import Batch, Reader, Writer, map_file
+from packdata.errors import DatasetError
+from packdata.manifest import Field, Manifest
+
+NAME = "tar"
+SUFFIXES = (".tar",)
+MANIFEST = "manifest.json"
+INDEX = "index.npz"
+
+
+def member_suffix(name: str, field: Field, value: np.ndarray) -> str:
+    """The webdataset extension a field's member gets."""
+    if field.codec == "image":
+        head = value[:4].tobytes()
+        return "png" if head.startswith(b"\x89PNG") else "jpg" if head[:2] == b"\xff\xd8" else "img"
+    if name == "label" and field.shape == () and field.np_dtype.kind in "iu":
+        return "cls"
+    return f"{name}.npy"
+
+
+def ustar_header(name: str, size: int) -> bytes:
+    """A POSIX ustar header for a regular file (mode 0644, owner 0, time 0): written by hand,
+    since building a TarInfo per member costs more than the rest of a conversion's main loop."""
+    encoded = name.encode()
+    if len(encoded) > 100 or size >= 8**11:
+        info = tarfile.TarInfo(name)
+        info.size = size
+        return info.tobuf(tarfile.PAX_FORMAT)
+    header = bytearray(512)
+    header[0 : len(encoded)] = encoded
+    header[100:108] = b"0000644\0"
+    header[108:116] = b"0000000\0"
+    header[116:124] = b"0000000\0"
+    header[124:136] = b"%011o\0" % size
+    header[136:148] = b"00000000000\0"
+    header[148:156] = b"        "
+    header[156:157] = b"0"
+    header[257:265] = b"ustar\x0000"
+    header[148:156] = b"%06o\0 " % sum(header)
+    return bytes(header)
+
+
+def parse_shard_size(text: str | int) -> tuple[int | None, int | None]:
+    """``"10000"`` → at most 10,000 samples per shard; ``"512MB"`` → at most 512 MB per shard."""
+    s = str(text).strip().upper()
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if s.endswith(unit):
+            return None, int(float(s[: -len(unit)]) * scale)
+    try:
+        return int(s), None
+    except ValueError:
+        raise ValueError(f"shard size '{text}': expected a sample count or a size like 512MB") \
+            from None
+
+
+def destination(dst: Path, options: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+    """Where a tar dataset goes: ``out/`` as given; ``out/cifar-%04d.tar`` is the directory ``out``
+    with shards named by the pattern; ``out.tar`` is the directory ``out`` with ``out-000000.tar``…"""
+    if dst.suffix.lower() != ".tar":
+        return dst, options
+    if "%" not in dst.name:
+        return dst.with_suffix(""), {**options, "pattern": f"{dst.stem}-%06d.tar"}
+    if dst.parent in (Path(""), Path(".")):
+        raise DatasetError(f"{dst}: put the shard pattern inside a directory, e.g. out/{dst.name}")
+    try:
+        dst.name % 0
+    except (TypeError, ValueError):
+        raise DatasetError(f"{dst}: the shard pattern needs one integer field like %06d") from None
+    return dst.parent, {**options, "pattern": dst.name}
+
+
+class TarWriter(Writer):
+    OPTIONS = {"shard_size": "10000", "pattern": "shard-%06d.tar"}
+
+    def __init__(
+        self, path: Path, fields: dict[str, Field], capacity: int, options: dict[str, Any]
+    ) -> None:
+        super().__init__(path, fields, capacity, options)
+        self.max_count, self.max_bytes = parse_shard_size(self.options["shard_size"])
+        path.mkdir(parents=True)
+        self.shards: list[dict[str, Any]] = []
+        self.file: Any = None  # the open shard
+        self.offset = 0  # bytes written to the open shard
+        self.index: dict[str, list] = {
+            f"{n}.{col}": [] for n in fields for col in ("shard", "offset", "nbytes")
+        }
+        self.values = {n: [] for n, f in fields.items() if f.shape == ()}
+
+    def _shard(self) -> Any:
+        full = self.file is not None and (
+            (self.max_count and self.shards[-1]["count"] >= self.max_count)
+            or (self.max_bytes and self.offset >= self.max_bytes)
+        )
+        if self.file is None or full:
+            self._close_shard()
+            name = self.options["pattern"] % len(self.shards)
+            self.shards.append({"name": name, "count": 0})
+            self.file = open(self.path / name, "wb", buffering=1 << 20)  # noqa: SIM115
+            self.offset = 0
+        return self.file
+
+    def _close_shard(self) -> None:
+        if self.file is not None:
+            end = self.offset + 1024  # two zero blocks end the archive
+            self.file.write(bytes(1024 + (-end) % tarfile.RECORDSIZE))
+            self.file.close()
+            self.file = None
+
+    def append(self, key: str, record: dict[str, np.ndarray]) -> None:
+        out = self._shard()
+        member_key = key.replace(".", "_")
+        for name, field in self.fields.items():
+            value = record[name]
+            suffix = member_suffix(name, field, value)
+            if suffix == "cls":
+                payload, skip = str(int(value)).encode(), 0
+            elif suffix.endswith(".npy"):
+                buf = io.BytesIO()
+                np.lib.format.write_array(buf, np.ascontiguousarray(value), allow_pickle=False)
+                payload = buf.getvalue()
+                skip = len(payload) - value.nbytes  # the .npy header precedes the raw bytes
+            else:
+                payload, skip = value.tobytes(), 0
+            header = ustar_header(f"{member_key}.{suffix}", len(payload))
+            out.write(header + payload + bytes(-len(payload) % 512))
+            data_start = self.offset + len(header)
+            self.offset = data_start + len(payload) + (-len(payload) % 512)
+            self.index[f"{name}.shard"].append(len(self.shards) - 1)
+            self.index[f"{name}.offset"].append(data_start + skip)
+            self.index[f"{name}.nbytes"].append(len(payload) - skip)
+            if name in self.values:
+                self.values[name].append(value)
+        self.shards[-1]["count"] += 1
+        self.count += 1
+
+    def finish(self, manifest: Manifest) -> None:
+        self._close_shard()
+        arrays = {
+            k: np.asarray(v, dtype=np.int32 if k.endswith(".shard") else np.int64)
+            for k, v in self.index.items()
+        }
+        for name, vals in self.values.items():
+            arrays[f"{name}.values"] = np.asarray(vals, dtype=self.fields[name].np_dtype)
+        np.savez(self.path / INDEX, **arrays)
+        manifest.extra["shards"] = self.shards
+        (self.path / MANIFEST).write_text(manifest.to_json())
+
+    def abort(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+class TarReader(Reader):
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        if not (self.path / MANIFEST).is_file():
+            raise DatasetError(f"{self.path}: no {MANIFEST}; not a packdata tar dataset")
+        self.manifest = Manifest.from_json((self.path / MANIFEST).read_text(), str(self.path))
+        with np.load(self.path / INDEX, allow_pickle=False) as z:
+            self.index = {k: z[k] for k in z.files}
+        shards = self.manifest.extra["shards"]
+        self.shard_names = [s["name"] for s in shards]
+        self.shard_start = np.concatenate([[0], np.cumsum([s["count"] for s in shards])])
+        self._maps: dict[int, np.ndarray] = {}
+        self._views: dict[tuple[str, int], np.ndarray | None] = {}
+
+    @staticmethod
+    def detect(path: Path) -> bool:
+        return path.is_dir() and (path / MANIFEST).is_file() and (path / INDEX).is_file()
+
+    def _map(self, shard: int) -> np.ndarray:
+        if shard not in self._maps:
+            self._maps[shard] = map_file(self.path / self.shard_names[shard])
+        return self._maps[shard]
+
+    def _strided(self, name: str, shard: int) -> np.ndarray | None:
+        """A (records, nbytes) view of one field in one shard, if its records sit at a fixed stride."""
+        if (name, shard) not in self._views:
+            a, b = self.shard_start[shard], self.shard_start[shard + 1]
+            offsets = self.index[f"{name}.offset"][a:b]
+            nbytes = int(self.manifest.fields[name].nbytes)
+            view = None
+            steps = np.diff(offsets)
+            if len(offsets) and (len(steps) == 0 or (steps == steps[0]).all()):
+                stride = int(steps[0]) if len(steps) else nbytes
+                mm = self._map(shard)
+                view = np.lib.stride_tricks.as_strided(
+                    mm[offsets[0] :], shape=(len(offsets), nbytes), strides=(stride, 1),
+                    writeable=False,
+                )
+            self._views[name, shard] = view
+        return self._views[name, shard]
+
+    def _payloads(self, name: str, idx: np.ndarray) -> list[np.ndarray]:
+        shard = self.index[f"{name}.shard"][idx]
+        offset = self.index[f"{name}.offset"][idx]
+        nbytes = self.index[f"{name}.nbytes"][idx]
+        return [
+            np.array(self._map(s)[o : o + n])
+            for s, o, n in zip(shard.tolist(), offset.tolist(), nbytes.tolist())
+        ]
+
+    def _gather_fixed(self, name: str, field: Field, idx: np.ndarray) -> np.ndarray:
+        out = np.empty((len(idx), field.nbytes), dtype=np.uint8)
+        shards = self.index[f"{name}.shard"][idx]
+        for s in np.unique(shards).tolist():
+            mask = shards == s
+            view = self._strided(name, s)
+            if view is not None:
+                out[mask] = view[idx[mask] - self.shard_start[s]]
+            else:
+                out[mask] = np.stack(self._payloads(name, idx[mask]))
+        return out.view(field.np_dtype).reshape(len(idx), *field.shape)
+
+    def read(self, indices: np.ndarray) -> Batch:
+        idx = self.check_indices(indices)
+        batch: Batch = {}
+        for name, field in self.manifest.fields.items():
+            if f"{name}.values" in self.index:
+                batch[name] = self.index[f"{name}.values"][idx]
+            elif field.variable:
+                batch[name] = [
+                    p.view(field.np_dtype).reshape(-1, *field.row_shape)
+                    for p in self._payloads(name, idx)
+                ]
+            else:
+                batch[name] = self._gather_fixed(name, field, idx)
+        return batch
+
+    def lengths(self, name: str) -> np.ndarray:
+        field = self.check_variable(name)
+        row_bytes = int(np.prod(field.row_shape, dtype=np.int64)) * field.np_dtype.itemsize
+        return self.index[f"{name}.nbytes"] // row_bytes
+
+    def close(self) -> None:
+        self._views.clear()
+        self._maps.clear()
+
+
+def shard_paths(path: Path) -> list[Path]:
+    """The shard files of a tar dataset, in order (for webdataset or DALI readers)."""
+    manifest = json.loads((Path(path) / MANIFEST).read_text())["packdata"]
+    return [Path(path) / s["name"] for s in manifest["extra"]["shards"]]
+
+
+WRITER = TarWriter
+READER = TarReader

@@ -1,0 +1,227 @@
+"""Conversion: source → records (in parallel worker processes) → container, committed atomically.
+
+The output is built under a hidden ``.NAME.partial-*`` path beside the destination and renamed into
+place only once complete; any failure or interruption deletes it, so nothing half-written ever
+opens as a dataset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packdata import containers
+from packdata.errors import DatasetError, OutputExistsError, PackdataError, SampleError
+from packdata.manifest import Manifest, record_checksum
+from packdata.sources.base import Item, Source
+
+ON_ERROR = ("fail", "skip")
+BLOCK = 256  # items per task sent to a worker
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class ConvertResult:
+    path: Path
+    manifest: Manifest
+    seconds: float
+
+    @property
+    def skipped(self) -> list[dict[str, str]]:
+        return self.manifest.skipped
+
+
+# Worker-side state: the source is sent once per worker, not once per task.
+_worker_source: Source | None = None
+
+
+def _init_worker(source: Source) -> None:
+    global _worker_source
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # undo the parent's handler inherited by fork
+    _worker_source = source
+
+
+def _load_block(items: list[Item]) -> list[dict[str, np.ndarray] | SampleError]:
+    return [_load_one(_worker_source, item) for item in items]  # type: ignore[arg-type]
+
+
+def _load_one(source: Source, item: Item) -> dict[str, np.ndarray] | SampleError:
+    try:
+        return source.load(item)
+    except SampleError as exc:
+        return exc
+    except Exception as exc:  # a library failing on bad input: name the file, keep the reason
+        return SampleError(str(item.path), f"{type(exc).__name__}: {exc}")
+
+
+def _records(
+    source: Source, items: list[Item], workers: int
+) -> Iterator[tuple[Item, dict[str, np.ndarray] | SampleError]]:
+    """Load items in order; at most ``2 × workers`` blocks are in flight, bounding memory."""
+    blocks = [items[i : i + BLOCK] for i in range(0, len(items), BLOCK)]
+    if workers <= 1:
+        for block in blocks:
+            for item in block:
+                yield item, _load_one(source, item)
+        return
+    with mp.get_context("fork").Pool(workers, _init_worker, (source,)) as pool:
+        pending: deque = deque()
+        todo = iter(blocks)
+        for block in todo:
+            pending.append((block, pool.apply_async(_load_block, (block,))))
+            if len(pending) >= 2 * workers:
+                break
+        while pending:
+            block, result = pending.popleft()
+            nxt = next(todo, None)
+            if nxt is not None:
+                pending.append((nxt, pool.apply_async(_load_block, (nxt,))))
+            yield from zip(block, result.get())
+
+
+def _check_destination(dst: Path, src: Path, overwrite: bool) -> None:
+    src_abs, dst_abs = src.resolve(), dst.resolve()
+    if dst_abs == src_abs or src_abs in dst_abs.parents or dst_abs in src_abs.parents:
+        raise PackdataError(f"{dst}: the output must lie outside the source {src} (and not hold it)")
+    if not dst.exists():
+        return
+    if not overwrite:
+        raise OutputExistsError(f"{dst} exists; pass --overwrite to replace it")
+    try:
+        containers.for_existing(dst)
+    except DatasetError:
+        raise OutputExistsError(
+            f"{dst} exists and is not a packdata dataset; refusing to delete it even with "
+            "--overwrite"
+        ) from None
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+class _TermAsInterrupt:
+    """Turn SIGTERM into KeyboardInterrupt while converting, so `kill` also cleans up."""
+
+    def __enter__(self) -> None:
+        self.previous = None
+        if mp.current_process().name == "MainProcess":
+            with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
+                self.previous = signal.signal(signal.SIGTERM, self._raise)
+
+    @staticmethod
+    def _raise(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+
+
+def convert(
+    source: Source,
+    dst: str | Path,
+    *,
+    container: str | None = None,
+    container_options: dict[str, Any] | None = None,
+    workers: int | None = None,
+    on_error: str = "fail",
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> ConvertResult:
+    """Convert ``source`` into a packed dataset at ``dst``.
+
+    The container is ``container`` ("lmdb", "hdf5", "tar") or chosen by ``dst``'s suffix.
+    ``on_error="skip"`` skips inputs that fail to load and records them in the manifest;
+    ``"fail"`` stops at the first, naming the file. ``workers`` defaults to the CPU count.
+    """
+    if on_error not in ON_ERROR:
+        raise PackdataError(f"on_error '{on_error}': expected one of {', '.join(ON_ERROR)}")
+    start = time.perf_counter()
+    dst = Path(dst)
+    module = containers.for_destination(dst, container)
+    options = dict(container_options or {})
+    if hasattr(module, "destination"):  # e.g. tar: "out/cifar-%04d.tar" names the shards
+        dst, options = module.destination(dst, options)
+    _check_destination(dst, source.root, overwrite)
+    items = source.items()
+    if not items:
+        raise PackdataError(f"{source.root}: no {source.kind} inputs found")
+    workers = max(1, min(workers or os.cpu_count() or 1, len(items) // BLOCK + 1))
+
+    tmp = dst.parent / f".{dst.name}.partial-{uuid.uuid4().hex[:8]}"
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    writer = None
+    keys: list[str] = []
+    checksums: list[int] = []
+    skipped: list[dict[str, str]] = []
+    try:
+        with _TermAsInterrupt():
+            for done, (item, record) in enumerate(_records(source, items, workers), 1):
+                if writer is None and not isinstance(record, SampleError):
+                    fields = source.fields(record)
+                    writer = module.WRITER(tmp, fields, len(items), options)
+                if not isinstance(record, SampleError):
+                    record = _checked(record, fields, item, source)
+                if isinstance(record, SampleError):
+                    if on_error == "fail":
+                        raise record
+                    skipped.append({"path": record.path, "reason": record.reason})
+                else:
+                    writer.append(item.key, record)
+                    keys.append(item.key)
+                    checksums.append(record_checksum(record, fields))
+                if progress:
+                    progress(done, len(items))
+            if writer is None:
+                first = skipped[0]
+                raise PackdataError(
+                    f"no input could be converted ({len(skipped)} failed); first: "
+                    f"{first['path']}: {first['reason']}"
+                )
+            manifest = Manifest(
+                container=module.NAME, kind=source.kind, fields=fields, count=len(keys),
+                classes=source.classes, keys=keys, checksums=checksums, skipped=skipped,
+                **source.describe(),
+            )
+            manifest.options.update(options)
+            writer.finish(manifest)
+            if dst.exists():
+                _remove(dst)
+            os.replace(tmp, dst)
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        _remove(tmp)
+        raise
+    return ConvertResult(dst, manifest, time.perf_counter() - start)
+
+
+def _checked(record, fields, item: Item, source: Source):
+    """The record, or a SampleError naming the file when it does not match the fields."""
+    for name, field in fields.items():
+        if name not in record:
+            return SampleError(str(item.path), f"missing field '{name}'")
+        try:
+            field.check(name, record[name])
+        except ValueError as exc:
+            hint = f" (records must share a shape: {source.shape_hint})" if source.shape_hint else ""
+            return SampleError(str(item.path), f"{exc}{hint}")
+    return record

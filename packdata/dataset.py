@@ -1,0 +1,161 @@
+"""The torch face of a packed dataset: map-style, batched, safe across workers and DDP ranks.
+
+Indexing follows numpy: ``ds[i]`` is one sample, ``ds[[i, j, …]]`` one batch read with a few
+vectorised calls. ``__getitems__`` (what torch's DataLoader calls with automatic batching) reads
+the batch the same way and hands the stock collate a list of per-sample views.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from packdata import containers, sources
+from packdata.containers.base import Reader
+from packdata.manifest import Manifest
+
+Transform = Callable[[Any], Any]
+
+
+class PackedDataset(Dataset):
+    """A packdata dataset of any container (found from the path) and any sample kind.
+
+    Samples are what the kind defines, e.g. ``(image, label)`` with ``image`` a uint8 C×H×W
+    tensor. ``transform`` is applied to the first element of each sample on single-sample access
+    (``ds[i]`` and the stock DataLoader path); ``batch_transform`` to the first element of each
+    batch on batched access (``ds[[...]]``, :func:`packdata.loader`).
+    File handles open lazily in each process, so the dataset can be handed to DataLoader workers.
+    """
+
+    container: ClassVar[str | None] = None
+
+    def __init__(
+        self,
+        path: str | Path,
+        transform: Transform | None = None,
+        batch_transform: Transform | None = None,
+    ) -> None:
+        self.path = Path(path)
+        if self.container is None:
+            self.container_name = containers.for_existing(self.path).NAME
+        else:
+            self.container_name = self.container
+        reader = containers.get(self.container_name).READER(self.path)
+        self.manifest: Manifest = reader.manifest
+        reader.close()  # handles must not cross a fork; each process opens its own
+        self.transform = transform
+        self.batch_transform = batch_transform
+        self.epoch = 0
+        self._reader: Reader | None = None
+        self._pid = -1
+
+    @property
+    def reader(self) -> Reader:
+        """This process's reader, opened on first use (again after a fork)."""
+        if self._reader is None or self._pid != os.getpid():
+            if self._reader is not None:  # inherited through fork: release the parent's copy
+                self._reader.close()
+            self._reader = containers.get(self.container_name).READER(self.path)
+            self._pid = os.getpid()
+        return self._reader
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_reader"] = None
+        return state
+
+    def __len__(self) -> int:
+        return self.manifest.count
+
+    @property
+    def classes(self) -> list[str] | None:
+        return self.manifest.classes
+
+    @property
+    def keys(self) -> list[str]:
+        """Each sample's key: its source file's path without suffix."""
+        return self.manifest.keys
+
+    def lengths(self, field: str | None = None) -> np.ndarray:
+        """Per-sample length of a variable-length field (the only one, if not named)."""
+        if field is None:
+            names = list(self.manifest.variable_fields)
+            if len(names) != 1:
+                raise ValueError(f"name the field: variable-length fields are {names}")
+            field = names[0]
+        return self.reader.lengths(field)
+
+    def get_batch(self, indices: Sequence[int] | np.ndarray) -> Any:
+        """The samples ``indices`` as one batch: a tuple of batched tensors (or lists, for
+        variable-length fields); a lone tensor when samples have one part."""
+        out = self._read(np.asarray(indices, dtype=np.int64))
+        if self.batch_transform is not None:
+            out = (self.batch_transform(out[0]), *out[1:])
+        return out if len(out) > 1 else out[0]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Tell epoch-dependent sample kinds (e.g. point-cloud variants) which epoch this is."""
+        self.epoch = epoch
+
+    def _read(self, indices: np.ndarray) -> tuple:
+        batch = self.reader.read(indices)
+        kind = sources.get(self.manifest.kind)
+        return kind.to_torch(batch, self.manifest, indices=indices, epoch=self.epoch)
+
+    def _sample(self, batch: tuple, j: int) -> Any:
+        sample = tuple(part[j] for part in batch)
+        if self.transform is not None:
+            sample = (self.transform(sample[0]), *sample[1:])
+        return sample if len(sample) > 1 else sample[0]
+
+    def __getitem__(self, index: int | Sequence[int] | np.ndarray) -> Any:
+        if isinstance(index, (int, np.integer)):
+            batch = tuple(
+                part.contiguous() if isinstance(part, torch.Tensor) else part
+                for part in self._read(np.asarray([index], dtype=np.int64))
+            )
+            return self._sample(batch, 0)
+        return self.get_batch(index)
+
+    def __getitems__(self, indices: Sequence[int]) -> list:
+        batch = self._read(np.asarray(indices, dtype=np.int64))
+        return [self._sample(batch, j) for j in range(len(indices))]
+
+    def __repr__(self) -> str:
+        m = self.manifest
+        return f"{type(self).__name__}('{self.path}', {m.count} {m.kind} samples, {m.container})"
+
+
+class LMDBDataset(PackedDataset):
+    """A packdata LMDB dataset (``*.lmdb``)."""
+
+    container = "lmdb"
+
+
+class HDF5Dataset(PackedDataset):
+    """A packdata HDF5 dataset (``*.h5``, ``*.hdf5``), read through a memory map."""
+
+    container = "hdf5"
+
+
+class TarDataset(PackedDataset):
+    """A packdata tar-shard dataset (a directory of webdataset-style shards + index)."""
+
+    container = "tar"
+
+
+def open_dataset(
+    path: str | Path,
+    transform: Transform | None = None,
+    batch_transform: Transform | None = None,
+) -> PackedDataset:
+    """Open any packdata dataset; the container is recognised from what is at ``path``."""
+    name = containers.for_existing(path).NAME
+    cls = next((c for c in PackedDataset.__subclasses__() if c.container == name), PackedDataset)
+    return cls(path, transform=transform, batch_transform=batch_transform)

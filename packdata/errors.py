@@ -1,0 +1,43 @@
+"""packdata's errors: one base class; each subclass also inherits the builtin a caller would expect."""
+
+from __future__ import annotations
+
+
+class PackdataError(Exception):
+    """Base of every error packdata raises on purpose."""
+
+
+class SampleError(PackdataError, ValueError):
+    """One input file could not be turned into a sample (corrupt, unreadable, unlabelled...)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class DatasetError(PackdataError, ValueError):
+    """A path is not a valid packdata dataset, or a request does not fit its manifest."""
+
+
+class OutputExistsError(PackdataError, FileExistsError):
+    """The conversion target exists and overwriting was not asked for."""
+
+
+class MissingExtraError(PackdataError, ImportError):
+    """An optional dependency is not installed; the message names the extra to install."""
+
+    def __init__(self, module: str, extra: str, purpose: str) -> None:
+        super().__init__(
+            f"{purpose} needs the '{module}' package: pip install \"packdata[{extra}]\""
+        )
+
+
+def require(module: str, extra: str, purpose: str):
+    """Import an optional dependency where it is used, or raise MissingExtraError naming the extra."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingExtraError(module, extra, purpose) from exc

@@ -1,0 +1,63 @@
+"""What is in a packed dataset: a summary dict, and a preview grid of samples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packdata.containers.base import disk_size
+from packdata.dataset import open_dataset
+from packdata.errors import DatasetError
+
+
+def describe(path: str | Path) -> dict[str, Any]:
+    """Count, fields, classes, size on disk and creation parameters of the dataset at ``path``."""
+    path = Path(path)
+    ds = open_dataset(path)
+    m = ds.manifest
+    info: dict[str, Any] = {
+        "path": str(path),
+        "container": m.container,
+        "kind": m.kind,
+        "count": m.count,
+        "fields": {k: f.to_dict() for k, f in m.fields.items()},
+        "classes": m.classes,
+        "bytes_on_disk": disk_size(path),
+        "source": m.source,
+        "options": m.options,
+        "skipped": len(m.skipped),
+        "extra": {k: v for k, v in m.extra.items() if k != "shards"},
+    }
+    if "shards" in m.extra:
+        info["shards"] = len(m.extra["shards"])
+    for name in m.variable_fields:
+        lengths = ds.lengths(name)
+        info.setdefault("lengths", {})[name] = {
+            "min": int(lengths.min()), "median": float(np.median(lengths)),
+            "max": int(lengths.max()), "total": int(lengths.sum()),
+        }
+    return info
+
+
+def preview(path: str | Path, out: str | Path, count: int = 64, columns: int = 8) -> Path:
+    """Write a PNG grid of the first ``count`` images of an image dataset."""
+    from PIL import Image
+
+    ds = open_dataset(path)
+    if ds.manifest.kind != "image":
+        raise DatasetError(f"{path}: --preview needs an image dataset, not {ds.manifest.kind}")
+    n = min(count, len(ds))
+    images = [ds[i][0] if isinstance(ds[i], tuple) else ds[i] for i in range(n)]
+    arrays = [img.permute(1, 2, 0).numpy() for img in images]
+    h = max(a.shape[0] for a in arrays)
+    w = max(a.shape[1] for a in arrays)
+    rows = -(-n // columns)
+    grid = np.zeros((rows * (h + 2), columns * (w + 2), arrays[0].shape[2]), dtype=np.uint8)
+    for i, a in enumerate(arrays):
+        r, c = divmod(i, columns)
+        grid[r * (h + 2) : r * (h + 2) + a.shape[0], c * (w + 2) : c * (w + 2) + a.shape[1]] = a
+    out = Path(out)
+    Image.fromarray(grid.squeeze(-1) if grid.shape[2] == 1 else grid).save(out)
+    return out

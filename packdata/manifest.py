@@ -1,0 +1,125 @@
+"""The manifest: a dataset's self-description, stored as JSON inside every container."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from packdata.errors import DatasetError
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Field:
+    """One per-record field: its dtype and shape.
+
+    A shape whose first entry is ``None`` is variable-length along that axis (token ids, encoded
+    image bytes); every other field has the same fixed shape in every record, which is what lets a
+    batch be one gather from memory-mapped bytes.
+    """
+
+    dtype: str
+    shape: tuple[int | None, ...]
+    codec: str | None = None  # how to decode the stored bytes, e.g. "image" for PNG/JPEG bytes
+
+    def __post_init__(self) -> None:
+        if any(s is None for s in self.shape[1:]):
+            raise ValueError(f"only the first axis may be variable, got shape {self.shape}")
+
+    @property
+    def variable(self) -> bool:
+        return bool(self.shape) and self.shape[0] is None
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(self.dtype)
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        """Shape of one row along the variable axis (``()`` for a 1-D variable field)."""
+        return tuple(self.shape[1:])  # type: ignore[arg-type]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes per record of a fixed field."""
+        if self.variable:
+            raise ValueError("a variable-length field has no fixed size")
+        return int(np.prod(self.shape, dtype=np.int64)) * self.np_dtype.itemsize
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"dtype": self.dtype, "shape": list(self.shape)}
+        if self.codec:
+            d["codec"] = self.codec
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Field:
+        return cls(dtype=d["dtype"], shape=tuple(d["shape"]), codec=d.get("codec"))
+
+    def check(self, name: str, value: np.ndarray) -> None:
+        """Raise ValueError unless ``value`` fits this field."""
+        if value.dtype != self.np_dtype:
+            raise ValueError(f"field '{name}': expected dtype {self.dtype}, got {value.dtype}")
+        expected = self.row_shape if self.variable else self.shape
+        got = value.shape[1:] if self.variable else value.shape
+        if tuple(got) != tuple(expected) or (self.variable and value.ndim != len(self.shape)):
+            shape = ["N" if s is None else s for s in self.shape]
+            raise ValueError(f"field '{name}': expected shape {shape}, got {list(value.shape)}")
+
+
+def record_checksum(record: dict[str, np.ndarray], fields: dict[str, Field]) -> int:
+    """CRC-32 of a record's bytes, fields in manifest order."""
+    crc = 0
+    for name in fields:
+        crc = zlib.crc32(np.ascontiguousarray(record[name]).data, crc)
+    return crc
+
+
+@dataclass
+class Manifest:
+    """Everything a reader needs to interpret a container, and what made it."""
+
+    container: str
+    kind: str
+    fields: dict[str, Field]
+    count: int = 0
+    classes: list[str] | None = None
+    source: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    keys: list[str] = field(default_factory=list)
+    checksums: list[int] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # kind-specific facts (e.g. per-cloud counts)
+    version: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["fields"] = {k: f.to_dict() for k, f in self.fields.items()}
+        return json.dumps({"packdata": d}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes, where: str) -> Manifest:
+        try:
+            d = json.loads(text)["packdata"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DatasetError(f"{where}: the manifest is not packdata JSON ({exc})") from exc
+        if d.get("version") != FORMAT_VERSION:
+            raise DatasetError(
+                f"{where}: manifest version {d.get('version')!r}; this packdata reads version "
+                f"{FORMAT_VERSION}"
+            )
+        d["fields"] = {k: Field.from_dict(v) for k, v in d["fields"].items()}
+        return cls(**d)
+
+    @property
+    def fixed_fields(self) -> dict[str, Field]:
+        return {k: f for k, f in self.fields.items() if not f.variable}
+
+    @property
+    def variable_fields(self) -> dict[str, Field]:
+        return {k: f for k, f in self.fields.items() if f.variable}

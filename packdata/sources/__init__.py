@@ -1,0 +1,64 @@
+"""Sources: one module per input kind. This table is the only place that lists them.
+
+A kind module defines ``KIND``, ``SUFFIXES`` (input files it recognises), ``SOURCE`` (a
+:class:`packdata.sources.base.Source` subclass) and
+``to_torch(batch, manifest, *, indices, epoch)``, which turns a batch read from any container
+into the tensors its Dataset returns (``indices`` and ``epoch`` let a kind vary what it serves,
+e.g. a different stored variant each epoch).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from packdata.errors import PackdataError
+from packdata.sources.base import Source
+
+KINDS: dict[str, str] = {
+    "image": "packdata.sources.images",
+}
+
+
+def get(kind: str) -> ModuleType:
+    """The module of sample kind ``kind``."""
+    try:
+        return importlib.import_module(KINDS[kind])
+    except KeyError:
+        raise PackdataError(f"unknown sample kind '{kind}'; known: {', '.join(KINDS)}") from None
+
+
+def detect_kind(root: Path) -> str:
+    """The kind whose file suffixes are most common under ``root``."""
+    counts = dict.fromkeys(KINDS, 0)
+    suffix_kind = {s: k for k in KINDS for s in get(k).SUFFIXES}
+    files = [root] if root.is_file() else (p for p in root.rglob("*") if p.is_file())
+    for path in files:
+        kind = suffix_kind.get(path.suffix.lower())
+        if kind:
+            counts[kind] += 1
+    best = max(counts, key=counts.__getitem__)
+    if counts[best] == 0:
+        known = ", ".join(sorted(suffix_kind))
+        raise PackdataError(f"{root}: found no input files (looked for {known})")
+    return best
+
+
+def open_source(root: str | Path, kind: str | None = None, **options: Any) -> Source:
+    """A Source over ``root``; ``kind`` is detected from file suffixes when not given."""
+    root = Path(root)
+    if not root.exists():
+        raise PackdataError(f"{root}: no such file or directory")
+    kind = kind or detect_kind(root)
+    source_cls = get(kind).SOURCE
+    try:
+        return source_cls(root, **options)
+    except TypeError as exc:
+        if "unexpected keyword" not in str(exc):
+            raise
+        bad = str(exc).rsplit("'", 2)[-2]
+        raise PackdataError(
+            f"option '{bad}' does not apply to {kind} sources (see `packdata convert --help`)"
+        ) from None

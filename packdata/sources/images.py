@@ -1,0 +1,224 @@
+"""Image sources: a flat folder plus a labels file, class sub-folders (ImageFolder), or no labels.
+
+Records: ``image`` — decoded uint8 H×W×C pixels (``encoding="raw"``) or the original file bytes
+(``encoding="keep"``) — and ``label`` (int64) when labels are known.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from packdata.errors import PackdataError, SampleError
+from packdata.manifest import Field, Manifest
+from packdata.sources.base import Item, Source
+
+KIND = "image"
+SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
+LABEL_FILES = ("labels.json", "labels.csv", "labels.pkl")
+ENCODINGS = ("raw", "keep")
+
+
+def parse_size(text: str | int | tuple[int, int] | None) -> tuple[int, int] | None:
+    """``"32"`` → (32, 32); ``"64x48"`` → width 64, height 48."""
+    if text is None or isinstance(text, tuple):
+        return text
+    parts = str(text).lower().split("x")
+    try:
+        w, h = (int(parts[0]),) * 2 if len(parts) == 1 else (int(parts[0]), int(parts[1]))
+    except ValueError:
+        w = h = 0
+    if len(parts) > 2 or w <= 0 or h <= 0:
+        raise PackdataError(f"resize '{text}': expected N or WxH with positive integers")
+    return w, h
+
+
+def load_labels(path: Path) -> tuple[dict[str, int], list[str] | None]:
+    """Read a labels file: ``{file name: class index}`` and the class names when it gives them.
+
+    ``.json``: ``{name: index}`` or ``{"classes": [...], "labels": {name: index}}``;
+    ``.csv``: rows ``name,label`` (label an index or a class name; a header row is skipped);
+    ``.pkl``: a pickled dict of str → int. Unpickling runs code from the file: only load a
+    ``labels.pkl`` you trust. Anything but a plain dict of str → int is refused.
+    """
+    suffix = path.suffix.lower()
+    classes = None
+    try:
+        if suffix == ".json":
+            data = json.loads(path.read_text())
+            if isinstance(data, dict) and "labels" in data:
+                classes, data = data.get("classes"), data["labels"]
+        elif suffix == ".pkl":
+            with open(path, "rb") as f:
+                data = pickle.load(f)  # noqa: S301 - documented: labels.pkl must be trusted
+        elif suffix == ".csv":
+            with open(path, newline="") as f:
+                rows = [r for r in csv.reader(f) if r]
+            if rows and not rows[0][1].strip().lstrip("-").isdigit():
+                if any(not r[1].strip().lstrip("-").isdigit() for r in rows[1:]):
+                    classes = sorted({r[1].strip() for r in rows[1:]})
+                    index = {c: i for i, c in enumerate(classes)}
+                    return {r[0]: index[r[1].strip()] for r in rows[1:]}, classes
+                rows = rows[1:]
+            data = {r[0]: int(r[1]) for r in rows}
+        else:
+            raise PackdataError(f"{path}: labels must be .json, .csv or .pkl")
+    except (OSError, ValueError, IndexError, pickle.UnpicklingError, EOFError) as exc:
+        raise PackdataError(f"{path}: cannot read labels ({exc})") from exc
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+        for k, v in data.items()
+    ):
+        raise PackdataError(f"{path}: expected a dict of file name (str) → class index (int)")
+    return data, classes
+
+
+class ImageSource(Source):
+    """Images under ``root``: class sub-folders, or a flat folder with an optional labels file."""
+
+    kind = KIND
+    shape_hint = "resize at conversion (--resize 32x32) or keep the file bytes (--encoding keep)"
+
+    def __init__(
+        self,
+        root: str | Path,
+        labels: str | Path | None = None,
+        encoding: str = "raw",
+        resize: str | tuple[int, int] | None = None,
+        mode: str = "RGB",
+    ) -> None:
+        self.root = Path(root)
+        if encoding not in ENCODINGS:
+            raise PackdataError(f"encoding '{encoding}': expected one of {', '.join(ENCODINGS)}")
+        self.resize = parse_size(resize)
+        if encoding == "keep" and self.resize:
+            raise PackdataError("--resize needs --encoding raw: 'keep' stores the file unchanged")
+        self.encoding = encoding
+        self.mode = mode
+        self.labels_path = Path(labels) if labels else self._find_labels_file()
+        if self.labels_path and not self.labels_path.is_file():
+            raise PackdataError(f"{self.labels_path}: labels file not found")
+
+    def _find_labels_file(self) -> Path | None:
+        for name in LABEL_FILES:
+            if (self.root / name).is_file():
+                return self.root / name
+        return None
+
+    def _files(self) -> list[str]:
+        """Image paths relative to the root, sorted (os.walk: Path objects per file cost more
+        than the listing itself on large folders)."""
+        if self.root.is_file():
+            return [self.root.name]
+        found = []
+        for folder, _, names in os.walk(self.root):
+            rel = os.path.relpath(folder, self.root)
+            prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+            found.extend(prefix + n for n in names if os.path.splitext(n)[1].lower() in SUFFIXES)
+        return sorted(found)
+
+    @property
+    def layout(self) -> str:
+        if self.labels_path:
+            return "labels-file"
+        files = self._files()
+        if files and all("/" in f for f in files):
+            return "class-folders"
+        return "unlabelled"
+
+    def items(self) -> list[Item]:
+        root = self.root if self.root.is_dir() else self.root.parent
+        files = self._files()
+        keys = [os.path.splitext(f)[0] for f in files]
+        if self.labels_path:
+            table, self.classes = load_labels(self.labels_path)
+            labels = [self._lookup(table, f) for f in files]
+        elif self.layout == "class-folders":
+            self.classes = sorted({f.split("/", 1)[0] for f in files})
+            index = {c: i for i, c in enumerate(self.classes)}
+            labels = [index[f.split("/", 1)[0]] for f in files]
+        else:
+            labels = [None] * len(files)
+        return [Item(k, root / f, label) for k, f, label in zip(keys, files, labels)]
+
+    @staticmethod
+    def _lookup(table: dict[str, int], relpath: str) -> int:
+        name = relpath.rsplit("/", 1)[-1]
+        for candidate in (relpath, name, os.path.splitext(name)[0]):
+            if candidate in table:
+                return table[candidate]
+        return -1  # reported by load(), so --on-error decides
+
+    def load(self, item: Item) -> dict[str, np.ndarray]:
+        if item.label == -1:
+            raise SampleError(str(item.path), f"no label for '{item.path.name}' in {self.labels_path}")
+        try:
+            data = item.path.read_bytes()  # one read; Pillow's small reads on a file cost more
+            with Image.open(io.BytesIO(data)) as im:
+                im.load()  # decode fully, so a truncated file fails here and not at training time
+                if self.encoding == "keep":
+                    image = np.frombuffer(data, dtype=np.uint8)
+                else:
+                    im = im.convert(self.mode) if im.mode != self.mode else im
+                    if self.resize and im.size != self.resize:
+                        im = im.resize(self.resize, Image.Resampling.BILINEAR)
+                    image = np.asarray(im)
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+            raise SampleError(str(item.path), f"cannot decode image ({exc})") from None
+        record = {"image": image}
+        if item.label is not None:
+            record["label"] = np.asarray(item.label, dtype=np.int64)
+        return record
+
+    def fields(self, record: dict[str, np.ndarray]) -> dict[str, Field]:
+        image = record["image"]
+        fields = {
+            "image": Field("uint8", (None,), codec="image")
+            if self.encoding == "keep"
+            else Field("uint8", tuple(image.shape))
+        }
+        if "label" in record:
+            fields["label"] = Field("int64", ())
+        return fields
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "source": {"path": str(self.root), "layout": self.layout,
+                       "labels": str(self.labels_path) if self.labels_path else None},
+            "options": {"encoding": self.encoding, "mode": self.mode,
+                        "resize": list(self.resize) if self.resize else None},
+        }
+
+
+def decode_image(data: np.ndarray, mode: str = "RGB") -> np.ndarray:
+    """Decode stored image bytes into uint8 H×W×C pixels."""
+    with Image.open(io.BytesIO(data.tobytes())) as im:
+        return np.asarray(im.convert(mode) if im.mode != mode else im)
+
+
+def to_torch(
+    batch: dict, manifest: Manifest, *, indices: np.ndarray, epoch: int
+) -> tuple[torch.Tensor, ...]:
+    """``(images, labels)`` as uint8 B×C×H×W (channels-last memory, no copy) and int64 B."""
+    images = batch["image"]
+    if manifest.fields["image"].codec == "image":
+        mode = manifest.options.get("mode", "RGB")
+        images = np.stack([decode_image(b, mode) for b in images])
+    x = torch.from_numpy(images)
+    x = x.unsqueeze(-1) if x.ndim == 3 else x
+    x = x.permute(0, 3, 1, 2)
+    if "label" in batch:
+        return x, torch.from_numpy(np.asarray(batch["label"]))
+    return (x,)
+
+
+SOURCE = ImageSource

@@ -1,0 +1,80 @@
+"""The command line, end to end, including the README's commands."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from PIL import Image
+from typer.testing import CliRunner
+
+from packdata.cli import app
+
+runner = CliRunner()
+
+
+def test_convert_and_inspect(tmp_path, png_folder):
+    out = tmp_path / "c.lmdb"
+    result = runner.invoke(app, ["convert", str(png_folder), str(out), "--workers", "2"])
+    assert result.exit_code == 0, result.output
+    assert "120 image samples (lmdb)" in result.output
+    result = runner.invoke(app, ["inspect", str(out), "--json"])
+    info = json.loads(result.stdout)
+    assert info["count"] == 120 and info["fields"]["image"]["shape"] == [32, 32, 3]
+    assert info["classes"][0] == "airplane" and info["bytes_on_disk"] > 120 * 3072
+    grid = tmp_path / "grid.png"
+    result = runner.invoke(app, ["inspect", str(out), "--preview", str(grid)])
+    assert result.exit_code == 0 and "samples" in result.stdout
+    with Image.open(grid) as im:
+        assert im.size == (8 * 34, 8 * 34)
+
+
+def test_cli_errors_are_one_line_not_tracebacks(tmp_path, png_folder):
+    out = tmp_path / "c.h5"
+    assert runner.invoke(app, ["convert", str(png_folder), str(out)]).exit_code == 0
+    result = runner.invoke(app, ["convert", str(png_folder), str(out)])
+    assert result.exit_code == 2 and "pass --overwrite" in result.output
+    assert "Traceback" not in result.output
+    result = runner.invoke(app, ["inspect", str(png_folder)])
+    assert result.exit_code == 2 and "not a packdata dataset" in result.output
+    result = runner.invoke(app, ["convert", str(png_folder), str(tmp_path / "x.h5"),
+                                 "--encoding", "keep", "--resize", "16"])
+    assert result.exit_code == 2 and "--resize needs --encoding raw" in result.output
+
+
+def test_skip_lists_bad_inputs(tmp_path, png_folder):
+    folder = tmp_path / "f"
+    folder.mkdir()
+    for p in sorted(png_folder.glob("*.png"))[:5]:
+        (folder / p.name).write_bytes(p.read_bytes())
+    (folder / "broken.png").write_bytes(b"\x89PNG garbage")
+    result = runner.invoke(app, ["convert", str(folder), str(tmp_path / "o"), "--on-error", "skip"])
+    assert result.exit_code == 0 and "skipped 1 inputs" in result.output
+    assert "broken.png" in result.output
+
+
+def test_help_teaches():
+    result = runner.invoke(app, ["convert", "--help"])
+    assert result.exit_code == 0
+    for option in ("--format", "--workers", "--encoding", "--resize", "--labels", "--on-error",
+                   "--overwrite", "--shard-size"):
+        assert option in result.output
+
+
+def test_demo_runs(tmp_path):
+    result = runner.invoke(app, ["demo", "--count", "600", "--seconds", "0.05",
+                                 "--json", str(tmp_path / "d.json")])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "d.json").read_text())["rows"]
+    assert [r["name"] for r in rows][:2] == ["per-file PNG Dataset", "packdata lmdb"]
+    assert all(r["samples_per_s"] > 0 for r in rows)
+
+
+def test_readme_quickstart_matches_ci():
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    block = re.search(r"## Quickstart\n.*?```(?:bash|sh)?\n(.*?)```", readme, re.S).group(1)
+    commands = [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
+    assert len(commands) == 2
+    assert commands[1] in (root / ".ci" / "run").read_text()

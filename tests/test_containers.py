@@ -1,0 +1,145 @@
+"""One conformance suite for every container, plus raw reads with each format's own library."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import zlib
+from pathlib import Path
+
+import h5py
+import lmdb
+import numpy as np
+import pytest
+import webdataset as wds
+
+import packdata
+from packdata.containers.tar import shard_paths
+from tests.conftest import CONTAINERS, pillow_pixels
+
+
+def expected(png_folder: Path) -> tuple[list[str], dict[str, int]]:
+    labels = json.loads((png_folder / "labels.json").read_text())["labels"]
+    return sorted(labels), labels
+
+
+def test_round_trip_is_pixel_exact(packed, container, png_folder):
+    ds = packdata.open(packed[container])
+    names, labels = expected(png_folder)
+    assert len(ds) == len(names)
+    for i, name in enumerate(names):
+        image, label = ds[i]
+        assert image.dtype.is_floating_point is False and image.shape == (3, 32, 32)
+        np.testing.assert_array_equal(image.permute(1, 2, 0).numpy(), pillow_pixels(png_folder / name))
+        assert int(label) == labels[name]
+        assert ds.keys[i] == Path(name).stem
+
+
+def test_batch_read_matches_single_reads_in_order(packed, container):
+    ds = packdata.open(packed[container])
+    order = [77, 3, 119, 3, -1, 50]
+    images, labels = ds[order]
+    assert images.shape == (6, 3, 32, 32) and labels.shape == (6,)
+    for j, i in enumerate(order):
+        single_image, single_label = ds[i]
+        assert torch_equal(images[j], single_image) and int(labels[j]) == int(single_label)
+
+
+def torch_equal(a, b) -> bool:
+    return bool((a == b).all())
+
+
+def test_out_of_range_index_is_an_index_error(packed, container):
+    ds = packdata.open(packed[container])
+    with pytest.raises(IndexError, match="out of range"):
+        ds[len(ds)]
+    with pytest.raises(IndexError):
+        ds[[0, len(ds) + 5]]
+
+
+def test_manifest_describes_the_records(packed, container, png_folder):
+    ds = packdata.open(packed[container])
+    m = ds.manifest
+    assert m.container == container and m.kind == "image" and m.count == len(ds)
+    assert m.fields["image"].shape == (32, 32, 3) and m.fields["image"].dtype == "uint8"
+    assert m.classes[0] == "airplane" and len(m.classes) == 10
+    names, _ = expected(png_folder)
+    for i in (0, 57, len(ds) - 1):
+        image, label = ds[i]
+        raw = image.permute(1, 2, 0).numpy().tobytes()
+        crc = zlib.crc32(np.int64(label).tobytes(), zlib.crc32(raw))
+        assert m.checksums[i] == crc
+
+
+def test_lmdb_reads_with_plain_lmdb(packed, png_folder, tmp_path):
+    names, labels = expected(png_folder)
+    # a copy: LMDB allows one open per process, and packdata's reader may hold the original
+    copy = shutil.copytree(packed["lmdb"], tmp_path / "copy.lmdb")
+    env = lmdb.open(str(copy), readonly=True, lock=False)
+    with env.begin() as txn:
+        manifest = json.loads(txn.get(b"__manifest__"))["packdata"]
+        assert manifest["count"] == len(names)
+        for i in (0, 42):
+            value = txn.get(b"%010d" % i)
+            pixels = np.frombuffer(value[:3072], np.uint8).reshape(32, 32, 3)
+            np.testing.assert_array_equal(pixels, pillow_pixels(png_folder / names[i]))
+            assert np.frombuffer(value[3072:3080], "<i8")[0] == labels[names[i]]
+    env.close()
+
+
+def test_hdf5_reads_with_plain_h5py(packed, png_folder):
+    names, labels = expected(png_folder)
+    with h5py.File(packed["hdf5"], "r") as f:
+        assert f["image"].shape == (len(names), 32, 32, 3)
+        assert f["image"].chunks is None  # contiguous: memory-mappable
+        for i in (0, 99):
+            np.testing.assert_array_equal(f["image"][i], pillow_pixels(png_folder / names[i]))
+            assert f["label"][i] == labels[names[i]]
+        assert json.loads(f["manifest"][()])["packdata"]["container"] == "hdf5"
+
+
+def test_tar_shards_read_with_webdataset(packed, png_folder):
+    names, labels = expected(png_folder)
+    shards = [str(p) for p in shard_paths(packed["tar"])]
+    assert len(shards) == 3  # 120 samples, 50 per shard
+    samples = list(wds.WebDataset(shards, shardshuffle=False).decode())
+    assert [s["__key__"] for s in samples] == [Path(n).stem for n in names]
+    for s, name in zip(samples, names):
+        np.testing.assert_array_equal(s["image.npy"], pillow_pixels(png_folder / name))
+        assert s["cls"] == labels[name]
+
+
+@pytest.mark.parametrize("target", CONTAINERS.values())
+def test_keep_encoding_stores_the_file_bytes(tmp_path, png_folder, target):
+    source = packdata.open_source(png_folder, encoding="keep")
+    ds = packdata.open(packdata.convert(source, tmp_path / target, workers=1).path)
+    names, labels = expected(png_folder)
+    assert ds.manifest.fields["image"].variable
+    np.testing.assert_array_equal(
+        ds.lengths("image"), [(png_folder / n).stat().st_size for n in names]
+    )
+    for i in (0, 13, len(ds) - 1):
+        raw = ds.reader.read(np.array([i]))["image"][0]
+        assert raw.tobytes() == (png_folder / names[i]).read_bytes()
+        image, label = ds[i]
+        np.testing.assert_array_equal(image.permute(1, 2, 0).numpy(), pillow_pixels(png_folder / names[i]))
+    images, _ = ds[[1, 2, 3]]
+    assert images.shape == (3, 3, 32, 32)
+
+
+def test_keep_encoded_tar_members_are_pngs_for_webdataset(tmp_path, png_folder):
+    source = packdata.open_source(png_folder, encoding="keep")
+    path = packdata.convert(source, tmp_path / "keep-tar", workers=1).path
+    names, _ = expected(png_folder)
+    first = next(iter(wds.WebDataset([str(p) for p in shard_paths(path)], shardshuffle=False)))
+    assert first["png"] == (png_folder / names[0]).read_bytes()
+
+
+def test_hdf5_copies_spooled_records_in_row_aligned_blocks(tmp_path, png_folder, monkeypatch):
+    from packdata.containers import spool
+
+    monkeypatch.setattr(spool, "BLOCK_BYTES", 5000)  # not a multiple of a 3072-byte image
+    ds = packdata.open(packdata.convert(packdata.open_source(png_folder), tmp_path / "b.h5").path)
+    names, _ = expected(png_folder)
+    for i in (0, 1, 2, len(ds) - 1):
+        np.testing.assert_array_equal(ds[i][0].permute(1, 2, 0).numpy(), pillow_pixels(png_folder / names[i]))

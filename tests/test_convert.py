@@ -1,0 +1,175 @@
+"""Conversion: container choice, bad inputs, and outputs that never look valid when incomplete."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import packdata
+from packdata.errors import OutputExistsError, PackdataError, SampleError
+from packdata.sources.images import ImageSource
+from tests.conftest import copy_sample
+
+
+def test_container_is_chosen_by_suffix_or_format(tmp_path, png_folder):
+    source = packdata.open_source(png_folder)
+    assert packdata.convert(source, tmp_path / "a.lmdb").manifest.container == "lmdb"
+    assert packdata.convert(source, tmp_path / "a.hdf5").manifest.container == "hdf5"
+    assert packdata.convert(source, tmp_path / "dir").manifest.container == "tar"
+    assert packdata.convert(source, tmp_path / "x.db", container="lmdb").manifest.container == "lmdb"
+    result = packdata.convert(source, tmp_path / "shards" / "cifar-%03d.tar",
+                              container_options={"shard_size": "50"})
+    assert result.path == tmp_path / "shards"
+    assert sorted(p.name for p in result.path.glob("*.tar")) == [
+        "cifar-000.tar", "cifar-001.tar", "cifar-002.tar"]
+    with pytest.raises(PackdataError, match="cannot tell the container"):
+        packdata.convert(source, tmp_path / "x.zip")
+
+
+@pytest.fixture
+def bad_folder(tmp_path, png_folder) -> Path:
+    folder = copy_sample(tmp_path / "bad", count=20)
+    names = sorted(p.name for p in folder.glob("*.png"))
+    data = (folder / names[3]).read_bytes()
+    (folder / names[3]).write_bytes(data[: len(data) // 2])  # truncated
+    (folder / names[7]).write_bytes(b"not an image at all")  # corrupt
+    return folder
+
+
+def test_bad_image_fails_naming_the_file(tmp_path, bad_folder):
+    bad = sorted(p.name for p in bad_folder.glob("*.png"))[3]
+    with pytest.raises(SampleError, match=bad) as info:
+        packdata.convert(packdata.open_source(bad_folder), tmp_path / "out.lmdb")
+    assert "cannot decode image" in str(info.value)
+    assert not (tmp_path / "out.lmdb").exists()
+    assert list(tmp_path.glob(".out.lmdb*")) == []
+
+
+@pytest.mark.parametrize("target", ["out.lmdb", "out.h5", "out-tar"])
+def test_bad_images_skipped_and_recorded(tmp_path, bad_folder, target):
+    result = packdata.convert(packdata.open_source(bad_folder), tmp_path / target,
+                              on_error="skip", workers=2)
+    names = sorted(p.name for p in bad_folder.glob("*.png"))
+    assert [Path(s["path"]).name for s in result.skipped] == [names[3], names[7]]
+    ds = packdata.open(result.path)
+    assert len(ds) == 18 and ds.manifest.skipped == result.skipped
+    assert names[3].removesuffix(".png") not in ds.keys
+
+
+def test_missing_label_is_a_clear_error(tmp_path, png_folder):
+    folder = copy_sample(tmp_path / "f", count=10)
+    (folder / "stray.png").write_bytes(next(folder.glob("*.png")).read_bytes())
+    with pytest.raises(SampleError, match="no label for 'stray.png'"):
+        packdata.convert(packdata.open_source(folder), tmp_path / "o.h5")
+
+
+def test_destination_exists(tmp_path, png_folder, packed):
+    source = packdata.open_source(png_folder)
+    existing = tmp_path / "mine.h5"
+    existing.write_bytes(b"precious user data")
+    with pytest.raises(OutputExistsError, match="--overwrite"):
+        packdata.convert(source, existing)
+    with pytest.raises(OutputExistsError, match="not a packdata dataset"):
+        packdata.convert(source, existing, overwrite=True)
+    assert existing.read_bytes() == b"precious user data"
+    out = packdata.convert(source, tmp_path / "d.lmdb").path
+    again = packdata.convert(source, out, overwrite=True)
+    assert len(packdata.open(again.path)) == 120
+
+
+def test_output_inside_source_is_refused(tmp_path):
+    folder = copy_sample(tmp_path / "src", count=10)
+    with pytest.raises(PackdataError, match="outside the source"):
+        packdata.convert(packdata.open_source(folder), folder / "out.lmdb")
+
+
+def test_different_sizes_need_resize(tmp_path, png_folder):
+    from PIL import Image
+
+    folder = copy_sample(tmp_path / "sizes", count=10)
+    Image.new("RGB", (40, 30)).save(folder / "zz_big.png")
+    labels = json.loads((folder / "labels.json").read_text())
+    labels["labels"]["zz_big.png"] = 1
+    (folder / "labels.json").write_text(json.dumps(labels))
+    with pytest.raises(SampleError, match=r"zz_big.png.*expected shape \[32, 32, 3\].*--resize"):
+        packdata.convert(packdata.open_source(folder), tmp_path / "o.h5")
+    ds = packdata.open(packdata.convert(packdata.open_source(folder, resize="16x8"),
+                                        tmp_path / "r.h5").path)
+    assert ds[0][0].shape == (3, 8, 16) and len(ds) == 11
+
+
+def test_labels_files(tmp_path, png_folder):
+    folder = copy_sample(tmp_path / "lab", count=10)
+    table = json.loads((folder / "labels.json").read_text())["labels"]
+    (folder / "labels.json").unlink()
+    (tmp_path / "labels.pkl").write_bytes(pickle.dumps(table))
+    with open(tmp_path / "labels.csv", "w") as f:
+        f.write("file,label\n" + "".join(f"{k},{v}\n" for k, v in table.items()))
+    for labels in ("labels.pkl", "labels.csv"):
+        result = packdata.convert(packdata.open_source(folder, labels=tmp_path / labels),
+                                  tmp_path / f"{labels}.h5")
+        ds = packdata.open(result.path)
+        assert [int(ds[i][1]) for i in range(len(ds))] == [table[k] for k in sorted(table)]
+    (tmp_path / "evil.pkl").write_bytes(pickle.dumps(["not", "a", "dict"]))
+    with pytest.raises(PackdataError, match="dict of file name"):
+        packdata.convert(packdata.open_source(folder, labels=tmp_path / "evil.pkl"),
+                         tmp_path / "e.h5")
+
+
+def test_class_folders(tmp_path, png_folder):
+    for i, p in enumerate(sorted(png_folder.glob("*.png"))[:30]):
+        cls = p.name.split("_")[0]
+        (tmp_path / "tree" / cls).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tree" / cls / f"{i:03d}.png").write_bytes(p.read_bytes())
+    ds = packdata.open(packdata.convert(packdata.open_source(tmp_path / "tree"),
+                                        tmp_path / "t.lmdb").path)
+    assert ds.classes == sorted({p.name for p in (tmp_path / "tree").iterdir()})
+    assert ds.keys[0].count("/") == 1
+    assert int(ds[0][1]) == 0 and int(ds[len(ds) - 1][1]) == len(ds.classes) - 1
+
+
+class _Interrupting(ImageSource):
+    def load(self, item):
+        if item.key.endswith("0007"):
+            raise KeyboardInterrupt
+        return super().load(item)
+
+
+@pytest.mark.parametrize("target", ["i.lmdb", "i.h5", "i-tar"])
+def test_interrupted_conversion_leaves_nothing(tmp_path, png_folder, target):
+    with pytest.raises(KeyboardInterrupt):
+        packdata.convert(_Interrupting(png_folder), tmp_path / target, workers=1)
+    assert [p.name for p in tmp_path.iterdir()] == []
+
+
+def test_killed_conversion_leaves_nothing_that_opens(tmp_path, png_folder):
+    """SIGTERM mid-conversion: the process cleans up; nothing at DST opens as a dataset."""
+    big = tmp_path / "big"
+    from packdata.bench.baselines import tile_image_folder
+    from packdata.demo import SAMPLE
+
+    tile_image_folder(SAMPLE, big, 3000)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "packdata.cli", "convert", str(big), str(out / "k.lmdb"),
+         "--workers", "2"], stderr=subprocess.PIPE,
+    )
+    deadline = time.time() + 30
+    while time.time() < deadline and not any(out.iterdir()):
+        time.sleep(0.02)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    assert proc.returncode != 0
+    leftovers = list(out.iterdir())
+    assert leftovers == [], leftovers
+    with pytest.raises(PackdataError):
+        packdata.open(out / "k.lmdb")

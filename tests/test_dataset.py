@@ -1,0 +1,72 @@
+"""The torch face: every sample once per epoch through DataLoaders, workers, transforms."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import packdata
+
+
+def seen_keys(ds, batches) -> list[int]:
+    """Recover each delivered sample's index from its pixels (unique per real image)."""
+    lookup = {ds[i][0].numpy().tobytes(): i for i in range(len(ds))}
+    return [lookup[img.contiguous().numpy().tobytes()] for images, _ in batches for img in images]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_delivers_each_sample_once_per_epoch(packed, container, workers):
+    ds = packdata.open(packed[container])
+    dl = packdata.loader(ds, batch_size=32, shuffle=True, num_workers=workers)
+    epochs = [seen_keys(ds, dl) for _ in range(2)]
+    for order in epochs:
+        assert sorted(order) == list(range(len(ds)))
+    assert epochs[0] != epochs[1] != list(range(len(ds)))  # reshuffled each epoch
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stock_dataloader_with_getitems(packed, container, workers):
+    ds = packdata.open(packed[container])
+    dl = DataLoader(ds, batch_size=25, shuffle=True, num_workers=workers)
+    batches = list(dl)
+    assert batches[0][0].shape == (25, 3, 32, 32) and batches[0][0].dtype == torch.uint8
+    assert sorted(seen_keys(ds, batches)) == list(range(len(ds)))
+
+
+def test_transforms(packed):
+    ds = packdata.open(packed["hdf5"], transform=lambda x: x.float() / 255,
+                       batch_transform=lambda x: x.flip(-1))
+    image, _ = ds[0]
+    assert image.dtype == torch.float32 and float(image.max()) <= 1.0
+    raw = packdata.open(packed["hdf5"])
+    batch, _ = ds[[0, 1]]
+    assert torch.equal(batch[0], raw[0][0].flip(-1))
+
+
+def test_dataset_pickles_without_open_handles(packed, container):
+    ds = packdata.open(packed[container])
+    ds[0]  # opens a reader in this process
+    clone = pickle.loads(pickle.dumps(ds))
+    assert torch.equal(clone[5][0], ds[5][0])
+
+
+def test_open_returns_the_container_class(packed):
+    assert isinstance(packdata.open(packed["lmdb"]), packdata.LMDBDataset)
+    assert isinstance(packdata.open(packed["hdf5"]), packdata.HDF5Dataset)
+    assert isinstance(packdata.open(packed["tar"]), packdata.TarDataset)
+    with pytest.raises(packdata.DatasetError, match="not a packdata dataset"):
+        packdata.open(packed["tar"].parent)
+
+
+def test_unlabelled_dataset_yields_images(tmp_path, png_folder):
+    folder = tmp_path / "nolabels"
+    folder.mkdir()
+    for p in sorted(png_folder.glob("*.png"))[:5]:
+        (folder / p.name).write_bytes(p.read_bytes())
+    ds = packdata.open(packdata.convert(packdata.open_source(folder), tmp_path / "u.h5").path)
+    assert "label" not in ds.manifest.fields
+    assert ds[0].shape == (3, 32, 32)
+    assert ds[[0, 1]].shape == (2, 3, 32, 32)

@@ -1,0 +1,48 @@
+"""EpochBatchSampler: deterministic shuffles, every index once per epoch, even rank shares."""
+
+from __future__ import annotations
+
+import pytest
+
+from packdata.sampling import EpochBatchSampler
+
+
+def flat(sampler) -> list[int]:
+    return [i for batch in sampler for i in batch]
+
+
+def test_every_index_once_and_reshuffled_per_epoch():
+    s = EpochBatchSampler(103, 10, seed=3)
+    first, second = flat(s), flat(s)
+    assert sorted(first) == sorted(second) == list(range(103))
+    assert first != second and len(list(s)) == len(s) == 11
+    s.set_epoch(0)
+    assert flat(s) == first  # same seed and epoch, same order
+
+
+def test_same_seed_same_batches():
+    a, b = EpochBatchSampler(50, 8, seed=7), EpochBatchSampler(50, 8, seed=7)
+    assert list(a) == list(b)
+    assert list(EpochBatchSampler(50, 8, seed=8)) != list(EpochBatchSampler(50, 8, seed=7))
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_partition_the_epoch(drop_last):
+    world = 3
+    samplers = [EpochBatchSampler(100, 7, seed=1, rank=r, world_size=world, drop_last=drop_last)
+                for r in range(world)]
+    shares = [flat(s) for s in samplers]
+    assert len({len(list(s)) for s in samplers}) == 1  # same number of batches on every rank
+    assert all(len(list(s)) == len(s) for s in samplers)
+    everything = sorted(i for share in shares for i in share)
+    if drop_last:
+        assert len(set(everything)) == len(everything) == world * (100 // world // 7 * 7)
+    else:
+        assert set(everything) == set(range(100)) and len(everything) == 102  # 2 wrapped
+
+
+def test_sequential_and_drop_last():
+    s = EpochBatchSampler(10, 4, shuffle=False, drop_last=True)
+    assert list(s) == [[0, 1, 2, 3], [4, 5, 6, 7]] and len(s) == 2
+    with pytest.raises(ValueError, match="rank 3"):
+        EpochBatchSampler(10, 4, rank=3, world_size=2)
