@@ -1,0 +1,1 @@
+"""Batched augmentations that run on the device of the batch they receive."""

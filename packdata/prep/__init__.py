@@ -1,0 +1,1 @@
+"""Conversion-time preparation of one sample: deterministic work done once, not every epoch."""
