@@ -74,12 +74,16 @@ class Reader(ABC):
         """Release file handles."""
 
     def check_indices(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """``indices`` as int64, negative ones counted from the end; IndexError if out of range."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if not idx.size:
+            return idx
         n = self.manifest.count
-        if idx.size and (idx.min() < -n or idx.max() >= n):
+        lo, hi = idx.min(), idx.max()
+        if lo < -n or hi >= n:
             bad = idx[(idx < -n) | (idx >= n)][0]
             raise IndexError(f"index {bad} out of range for a dataset of {n} records")
-        return np.where(idx < 0, idx + n, idx)
+        return idx if lo >= 0 else np.where(idx < 0, idx + n, idx)
 
     def check_variable(self, name: str) -> Field:
         field = self.manifest.fields.get(name)

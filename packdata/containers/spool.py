@@ -12,7 +12,7 @@ import numpy as np
 
 from packdata.manifest import Field
 
-BLOCK_BYTES = 64 << 20
+BLOCK_BYTES = 16 << 20
 
 
 class Spool:
@@ -35,15 +35,13 @@ class Spool:
 
     def blocks(self, row_bytes: int):
         """Yield the spooled bytes as uint8 arrays of about ``BLOCK_BYTES``, each a whole number
-        of ``row_bytes`` rows."""
+        of ``row_bytes`` rows. One buffer is reused, so memory stays at one block."""
         self.close()
-        size = self.path.stat().st_size
-        if size == 0:
-            return
         block_bytes = max(row_bytes, BLOCK_BYTES // row_bytes * row_bytes)
-        data = np.memmap(self.path, dtype=np.uint8, mode="r")
-        for start in range(0, size, block_bytes):
-            yield data[start : start + block_bytes]
+        buffer = np.empty(block_bytes, dtype=np.uint8)
+        with open(self.path, "rb") as f:
+            while got := f.readinto(buffer):  # buffered: full blocks until the end of file
+                yield buffer[:got]
 
     def remove(self) -> None:
         self.close()

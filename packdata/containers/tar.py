@@ -17,6 +17,7 @@ fixed-shape fields) a batch is one numpy gather through a strided view.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import tarfile
@@ -43,6 +44,16 @@ def member_suffix(name: str, field: Field, value: np.ndarray) -> str:
     if name == "label" and field.shape == () and field.np_dtype.kind in "iu":
         return "cls"
     return f"{name}.npy"
+
+
+@functools.lru_cache(maxsize=256)
+def npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
+    """The .npy header for a C-order array (cached: fixed fields share one)."""
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": dtype, "fortran_order": False, "shape": shape}
+    )
+    return buf.getvalue()
 
 
 def ustar_header(name: str, size: int) -> bytes:
@@ -142,10 +153,8 @@ class TarWriter(Writer):
             if suffix == "cls":
                 payload, skip = str(int(value)).encode(), 0
             elif suffix.endswith(".npy"):
-                buf = io.BytesIO()
-                np.lib.format.write_array(buf, np.ascontiguousarray(value), allow_pickle=False)
-                payload = buf.getvalue()
-                skip = len(payload) - value.nbytes  # the .npy header precedes the raw bytes
+                header = npy_header(value.dtype.str, value.shape)
+                payload, skip = header + np.ascontiguousarray(value).tobytes(), len(header)
             else:
                 payload, skip = value.tobytes(), 0
             header = ustar_header(f"{member_key}.{suffix}", len(payload))
