@@ -8,6 +8,7 @@ opens as a dataset.
 from __future__ import annotations
 
 import contextlib
+import glob
 import multiprocessing as mp
 import os
 import shutil
@@ -110,6 +111,27 @@ def _check_destination(dst: Path, src: Path, overwrite: bool) -> None:
         ) from None
 
 
+def _remove_stale_partials(dst: Path) -> None:
+    """Delete partial outputs for ``dst`` left by conversions that were killed (SIGKILL, power
+    loss): their process id is in the name, and that process no longer exists."""
+    for partial in dst.parent.glob(f".{glob.escape(dst.name)}.partial-*"):
+        pid = partial.name.rsplit(".partial-", 1)[1].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            _remove(partial)
+            for spool in partial.parent.glob(f"{glob.escape(partial.name)}.*.spool"):
+                spool.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _remove(path: Path) -> None:
     if path.is_dir():
         shutil.rmtree(path, ignore_errors=True)
@@ -166,8 +188,9 @@ def convert(
         raise PackdataError(f"{source.root}: no {source.kind} inputs found")
     workers = max(1, min(workers or os.cpu_count() or 1, len(items) // BLOCK + 1))
 
-    tmp = dst.parent / f".{dst.name}.partial-{uuid.uuid4().hex[:8]}"
     dst.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_partials(dst)
+    tmp = dst.parent / f".{dst.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     writer = None
     keys: list[str] = []
     checksums: list[int] = []

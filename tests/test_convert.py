@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import signal
 import subprocess
@@ -173,3 +174,15 @@ def test_killed_conversion_leaves_nothing_that_opens(tmp_path, png_folder):
     assert leftovers == [], leftovers
     with pytest.raises(PackdataError):
         packdata.open(out / "k.lmdb")
+
+
+def test_partials_of_killed_conversions_are_cleaned_up(tmp_path, png_folder):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    stale = tmp_path / f".out.h5.partial-{dead}-abcdef12"
+    stale.write_bytes(b"half a file")
+    (tmp_path / f"{stale.name}.image.spool").write_bytes(b"spooled")
+    alive = tmp_path / f".out.h5.partial-{os.getpid()}-abcdef12"  # a conversion still running
+    alive.write_bytes(b"in progress")
+    packdata.convert(packdata.open_source(png_folder), tmp_path / "out.h5")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [alive.name, "out.h5"]
