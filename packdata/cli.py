@@ -102,6 +102,9 @@ def convert(
             )
     except (PackdataError, OSError, ValueError) as exc:
         _fail(exc)
+    except KeyboardInterrupt:
+        console.print(f"[red]interrupted:[/red] nothing was written to {dst}", highlight=False)
+        raise typer.Exit(130) from None
     m = result.manifest
     console.print(
         f"wrote {result.path}: {m.count} {m.kind} samples ({m.container}) in "
