@@ -237,15 +237,20 @@ class TarReader(Reader):
         ]
 
     def _gather_fixed(self, name: str, field: Field, idx: np.ndarray) -> np.ndarray:
-        out = np.empty((len(idx), field.nbytes), dtype=np.uint8)
         shards = self.index[f"{name}.shard"][idx]
-        for s in np.unique(shards).tolist():
-            mask = shards == s
-            view = self._strided(name, s)
-            if view is not None:
-                out[mask] = view[idx[mask] - self.shard_start[s]]
-            else:
-                out[mask] = np.stack(self._payloads(name, idx[mask]))
+        first = int(shards[0]) if len(shards) else 0
+        view = self._strided(name, first)
+        if view is not None and (shards == first).all():  # one shard: one gather, no masks
+            out = view[idx - self.shard_start[first]]
+        else:
+            out = np.empty((len(idx), field.nbytes), dtype=np.uint8)
+            for s in np.unique(shards).tolist():
+                mask = shards == s
+                view = self._strided(name, s)
+                if view is not None:
+                    out[mask] = view[idx[mask] - self.shard_start[s]]
+                else:
+                    out[mask] = np.stack(self._payloads(name, idx[mask]))
         return out.view(field.np_dtype).reshape(len(idx), *field.shape)
 
     def read(self, indices: np.ndarray) -> Batch:
