@@ -143,3 +143,30 @@ def test_hdf5_copies_spooled_records_in_row_aligned_blocks(tmp_path, png_folder,
     names, _ = expected(png_folder)
     for i in (0, 1, 2, len(ds) - 1):
         np.testing.assert_array_equal(ds[i][0].permute(1, 2, 0).numpy(), pillow_pixels(png_folder / names[i]))
+
+
+def test_truncated_tar_shard_is_a_named_error(tmp_path, packed):
+    copy = shutil.copytree(packed["tar"], tmp_path / "t")
+    shard = shard_paths(copy)[-1]
+    shard.write_bytes(shard.read_bytes()[:5000])
+    ds = packdata.open(copy)
+    ds[0]  # other shards still read
+    with pytest.raises(packdata.DatasetError, match=f"{shard.name}: shard truncated"):
+        ds[len(ds) - 1]
+
+
+def test_truncated_hdf5_is_a_named_error(tmp_path, packed):
+    damaged = tmp_path / "d.h5"
+    data = packed["hdf5"].read_bytes()
+    damaged.write_bytes(data[: len(data) // 2])
+    with pytest.raises(packdata.DatasetError, match="d.h5"):
+        packdata.open(damaged)
+
+
+def test_manifest_of_another_version_is_refused(tmp_path, packed):
+    copy = shutil.copytree(packed["tar"], tmp_path / "t")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["packdata"]["version"] = 99
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(packdata.DatasetError, match="manifest version 99"):
+        packdata.open(copy)

@@ -91,6 +91,11 @@ class HDF5Reader(Reader):
                     self.arrays[name] = np.empty(ds.shape, dtype=ds.dtype)
                 else:
                     size = int(np.prod(ds.shape, dtype=np.int64)) * ds.dtype.itemsize
+                    if offset + size > len(whole):
+                        raise DatasetError(
+                            f"{self.path}: truncated ({len(whole)} bytes, field '{name}' ends "
+                            f"at {offset + size}); the dataset is damaged"
+                        )
                     view = whole[offset : offset + size].view(ds.dtype).reshape(ds.shape)
                     # small fixed fields (labels) are worth a private copy in RAM
                     self.arrays[name] = np.array(view) if size < (16 << 20) else view
@@ -101,8 +106,11 @@ class HDF5Reader(Reader):
     def detect(path: Path) -> bool:
         if not path.is_file() or not h5py.is_hdf5(path):
             return False
-        with h5py.File(path, "r") as f:
-            return MANIFEST in f
+        try:
+            with h5py.File(path, "r") as f:
+                return MANIFEST in f
+        except OSError as exc:  # h5py's message for a damaged file, with ours in front
+            raise DatasetError(f"{path}: HDF5 file cannot be opened ({exc})") from None
 
     def read(self, indices: np.ndarray) -> Batch:
         idx = self.check_indices(indices)

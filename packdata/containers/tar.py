@@ -198,6 +198,11 @@ class TarReader(Reader):
         self.shard_names = [s["name"] for s in shards]
         self.shard_start = np.concatenate([[0], np.cumsum([s["count"] for s in shards])])
         self._maps: dict[int, np.ndarray] = {}
+        # bytes each shard must hold: checked before any strided view is laid over it
+        self._shard_end = np.zeros(len(shards), dtype=np.int64)
+        for name in self.manifest.fields:
+            ends = self.index[f"{name}.offset"] + self.index[f"{name}.nbytes"]
+            np.maximum.at(self._shard_end, self.index[f"{name}.shard"], ends)
         self._views: dict[tuple[str, int], np.ndarray | None] = {}
 
     @staticmethod
@@ -206,7 +211,16 @@ class TarReader(Reader):
 
     def _map(self, shard: int) -> np.ndarray:
         if shard not in self._maps:
-            self._maps[shard] = map_file(self.path / self.shard_names[shard])
+            path = self.path / self.shard_names[shard]
+            if not path.is_file():
+                raise DatasetError(f"{path}: shard missing; the dataset is incomplete")
+            mapped = map_file(path)
+            if len(mapped) < self._shard_end[shard]:
+                raise DatasetError(
+                    f"{path}: shard truncated ({len(mapped)} bytes, the index needs "
+                    f"{self._shard_end[shard]}); the dataset is damaged"
+                )
+            self._maps[shard] = mapped
         return self._maps[shard]
 
     def _strided(self, name: str, shard: int) -> np.ndarray | None:
