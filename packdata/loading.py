@@ -1,13 +1,34 @@
-"""A DataLoader configured for packed datasets: whole batches read in one call."""
+"""A DataLoader configured for packed datasets: whole batches read in one call, optionally
+delivered on a device (:class:`packdata.device.DeviceLoader`) or served from memory
+(:class:`packdata.resident.ResidentLoader`)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader
 
 from packdata.dataset import PackedDataset
+from packdata.device import Augment, DeviceLoader, resolve_device
 from packdata.sampling import EpochBatchSampler
+
+
+def cpu_count() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def default_num_workers(dataset: PackedDataset) -> int:
+    """0 when batches are raw records (handing a batch between processes costs more than
+    reading it), all cores (at most 8) when records need per-sample decoding (``keep``-encoded
+    images) or the dataset has a per-sample ``transform``."""
+    decodes = any(f.codec for f in dataset.manifest.fields.values())
+    return min(cpu_count(), 8) if decodes or dataset.transform is not None else 0
 
 
 def loader(
@@ -17,21 +38,55 @@ def loader(
     shuffle: bool = True,
     drop_last: bool = False,
     seed: int = 0,
-    num_workers: int = 0,
+    num_workers: int | None = None,
+    pin_memory: bool | None = None,
+    persistent_workers: bool | None = None,
+    prefetch_factor: int | None = None,
+    device: str | torch.device | None = None,
+    augment: Augment | None = None,
+    resident: bool = False,
     **dataloader_options: Any,
-) -> DataLoader:
+) -> Any:
     """A DataLoader yielding whole batches, each read with a few vectorised calls.
 
     The sampler yields lists of indices and the DataLoader passes each list to
     ``dataset[indices]`` (``batch_size=None`` turns off per-sample collation). Epochs reshuffle
     from ``seed`` and split across DDP ranks (see :class:`packdata.sampling.EpochBatchSampler`).
-    With ``num_workers=0`` the batch is read in the training process, the fastest choice for raw
-    records: handing batches between processes costs more than reading them. Other keyword
-    arguments (``pin_memory``, ``prefetch_factor``, ``persistent_workers``…) go to DataLoader.
+
+    Defaults, each overridable: ``num_workers`` from :func:`default_num_workers` (0 for raw
+    records, the fastest choice); with workers, ``persistent_workers=True`` and
+    ``prefetch_factor=4``; ``pin_memory`` when CUDA is present and the batches go there.
+    Other keyword arguments go to DataLoader.
+
+    ``device`` (``"cuda"``, ``"cpu"``, ``"auto"``) and/or ``augment`` (e.g.
+    :func:`packdata.augment.cifar_recipe`) wrap the DataLoader in a
+    :class:`~packdata.device.DeviceLoader`: batches arrive on the device, augmented there.
+    ``resident=True`` loads the whole dataset once onto ``device`` (host RAM by default) and
+    serves the same batches from there (:class:`~packdata.resident.ResidentLoader`).
     """
+    if resident:
+        from packdata.resident import ResidentLoader
+
+        return ResidentLoader(dataset, batch_size, device="cpu" if device is None else device,
+                              shuffle=shuffle, drop_last=drop_last, seed=seed, augment=augment)
+    target = None if device is None else resolve_device(device)
+    if num_workers is None:
+        num_workers = default_num_workers(dataset)
+    if pin_memory is None:
+        pin_memory = torch.cuda.is_available() and (target is None or target.type == "cuda")
+    if num_workers > 0:
+        dataloader_options["persistent_workers"] = (
+            True if persistent_workers is None else persistent_workers)
+        dataloader_options["prefetch_factor"] = 4 if prefetch_factor is None else prefetch_factor
+    elif persistent_workers or prefetch_factor is not None:
+        raise ValueError("persistent_workers and prefetch_factor need num_workers > 0")
     sampler = EpochBatchSampler(
         len(dataset), batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed
     )
-    return DataLoader(
-        dataset, batch_size=None, sampler=sampler, num_workers=num_workers, **dataloader_options
+    batches = DataLoader(
+        dataset, batch_size=None, sampler=sampler, num_workers=num_workers,
+        pin_memory=pin_memory, **dataloader_options,
     )
+    if target is None and augment is None:
+        return batches
+    return DeviceLoader(batches, target, augment=augment)
