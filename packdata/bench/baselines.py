@@ -68,3 +68,47 @@ def tile_image_folder(sample: Path, out: Path, count: int) -> Path:
         labels[new] = meta["labels"][name]
     (out / "labels.json").write_text(json.dumps({"classes": meta["classes"], "labels": labels}))
     return out
+
+
+class ClassicCifarTransform:
+    """The tutorial's per-sample CIFAR recipe, as torchvision runs it on one PIL image:
+    ``RandomCrop(32, padding=4)`` + ``RandomHorizontalFlip()`` [+ ``ColorJitter``] +
+    ``ToTensor()`` + ``Normalize(mean, std)``, written with PIL and torch (torchvision does not
+    install beside the CPU torch). Takes a uint8 C×H×W tensor or H×W×C array; random numbers
+    come from torch's generator, as torchvision's do."""
+
+    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...], padding: int = 4,
+                 jitter: float = 0.0) -> None:
+        self.mean = torch.tensor(mean).view(-1, 1, 1)
+        self.std = torch.tensor(std).view(-1, 1, 1)
+        self.padding, self.jitter = padding, jitter
+
+    def __call__(self, image: torch.Tensor | np.ndarray) -> torch.Tensor:
+        from PIL import ImageEnhance, ImageOps
+
+        if isinstance(image, torch.Tensor):
+            image = image.permute(1, 2, 0).numpy()
+        im = Image.fromarray(np.ascontiguousarray(image))
+        w, h = im.size
+        im = ImageOps.expand(im, border=self.padding, fill=0)
+        top = int(torch.randint(0, 2 * self.padding + 1, (1,)))
+        left = int(torch.randint(0, 2 * self.padding + 1, (1,)))
+        im = im.crop((left, top, left + w, top + h))
+        if float(torch.rand(1)) < 0.5:
+            im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        if self.jitter:
+            j = self.jitter
+            for step in torch.randperm(4).tolist():
+                if step == 0:
+                    im = ImageEnhance.Brightness(im).enhance(float(torch.empty(1).uniform_(1 - j, 1 + j)))
+                elif step == 1:
+                    im = ImageEnhance.Contrast(im).enhance(float(torch.empty(1).uniform_(1 - j, 1 + j)))
+                elif step == 2:
+                    im = ImageEnhance.Color(im).enhance(float(torch.empty(1).uniform_(1 - j, 1 + j)))
+                else:  # hue: torchvision shifts H in HSV space
+                    hsv = np.array(im.convert("HSV"))
+                    shift = int(float(torch.empty(1).uniform_(-j / 4, j / 4)) * 255)
+                    hsv[..., 0] = (hsv[..., 0].astype(np.int16) + shift).astype(np.uint8)
+                    im = Image.fromarray(hsv, "HSV").convert("RGB")
+        x = torch.from_numpy(np.array(im, dtype=np.uint8)).permute(2, 0, 1).float().div(255)
+        return (x - self.mean) / self.std

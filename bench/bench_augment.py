@@ -1,0 +1,126 @@
+"""Augmented CIFAR-10 samples/s from a packed container: per-sample CPU transforms vs packdata's
+batched augmentation, in one run.
+
+    PYTHONPATH=. python bench/bench_augment.py            # real CIFAR-10 test PNGs under ../shared
+
+(a) the tutorial's per-sample transforms (crop pad 4, flip, [colour jitter,] ToTensor, Normalize)
+    in a stock DataLoader with 0 and 2 workers; (b) packdata.loader with the batched recipe on
+    the CPU, torch and kornia backends; colour-jitter-only rates at batch 256 for both backends;
+    (c) on CUDA, streamed (DeviceLoader) and resident, when a GPU is present. Each figure is the
+    median of ``--repeat`` measurements; ratios are against (a)'s best in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+import packdata
+from packdata.augment import CIFAR10_MEAN, CIFAR10_STD, ColorJitter, Compose, cifar_recipe
+from packdata.bench.baselines import ClassicCifarTransform
+from packdata.bench.throughput import sample_rate
+
+DATA = Path("../shared/data/cifar10/test-png")
+DEMO = Path(packdata.__file__).parent / "demo_data" / "cifar10"
+JITTER = 0.4
+
+
+def median_rate(make, repeat: int, seconds: float) -> float:
+    return statistics.median(sample_rate(make, min_seconds=seconds) for _ in range(repeat))
+
+
+def classic(path: Path, batch: int, workers: int, jitter: float, repeat: int, seconds: float):
+    ds = packdata.open(path, transform=ClassicCifarTransform(CIFAR10_MEAN, CIFAR10_STD,
+                                                             jitter=jitter))
+    dl = DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
+                    persistent_workers=workers > 0)
+    return median_rate(lambda: dl, repeat, seconds)
+
+
+def batched(path: Path, batch: int, augment, repeat: int, seconds: float, **options) -> float:
+    ds = packdata.open(path)
+    dl = packdata.loader(ds, batch, augment=augment, **options)
+    return median_rate(lambda: dl, repeat, seconds)
+
+
+def jitter_only(path: Path, backend: str, batch: int, repeat: int) -> float:
+    images = packdata.open(path)[list(range(batch))][0]
+    images = images.repeat(-(-batch // len(images)), 1, 1, 1)[:batch]
+    aug = Compose([ColorJitter(JITTER, JITTER, JITTER, JITTER / 4)], seed=0, backend=backend)
+    rates = []
+    for _ in range(repeat):
+        aug(images)
+        start, n = time.perf_counter(), 0
+        while time.perf_counter() - start < 1.0:
+            aug(images)
+            n += batch
+        rates.append(n / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DATA, help="flat PNG folder + labels file")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=2.0, help="minimum per measurement")
+    parser.add_argument("--json", type=Path, default=Path("bench/results/augment.json"))
+    args = parser.parse_args()
+    data = args.data if args.data.is_dir() else DEMO
+    work = Path(tempfile.mkdtemp(prefix="bench-augment-"))
+    labels = data.parent / "labels.json"  # ../shared keeps the labels beside the PNG folder
+    source = packdata.open_source(data, labels=labels if labels.is_file() else None)
+    path = packdata.convert(source, work / "cifar.lmdb", workers=2).path
+    count, b, rep, sec = len(packdata.open(path)), args.batch, args.repeat, args.seconds
+    rows: list[tuple[str, str, float]] = []
+
+    def add(group: str, name: str, rate: float | None) -> None:
+        rows.append((group, name, rate))
+        shown = "not run on a GPU" if rate is None else f"{rate:12,.0f}"
+        print(f"{group:<36} {name:<36} {shown:>16}", flush=True)
+
+    for jit, label in ((0.0, "crop+flip+normalise"), (JITTER, "+ colour jitter")):
+        for workers in (0, 2):
+            add(f"a) per-sample {label}", f"DataLoader, {workers} workers",
+                classic(path, b, workers, jit, rep, sec))
+        for backend in ("torch", "kornia"):
+            add(f"b) batched CPU {label}", f"packdata.loader, backend={backend}",
+                batched(path, b, cifar_recipe(jitter=jit, seed=0, backend=backend), rep, sec))
+    for backend in ("torch", "kornia"):
+        add("colour jitter only", f"batch {b}, backend={backend}", jitter_only(path, backend, b, rep))
+    gpu = torch.cuda.is_available()
+    for name, options in (("streamed (DeviceLoader)", {}), ("resident", {"resident": True})):
+        rate = batched(path, b, cifar_recipe(seed=0, backend="torch"), rep, sec, device="cuda",
+                       **options) if gpu else None
+        add("c) GPU crop+flip+normalise", name, rate)
+
+    def best(group: str) -> float:
+        return max(r for g, _, r in rows if g == group and r is not None)
+
+    ratios = {label: {be: next(r for g, n, r in rows if g == f"b) batched CPU {label}"
+                               and n.endswith(be)) / best(f"a) per-sample {label}")
+                      for be in ("torch", "kornia")}
+              for label in ("crop+flip+normalise", "+ colour jitter")}
+    for label, by in ratios.items():
+        print(f"(b)/(a) {label}: " + ", ".join(f"{be} {x:.1f}x" for be, x in by.items()))
+    result = {
+        "data": data.name, "samples": count, "batch": b, "repeat": rep,
+        "torch_threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
+        "python": sys.version.split()[0], "torch": torch.__version__, "gpu": gpu,
+        "rows": [{"group": g, "name": n, "samples_per_s": r} for g, n, r in rows],
+        "ratio_b_over_a": ratios,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=1) + "\n")
+
+if __name__ == "__main__":
+    main()
