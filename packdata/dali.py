@@ -44,6 +44,9 @@ def write_dali_index(path: str | Path, out_dir: str | Path) -> tuple[list[str], 
     whole members (offsets must be 512-byte blocks), so raw ``.npy`` members come with their
     header; :func:`npy_header_size` says how many bytes to skip."""
     path = Path(path)
+    if not (path / "manifest.json").is_file() or not (path / "index.npz").is_file():
+        raise DatasetError(f"{path}: the DALI tar reader needs a packdata tar dataset "
+                           "(a directory with manifest.json and index.npz)")
     manifest = json.loads((path / "manifest.json").read_text())["packdata"]
     if manifest.get("container") != "tar" or manifest.get("kind") != "image":
         raise DatasetError(f"{path}: the DALI tar reader needs a tar dataset of images")

@@ -36,12 +36,13 @@ def check_images(x: Any, where: str, channels: tuple[int, ...] = (1, 3)) -> None
         raise AugmentInputError(
             f"{where}: expected dtype uint8 (0–255) or a float dtype (0–1), got {x.dtype}")
     if x.shape[1] not in channels:
+        wanted = " or ".join(str(c) for c in channels)
         if x.shape[-1] in channels:
             raise AugmentInputError(
-                f"{where}: expected channels first, B×C×H×W with C in {channels}; got shape "
+                f"{where}: expected channels first, B×C×H×W with {wanted} channels; got shape "
                 f"{tuple(x.shape)}, which looks channels-last: use x.permute(0, 3, 1, 2)")
         raise AugmentInputError(
-            f"{where}: expected B×C×H×W with C in {channels}, got shape {tuple(x.shape)}")
+            f"{where}: expected B×C×H×W with {wanted} channels, got shape {tuple(x.shape)}")
 
 
 def to_float(x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,67 @@
+"""The DALI path on CPU pipelines (device_id=None); skipped where DALI is not installed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import packdata
+
+dali = pytest.importorskip("nvidia.dali", reason="DALI (extra 'dali') is not installed")
+from packdata.dali import external_loader, parse_text_labels, tar_loader  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def keep_tar(tmp_path_factory, png_folder):
+    source = packdata.open_source(png_folder, encoding="keep")
+    out = tmp_path_factory.mktemp("keep") / "keep-tar"
+    return packdata.convert(source, out, workers=2, container_options={"shard_size": "50"}).path
+
+
+def epoch(loader):
+    images, labels = zip(*loader)
+    return torch.cat(images), torch.cat(labels)
+
+
+def test_tar_pipeline_reads_every_sample_once_with_its_label(packed, keep_tar):
+    ds = packdata.open(packed["tar"])
+    expected = torch.bincount(ds[list(range(len(ds)))][1], minlength=10)
+    raw = tar_loader(packed["tar"], 32, device="cpu", seed=1)
+    x, y = epoch(raw)
+    assert x.shape == (len(ds), 3, 32, 32) and x.dtype == torch.float32
+    assert torch.equal(torch.bincount(y, minlength=10), expected)
+    assert x.mean(dim=(0, 2, 3)).abs().max() < 0.4  # normalised CIFAR statistics
+    # keep-encoded PNGs decoded by DALI give the very same batches as raw pixels
+    kx, ky = epoch(tar_loader(keep_tar, 32, device="cpu", size=32, seed=1))
+    assert torch.equal(kx, x) and torch.equal(ky, y)
+    x2, _ = epoch(raw)  # a second epoch reshuffles and re-augments
+    assert x2.shape == x.shape and not torch.equal(x2, x)
+
+
+def test_unaugmented_tar_pipeline_returns_the_stored_pixels(packed):
+    ds = packdata.open(packed["tar"])
+    loader = tar_loader(packed["tar"], 40, device="cpu", shuffle=False, padding=0, mirror=0,
+                        mean=(0, 0, 0), std=(1 / 255,) * 3)
+    x, y = epoch(loader)
+    images, labels = ds[list(range(len(ds)))]
+    assert torch.equal(x, images.float()) and torch.equal(y, labels)
+
+
+def test_external_source_pipeline_over_any_container(packed):
+    ds = packdata.open(packed["lmdb"])
+    loader = external_loader(ds, 32, device="cpu", seed=0)
+    for _ in range(2):
+        x, y = epoch(loader)
+        assert x.shape == (len(ds), 3, 32, 32)
+        assert torch.equal(torch.bincount(y), torch.bincount(ds[list(range(len(ds)))][1]))
+
+
+def test_text_labels_and_bad_requests(packed):
+    padded = torch.tensor([[ord("7"), 0, 0], [ord("1"), ord("2"), 0], [ord("1"), ord("0"), ord("5")]],
+                          dtype=torch.uint8)
+    assert parse_text_labels(padded).tolist() == [7, 12, 105]
+    with pytest.raises(packdata.DatasetError, match="tar dataset"):
+        tar_loader(packed["lmdb"], 8, device="cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(packdata.PackdataError, match="CUDA"):
+            tar_loader(packed["tar"], 8, device="gpu")
