@@ -6,8 +6,9 @@ batched augmentation, in one run.
 (a) the tutorial's per-sample transforms (crop pad 4, flip, [colour jitter,] ToTensor, Normalize)
     in a stock DataLoader with 0 and 2 workers; (b) packdata.loader with the batched recipe on
     the CPU, torch and kornia backends; colour-jitter-only rates at batch 256 for both backends;
-    (c) on CUDA, streamed (DeviceLoader) and resident, when a GPU is present. Each figure is the
-    median of ``--repeat`` measurements; ratios are against (a)'s best in the same run.
+    (c) on CUDA, streamed (DeviceLoader) and resident, when a GPU is present. Every configuration
+    is measured once per round, rounds repeated ``--repeat`` times (so load from other jobs hits
+    all alike); figures are medians, ratios the median of each round's (b) / best (a).
 """
 
 from __future__ import annotations
@@ -34,22 +35,11 @@ DEMO = Path(packdata.__file__).parent / "demo_data" / "cifar10"
 JITTER = 0.4
 
 
-def median_rate(make, repeat: int, seconds: float) -> float:
-    return statistics.median(sample_rate(make, min_seconds=seconds) for _ in range(repeat))
-
-
-def classic(path: Path, batch: int, workers: int, jitter: float, repeat: int, seconds: float):
+def classic(path: Path, batch: int, workers: int, jitter: float) -> DataLoader:
     ds = packdata.open(path, transform=ClassicCifarTransform(CIFAR10_MEAN, CIFAR10_STD,
                                                              jitter=jitter))
-    dl = DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
-                    persistent_workers=workers > 0)
-    return median_rate(lambda: dl, repeat, seconds)
-
-
-def batched(path: Path, batch: int, augment, repeat: int, seconds: float, **options) -> float:
-    ds = packdata.open(path)
-    dl = packdata.loader(ds, batch, augment=augment, **options)
-    return median_rate(lambda: dl, repeat, seconds)
+    return DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
+                      persistent_workers=workers > 0)
 
 
 def jitter_only(path: Path, backend: str, batch: int, repeat: int) -> float:
@@ -73,42 +63,56 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=2.0, help="minimum per measurement")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads in the main process (workers use 1); more "
+                             "threads collapse when other jobs share the cores")
     parser.add_argument("--json", type=Path, default=Path("bench/results/augment.json"))
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     data = args.data if args.data.is_dir() else DEMO
     work = Path(tempfile.mkdtemp(prefix="bench-augment-"))
     labels = data.parent / "labels.json"  # ../shared keeps the labels beside the PNG folder
     source = packdata.open_source(data, labels=labels if labels.is_file() else None)
     path = packdata.convert(source, work / "cifar.lmdb", workers=2).path
     count, b, rep, sec = len(packdata.open(path)), args.batch, args.repeat, args.seconds
-    rows: list[tuple[str, str, float]] = []
-
-    def add(group: str, name: str, rate: float | None) -> None:
-        rows.append((group, name, rate))
-        shown = "not run on a GPU" if rate is None else f"{rate:12,.0f}"
-        print(f"{group:<36} {name:<36} {shown:>16}", flush=True)
-
+    configs = []  # (group, name, loader): all measured once per round, rounds interleaved
     for jit, label in ((0.0, "crop+flip+normalise"), (JITTER, "+ colour jitter")):
         for workers in (0, 2):
-            add(f"a) per-sample {label}", f"DataLoader, {workers} workers",
-                classic(path, b, workers, jit, rep, sec))
+            configs.append((f"a) per-sample {label}", f"DataLoader, {workers} workers",
+                            classic(path, b, workers, jit)))
         for backend in ("torch", "kornia"):
-            add(f"b) batched CPU {label}", f"packdata.loader, backend={backend}",
-                batched(path, b, cifar_recipe(jitter=jit, seed=0, backend=backend), rep, sec))
-    for backend in ("torch", "kornia"):
-        add("colour jitter only", f"batch {b}, backend={backend}", jitter_only(path, backend, b, rep))
+            configs.append((f"b) batched CPU {label}", f"packdata.loader, backend={backend}",
+                            packdata.loader(packdata.open(path), b, augment=cifar_recipe(
+                                jitter=jit, seed=0, backend=backend))))
     gpu = torch.cuda.is_available()
-    for name, options in (("streamed (DeviceLoader)", {}), ("resident", {"resident": True})):
-        rate = batched(path, b, cifar_recipe(seed=0, backend="torch"), rep, sec, device="cuda",
-                       **options) if gpu else None
-        add("c) GPU crop+flip+normalise", name, rate)
+    if gpu:
+        for name, options in (("streamed (DeviceLoader)", {}), ("resident", {"resident": True})):
+            configs.append(("c) GPU crop+flip+normalise", name, packdata.loader(
+                packdata.open(path), b, device="cuda", augment=cifar_recipe(seed=0, backend="torch"),
+                **options)))
+    rates: dict[tuple[str, str], list[float]] = {(g, n): [] for g, n, _ in configs}
+    for _ in range(rep):
+        for group, name, dl in configs:
+            rates[group, name].append(sample_rate(lambda dl=dl: dl, min_seconds=sec))
+        for backend in ("torch", "kornia"):
+            rates.setdefault(("colour jitter only", f"batch {b}, backend={backend}"), []).append(
+                jitter_only(path, backend, b, 1))
+    if not gpu:
+        for name in ("streamed (DeviceLoader)", "resident"):
+            rates["c) GPU crop+flip+normalise", name] = []
+    for (group, name), got in rates.items():
+        shown = f"{statistics.median(got):12,.0f}" if got else "not run on a GPU"
+        print(f"{group:<36} {name:<36} {shown:>16}", flush=True)
 
-    def best(group: str) -> float:
-        return max(r for g, _, r in rows if g == group and r is not None)
+    def ratio(label: str, backend: str) -> float:
+        """Median over rounds of (b) / best (a), each round's figures taken together."""
+        per_round = [
+            rates[f"b) batched CPU {label}", f"packdata.loader, backend={backend}"][i]
+            / max(rates[f"a) per-sample {label}", f"DataLoader, {w} workers"][i] for w in (0, 2))
+            for i in range(rep)]
+        return statistics.median(per_round)
 
-    ratios = {label: {be: next(r for g, n, r in rows if g == f"b) batched CPU {label}"
-                               and n.endswith(be)) / best(f"a) per-sample {label}")
-                      for be in ("torch", "kornia")}
+    ratios = {label: {be: ratio(label, be) for be in ("torch", "kornia")}
               for label in ("crop+flip+normalise", "+ colour jitter")}
     for label, by in ratios.items():
         print(f"(b)/(a) {label}: " + ", ".join(f"{be} {x:.1f}x" for be, x in by.items()))
@@ -116,7 +120,8 @@ def main() -> None:
         "data": data.name, "samples": count, "batch": b, "repeat": rep,
         "torch_threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
         "python": sys.version.split()[0], "torch": torch.__version__, "gpu": gpu,
-        "rows": [{"group": g, "name": n, "samples_per_s": r} for g, n, r in rows],
+        "rows": [{"group": g, "name": n, "samples_per_s": statistics.median(r) if r else None,
+                  "rounds": r} for (g, n), r in rates.items()],
         "ratio_b_over_a": ratios,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
