@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DATA, help="flat PNG folder + labels file")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=2.0, help="minimum per measurement")
+    parser.add_argument("--seconds", type=float, default=1.5, help="minimum per measurement")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads in the main process (workers use 1); more "
                              "threads collapse when other jobs share the cores")

@@ -65,3 +65,9 @@ def test_text_labels_and_bad_requests(packed):
     if not torch.cuda.is_available():
         with pytest.raises(packdata.PackdataError, match="CUDA"):
             tar_loader(packed["tar"], 8, device="gpu")
+
+
+def test_missing_dali_names_the_extra(packed, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "nvidia.dali", None)
+    with pytest.raises(packdata.MissingExtraError, match=r"packdata\[dali\]"):
+        tar_loader(packed["tar"], 8, device="cpu")
