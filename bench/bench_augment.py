@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -126,6 +127,7 @@ def main() -> None:
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1) + "\n")
+    shutil.rmtree(work, ignore_errors=True)
 
 if __name__ == "__main__":
     main()
