@@ -5,6 +5,7 @@ delivered on a device (:class:`packdata.device.DeviceLoader`) or served from mem
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -29,6 +30,28 @@ def default_num_workers(dataset: PackedDataset) -> int:
     images) or the dataset has a per-sample ``transform``."""
     decodes = any(f.codec for f in dataset.manifest.fields.values())
     return min(cpu_count(), 8) if decodes or dataset.transform is not None else 0
+
+
+class BatchLoader:
+    """Whole batches read in this process, in sampler order.
+
+    What ``DataLoader(num_workers=0, batch_size=None)`` does, without its per-batch bookkeeping
+    (profiler hooks, collate dispatch): about 60 µs a batch, measured as a third of the time
+    to read a 256-image CIFAR batch from HDF5.
+    """
+
+    def __init__(self, dataset: PackedDataset, sampler: EpochBatchSampler) -> None:
+        self.dataset = dataset
+        self.sampler = sampler
+        self.batch_size = sampler.batch_size
+
+    def __iter__(self) -> Iterator[Any]:
+        get_batch = self.dataset.get_batch
+        for indices in self.sampler:
+            yield get_batch(indices)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
 
 
 def loader(
@@ -83,10 +106,13 @@ def loader(
     sampler = EpochBatchSampler(
         len(dataset), batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed
     )
-    batches = DataLoader(
-        dataset, batch_size=None, sampler=sampler, num_workers=num_workers,
-        pin_memory=pin_memory, **dataloader_options,
-    )
+    if num_workers == 0 and not pin_memory and not dataloader_options:
+        batches: Any = BatchLoader(dataset, sampler)
+    else:
+        batches = DataLoader(
+            dataset, batch_size=None, sampler=sampler, num_workers=num_workers,
+            pin_memory=pin_memory, **dataloader_options,
+        )
     if target is None and augment is None:
         return batches
     return DeviceLoader(batches, target, augment=augment)
