@@ -216,7 +216,11 @@ def build_model(spec: str, kind: str, batch: Any, num_classes: int) -> tuple[str
         takes = "num_classes" in inspect.signature(factory).parameters
     except (TypeError, ValueError):
         takes = False
-    model = factory(num_classes=num_classes) if takes else factory()
+    try:
+        model = factory(num_classes=num_classes) if takes else factory()
+    except Exception as exc:  # the user's code: show what it raised, in one line
+        raise BenchError(f"model '{spec}': building it failed ({type(exc).__name__}: {exc})"
+                         ) from exc
     if not isinstance(model, nn.Module):
         raise BenchError(f"model '{spec}' returned {type(model).__name__}, not a torch.nn.Module")
     return spec, model

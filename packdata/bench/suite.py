@@ -7,7 +7,7 @@ import os
 import platform
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,12 +86,14 @@ def run_bench(
     *,
     sweep: bool = False,
     sweep_seconds: float = 8.0,
+    sweep_grid: Sequence[LoaderOptions] | None = None,
     profile_dir: str | Path | None = None,
     compare: bool = False,
     log: Callable[[str], Any] = lambda m: None,
 ) -> dict[str, Any]:
     """Measure ``path`` (a packdata dataset or an image folder); the result is the JSON
-    document described in docs/bench.md."""
+    document described in docs/bench.md. ``sweep_grid`` replaces the default sweep
+    (:func:`packdata.bench.sweep.default_grid`); ``sweep_seconds`` bounds each configuration."""
     settings = settings or BenchSettings()
     started = time.perf_counter()
     device = resolve_device(settings.device)
@@ -116,7 +118,7 @@ def run_bench(
         runs = [bench_input(inp, trainer, train, settings, options, log) for inp in inputs]
         swept = None
         if sweep:
-            configs = default_grid(os.cpu_count() or 1, device)
+            configs = list(sweep_grid or default_grid(os.cpu_count() or 1, device))
             log(f"sweeping {len(configs)} loader configurations")
             swept = run_sweep(main, trainer, settings, configs, sweep_seconds, log)
         profiled = None

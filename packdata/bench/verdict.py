@@ -41,6 +41,8 @@ def verdict(f: Facts) -> str:
     who = "the GPU" if f.device == "cuda" else "training"
     if r >= MARGIN:
         text = f"I/O delivers {r:.1f}× what training consumes: {who} never waits for data."
+    elif r <= 0:
+        text = "I/O-bound: the loader delivered no samples in the time allowed."
     elif r > 1 / MARGIN:
         text = (f"Balanced: I/O delivers {r:.2f}× what training consumes; any slower storage "
                 "or extra loading work will stall training.")
