@@ -205,6 +205,8 @@ def bench(
     sweep: Annotated[bool, typer.Option(
         help="Also time the real loop for num_workers 0…cores × prefetch_factor × "
         "persistent_workers (× pin_memory × non_blocking on CUDA).")] = False,
+    sweep_seconds: Annotated[float, typer.Option(
+        help="Time bound of each sweep configuration.")] = 6.0,
     profile: Annotated[Path | None, typer.Option(
         help="Profile a few steps with torch.profiler; write the trace to this directory and "
         "print the step-time breakdown.")] = None,
@@ -227,7 +229,8 @@ def bench(
         settings = BenchSettings(model=model, batch_size=batch_size, device=device.value,
                                  amp=amp, steps=steps, warmup=warmup, max_seconds=max_seconds,
                                  workers=workers)
-        result = run_bench(dataset, settings, sweep=sweep, profile_dir=profile, compare=compare,
+        result = run_bench(dataset, settings, sweep=sweep, sweep_seconds=sweep_seconds,
+                           profile_dir=profile, compare=compare,
                            log=lambda m: console.print(m, highlight=False, style="dim"))
         report.print_report(result, Console())
         if as_json:

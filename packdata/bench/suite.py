@@ -85,7 +85,7 @@ def run_bench(
     settings: BenchSettings | None = None,
     *,
     sweep: bool = False,
-    sweep_seconds: float = 8.0,
+    sweep_seconds: float = 6.0,
     sweep_grid: Sequence[LoaderOptions] | None = None,
     profile_dir: str | Path | None = None,
     compare: bool = False,

@@ -55,7 +55,7 @@ def run_sweep(
     trainer: Trainer,
     settings: BenchSettings,
     configs: Sequence[LoaderOptions],
-    seconds_per_config: float = 8.0,
+    seconds_per_config: float = 6.0,
     log: Callable[[str], Any] = lambda m: None,
 ) -> dict[str, Any]:
     """The real loop under each configuration (from the same weights each time).
@@ -64,8 +64,10 @@ def run_sweep(
     "best": index of the fastest row, "seconds": wall time of the sweep}``.
     """
     start = time.perf_counter()
-    bounded = dataclasses.replace(settings, max_seconds=min(settings.max_seconds,
-                                                            seconds_per_config))
+    # two warm-up steps suffice to start the workers (the first batch waits for them); more
+    # would cost every configuration several training steps on a slow device
+    bounded = dataclasses.replace(settings, warmup=min(settings.warmup, 2),
+                                  max_seconds=min(settings.max_seconds, seconds_per_config))
     initial = trainer.state()
     rows = []
     for i, options in enumerate(configs):
