@@ -50,6 +50,8 @@ def main() -> None:
     sweep = result["sweep"]
     print(f"whole bench: {total:.0f} s; sweep of {len(sweep['rows'])} configurations: "
           f"{sweep['seconds']:.0f} s on {os.cpu_count()} cores")
+    for where in [result["dataset"], *(run["input"] for run in result["runs"])]:
+        where["path"] = Path(where["path"]).name  # no machine paths in committed results
     args.json.parent.mkdir(parents=True, exist_ok=True)
     write_json({"count": args.count, "time": time.strftime("%Y-%m-%d %H:%M"),
                 "bench_seconds": total, "sweep_seconds": sweep["seconds"],

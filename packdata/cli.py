@@ -179,7 +179,7 @@ def demo(
         as_json.write_text(json.dumps(results, indent=2))
 
 
-class Device(str, Enum):
+class BenchDevice(str, Enum):
     auto = "auto"
     cpu = "cpu"
     cuda = "cuda"
@@ -194,7 +194,7 @@ def bench(
         "returning a torch.nn.Module. 'auto': by sample kind (images: resnet18 on a GPU, "
         "small-cnn on a CPU).")] = "auto",
     batch_size: Annotated[int, typer.Option(help="Samples per batch.")] = 256,
-    device: Annotated[Device, typer.Option(help="Where to train.")] = Device.auto,
+    device: Annotated[BenchDevice, typer.Option(help="Where to train.")] = BenchDevice.auto,
     amp: Annotated[bool, typer.Option(
         help="Mixed precision (bfloat16 autocast; float16 with loss scaling on older GPUs).")] = False,
     steps: Annotated[int, typer.Option(help="Timed steps per measurement.")] = 50,

@@ -20,7 +20,7 @@ from packdata.bench.runner import (
 from packdata.errors import BenchError
 
 CPU = torch.device("cpu")
-TINY = BenchSettings(batch_size=20, steps=4, warmup=1, max_seconds=5)
+TINY = BenchSettings(batch_size=20, steps=4, warmup=1, max_seconds=30)
 
 
 def trainer_for(inp, amp=False):

@@ -8,7 +8,7 @@ from packdata.bench.runner import BenchSettings
 from packdata.bench.suite import run_bench
 from packdata.errors import BenchError, DatasetError
 
-TINY = BenchSettings(batch_size=20, steps=2, warmup=1, max_seconds=2)
+TINY = BenchSettings(batch_size=20, steps=2, warmup=1, max_seconds=30)
 
 
 def test_compare_measures_the_folder_and_every_container(png_folder):

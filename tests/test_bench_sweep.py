@@ -41,7 +41,7 @@ def test_sweep_table_holds_every_configuration(packed):
     result = run_sweep(inp, trainer, settings, asked, seconds_per_config=2, log=lines.append)
     assert [LoaderOptions(**{k: r[k] for k in LoaderOptions().to_dict()})
             for r in result["rows"]] == asked
-    assert all(r["steps"] == 3 and r["samples_per_s"] > 0 for r in result["rows"])
+    assert all(1 <= r["steps"] <= 3 and r["samples_per_s"] > 0 for r in result["rows"])
     rates = [r["samples_per_s"] for r in result["rows"]]
     assert result["best"] == rates.index(max(rates))
     assert len(lines) == 3 and result["seconds"] > 0

@@ -40,7 +40,8 @@ def verdict(f: Facts) -> str:
     r = f.ratio
     who = "the GPU" if f.device == "cuda" else "training"
     if r >= MARGIN:
-        text = f"I/O delivers {r:.1f}× what training consumes: {who} never waits for data."
+        waits = "need not wait" if (f.load_share or 0) > 0.05 else "never waits"
+        text = f"I/O delivers {r:.1f}× what training consumes: {who} {waits} for data."
     elif r <= 0:
         text = "I/O-bound: the loader delivered no samples in the time allowed."
     elif r > 1 / MARGIN:
