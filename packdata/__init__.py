@@ -6,6 +6,7 @@
 ...     ...
 """
 
+from packdata.bench.timer import StepTimer
 from packdata.convert import ConvertResult, convert
 from packdata.dataset import HDF5Dataset, LMDBDataset, PackedDataset, TarDataset
 from packdata.dataset import open_dataset as open  # noqa: A001 - the package's front door
@@ -27,5 +28,5 @@ __version__ = "0.1.0"
 __all__ = [
     "ConvertResult", "DatasetError", "EpochBatchSampler", "Field", "HDF5Dataset", "LMDBDataset",
     "Manifest", "MissingExtraError", "OutputExistsError", "PackdataError", "PackedDataset",
-    "SampleError", "StreamingDataset", "TarDataset", "convert", "loader", "open", "open_source",
+    "SampleError", "StepTimer", "StreamingDataset", "TarDataset", "convert", "loader", "open", "open_source",
 ]

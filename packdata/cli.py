@@ -179,5 +179,67 @@ def demo(
         as_json.write_text(json.dumps(results, indent=2))
 
 
+class BenchDevice(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+@app.command()
+def bench(
+    dataset: Annotated[Path, typer.Argument(
+        help="A packdata dataset, or a plain image folder (labels.* inside, or class sub-folders).")],
+    model: Annotated[str, typer.Option(
+        help="small-cnn, resnet18, pointnet, transformer, or module:callable / file.py:callable "
+        "returning a torch.nn.Module. 'auto': by sample kind (images: resnet18 on a GPU, "
+        "small-cnn on a CPU).")] = "auto",
+    batch_size: Annotated[int, typer.Option(help="Samples per batch.")] = 256,
+    device: Annotated[BenchDevice, typer.Option(help="Where to train.")] = BenchDevice.auto,
+    amp: Annotated[bool, typer.Option(
+        help="Mixed precision (bfloat16 autocast; float16 with loss scaling on older GPUs).")] = False,
+    steps: Annotated[int, typer.Option(help="Timed steps per measurement.")] = 50,
+    warmup: Annotated[int, typer.Option(help="Untimed steps before each measurement.")] = 5,
+    max_seconds: Annotated[float, typer.Option(
+        help="Stop each measurement after this long even if --steps are not done.")] = 20.0,
+    workers: Annotated[int, typer.Option(help="DataLoader worker processes.")] = 0,
+    sweep: Annotated[bool, typer.Option(
+        help="Also time the real loop for num_workers 0…cores × prefetch_factor × "
+        "persistent_workers (× pin_memory × non_blocking on CUDA).")] = False,
+    sweep_seconds: Annotated[float, typer.Option(
+        help="Time bound of each sweep configuration.")] = 6.0,
+    profile: Annotated[Path | None, typer.Option(
+        help="Profile a few steps with torch.profiler; write the trace to this directory and "
+        "print the step-time breakdown.")] = None,
+    compare: Annotated[bool, typer.Option(
+        help="Image folder only: convert it into every container (in a temporary directory) "
+        "and measure each beside the folder.")] = False,
+    as_json: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON.")] = None,
+    plot: Annotated[Path | None, typer.Option(
+        help="Write a PNG chart (needs matplotlib: pip install \"packdata[plot]\").")] = None,
+) -> None:
+    """Does I/O outrun training? Measures I/O alone, training alone and the real loop.
+
+    Example: packdata bench cifar.lmdb --model resnet18 --amp --sweep --plot bench.png
+    """
+    from packdata.bench import report
+    from packdata.bench.runner import BenchSettings
+    from packdata.bench.suite import run_bench
+
+    try:
+        settings = BenchSettings(model=model, batch_size=batch_size, device=device.value,
+                                 amp=amp, steps=steps, warmup=warmup, max_seconds=max_seconds,
+                                 workers=workers)
+        result = run_bench(dataset, settings, sweep=sweep, sweep_seconds=sweep_seconds,
+                           profile_dir=profile, compare=compare,
+                           log=lambda m: console.print(m, highlight=False, style="dim"))
+        report.print_report(result, Console())
+        if as_json:
+            report.write_json(result, as_json)
+        if plot:
+            report.plot(result, plot)
+    except (PackdataError, OSError) as exc:
+        _fail(exc)
+
+
 if __name__ == "__main__":
     app()

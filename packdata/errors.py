@@ -41,3 +41,8 @@ def require(module: str, extra: str, purpose: str):
         return importlib.import_module(module)
     except ImportError as exc:
         raise MissingExtraError(module, extra, purpose) from exc
+
+
+class BenchError(PackdataError, ValueError):
+    """``packdata bench`` cannot run as asked: no such device, a model that does not fit the
+    batch, an input that is neither a packdata dataset nor an image folder."""

@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from packdata.sources.images import SUFFIXES, load_labels
+from packdata.sources.images import SUFFIXES, ImageSource, load_labels
 
 
 class PerFileImageDataset(Dataset):
@@ -26,6 +26,18 @@ class PerFileImageDataset(Dataset):
         self.folder = Path(folder)
         self.files = sorted(p.name for p in self.folder.iterdir() if p.suffix.lower() in SUFFIXES)
         self.labels = load_labels(Path(labels))[0] if labels else None
+
+    @classmethod
+    def from_source(cls, folder: str | Path) -> PerFileImageDataset:
+        """The images under ``folder`` with labels found as ``packdata convert`` finds them
+        (``labels.*`` inside the folder, or class sub-folders); unlabelled samples get -1."""
+        items = ImageSource(folder).items()
+        ds = cls.__new__(cls)
+        ds.folder = Path(folder) if Path(folder).is_dir() else Path(folder).parent
+        ds.files = [item.path.relative_to(ds.folder).as_posix() for item in items]
+        labelled = any(item.label is not None for item in items)
+        ds.labels = {f: item.label for f, item in zip(ds.files, items)} if labelled else None
+        return ds
 
     def __len__(self) -> int:
         return len(self.files)

@@ -1,0 +1,126 @@
+"""What ``packdata bench`` reads: a packdata dataset of any container, or a plain image folder
+(the per-file Dataset: the user's starting point), with the DataLoader knobs the bench turns."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import DataLoader, Dataset
+
+import packdata
+from packdata import containers, sources
+from packdata.bench.baselines import PerFileImageDataset
+from packdata.errors import DatasetError, PackdataError
+
+FOLDER = "folder"
+#: where --compare writes each container, by container name
+COMPARE_TARGETS = {"lmdb": "bench.lmdb", "hdf5": "bench.h5", "tar": "bench-tar"}
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """The DataLoader knobs the sweep turns (``non_blocking`` is for the copy to a GPU)."""
+
+    num_workers: int = 0
+    prefetch_factor: int | None = None
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    non_blocking: bool = False
+
+    def dataloader_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for DataLoader (the worker-only ones only with workers)."""
+        kwargs: dict[str, Any] = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
+        if self.num_workers > 0:
+            kwargs["persistent_workers"] = self.persistent_workers
+            if self.prefetch_factor is not None:
+                kwargs["prefetch_factor"] = self.prefetch_factor
+        return kwargs
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class BenchInput:
+    """One input to measure: its dataset and how to build a loader over it."""
+
+    name: str  # as the table shows it: "lmdb", "folder"…
+    path: Path
+    format: str  # a container name, or "folder"
+    kind: str
+    dataset: Dataset
+    num_classes: int
+
+    @property
+    def count(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def loader(self, batch_size: int, options: LoaderOptions, seed: int = 0) -> DataLoader:
+        """Shuffled batches: packdata's batched loader, or a stock DataLoader over the files."""
+        kwargs = options.dataloader_kwargs()
+        if self.format == FOLDER:
+            return DataLoader(self.dataset, batch_size=batch_size, shuffle=True, **kwargs)
+        return packdata.loader(self.dataset, batch_size, seed=seed, **kwargs)  # type: ignore[arg-type]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "path": str(self.path), "format": self.format,
+                "kind": self.kind, "count": self.count, "num_classes": self.num_classes}
+
+
+def endless(loader: Iterable[Any]) -> Iterator[Any]:
+    """Batches from ``loader`` epoch after epoch (re-iterating keeps persistent workers)."""
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise PackdataError("the dataset yields no batches")
+
+
+def _num_classes(classes: list[str] | None) -> int:
+    return len(classes) if classes else 10
+
+
+def open_input(path: str | Path) -> BenchInput:
+    """A packdata dataset at ``path``, or else an image folder; otherwise an error saying what
+    is there."""
+    path = Path(path)
+    try:
+        containers.for_existing(path)
+    except DatasetError as not_packed:
+        if not path.is_dir():
+            raise
+        try:
+            kind = sources.detect_kind(path)
+        except PackdataError:
+            raise not_packed from None  # neither: the message says what was found
+        if kind != "image":
+            raise DatasetError(f"{path}: a folder of {kind} files; convert it first with "
+                               "`packdata convert` (the bench reads plain folders of images only)"
+                               ) from None
+        ds = PerFileImageDataset.from_source(path)
+        classes = sorted(set(ds.labels.values())) if ds.labels else None
+        n = max(classes) + 1 if classes else 10
+        return BenchInput(FOLDER, path, FOLDER, "image", ds, n)
+    ds = packdata.open(path)
+    m = ds.manifest
+    return BenchInput(m.container, path, m.container, m.kind, ds, _num_classes(m.classes))
+
+
+def convert_all(folder: Path, workdir: Path, log: Callable[[str], Any] = lambda m: None,
+                workers: int | None = None) -> list[BenchInput]:
+    """The image folder converted into every container under ``workdir`` (for ``--compare``)."""
+    source = packdata.open_source(folder)
+    out = []
+    for name in containers.CONTAINERS:
+        target = workdir / COMPARE_TARGETS.get(name, f"bench.{name}")
+        result = packdata.convert(source, target, container=name, overwrite=True,
+                                  workers=workers or os.cpu_count() or 1)
+        log(f"converted {folder} to {name} in {result.seconds:.1f} s")
+        out.append(open_input(result.path))
+    return out

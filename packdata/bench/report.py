@@ -1,0 +1,193 @@
+"""Outputs of ``packdata bench``: terminal tables, the JSON document and its schema, the plot."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from packdata.bench.profile import PARTS
+from packdata.bench.sweep import describe
+from packdata.errors import require
+
+#: the JSON document's keys, level by level (docs/bench.md explains each; tests check both)
+SCHEMA: dict[str, tuple[str, ...]] = {
+    "": ("schema", "dataset", "settings", "environment", "runs", "sweep", "profile", "seconds"),
+    "dataset": ("name", "path", "format", "kind", "count", "num_classes"),
+    "settings": ("model", "batch_size", "device", "amp", "steps", "warmup", "max_seconds",
+                 "workers", "seed", "loader"),
+    "loader": ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers",
+               "non_blocking"),
+    "environment": ("torch", "python", "cpu_count", "torch_threads", "device_name"),
+    "run": ("input", "io", "train", "loop", "io_over_train", "verdict", "advice"),
+    "rate": ("samples_per_s", "steps", "samples", "seconds"),
+    "loop": ("samples_per_s", "steps", "samples", "seconds", "load_ms", "train_ms", "load_share"),
+    "sweep": ("rows", "best", "seconds"),
+    "sweep_row": ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers",
+                  "non_blocking", "samples_per_s", "steps", "samples", "seconds", "load_ms",
+                  "train_ms", "load_share"),
+    "profile": ("steps", "step_ms", "parts_ms", "data_loading_share", "sum_ratio", "trace_dir",
+                "trace_files"),
+    "parts_ms": PARTS,
+}
+
+
+def schema_errors(doc: dict[str, Any]) -> list[str]:
+    """Keys missing from ``doc`` (a bench result, or its JSON read back), as ``where: key``."""
+    errors: list[str] = []
+
+    def need(obj: Any, level: str, where: str) -> None:
+        if not isinstance(obj, dict):
+            errors.append(f"{where}: expected an object, got {type(obj).__name__}")
+            return
+        errors.extend(f"{where}: {key}" for key in SCHEMA[level] if key not in obj)
+
+    need(doc, "", "top")
+    need(doc.get("dataset"), "dataset", "dataset")
+    need(doc.get("settings"), "settings", "settings")
+    need((doc.get("settings") or {}).get("loader"), "loader", "settings.loader")
+    need(doc.get("environment"), "environment", "environment")
+    for i, run in enumerate(doc.get("runs") or []):
+        need(run, "run", f"runs[{i}]")
+        need(run.get("input"), "dataset", f"runs[{i}].input")
+        need(run.get("io"), "rate", f"runs[{i}].io")
+        need(run.get("train"), "rate", f"runs[{i}].train")
+        need(run.get("loop"), "loop", f"runs[{i}].loop")
+    if not doc.get("runs"):
+        errors.append("runs: empty")
+    if doc.get("sweep") is not None:
+        need(doc["sweep"], "sweep", "sweep")
+        for i, row in enumerate(doc["sweep"].get("rows") or []):
+            need(row, "sweep_row", f"sweep.rows[{i}]")
+    if doc.get("profile") is not None:
+        need(doc["profile"], "profile", "profile")
+        need(doc["profile"].get("parts_ms"), "parts_ms", "profile.parts_ms")
+    return errors
+
+
+def _plain(obj: Any) -> Any:
+    """NaN and infinity become null: JSON has no such numbers."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def write_json(result: dict[str, Any], path: str | Path) -> None:
+    Path(path).write_text(json.dumps(_plain(result), indent=2) + "\n")
+
+
+def _rate(x: float) -> str:
+    return f"{x:,.0f}" if math.isfinite(x) else "–"
+
+
+def print_report(result: dict[str, Any], console: Console) -> None:
+    """The measurements, the verdict and advice, and the sweep and profile when present."""
+    s = result["settings"]
+    table = Table(title=f"{result['dataset']['path']}: {s['model']} on {s['device']}, batch "
+                  f"{s['batch_size']}{', amp' if s['amp'] else ''}, "
+                  f"{s['loader']['num_workers']} workers (samples/s)")
+    for col in ("input", "I/O alone", "train alone", "real loop", "load ms", "train ms",
+                "waiting", "I/O÷train"):
+        table.add_column(col, justify="left" if col == "input" else "right")
+    for run in result["runs"]:
+        loop = run["loop"]
+        table.add_row(run["input"]["name"], _rate(run["io"]["samples_per_s"]),
+                      _rate(run["train"]["samples_per_s"]), _rate(loop["samples_per_s"]),
+                      f"{loop['load_ms']:.1f}", f"{loop['train_ms']:.1f}",
+                      f"{loop['load_share']:.0%}", f"{run['io_over_train']:.1f}×")
+    console.print(table)
+    for run in result["runs"]:
+        prefix = f"[bold]{run['input']['name']}[/bold]: " if len(result["runs"]) > 1 else ""
+        console.print(prefix + run["verdict"], highlight=False)
+        for tip in run["advice"]:
+            console.print(f"  • {tip}", highlight=False)
+    if result.get("sweep"):
+        print_sweep(result["sweep"], console)
+    if result.get("profile"):
+        print_profile(result["profile"], console)
+
+
+def print_sweep(sweep: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"loader sweep: {len(sweep['rows'])} configurations in "
+                  f"{sweep['seconds']:.0f} s")
+    for col in ("", "workers", "prefetch", "persist", "pin", "non-blk", "load ms", "train ms",
+                "waiting", "samples/s"):
+        table.add_column(col, justify="right")
+    for i, r in enumerate(sweep["rows"]):
+        table.add_row("★" if i == sweep["best"] else "", str(r["num_workers"]),
+                      str(r["prefetch_factor"] or "–"), "yes" if r["persistent_workers"] else "no",
+                      "yes" if r["pin_memory"] else "no", "yes" if r["non_blocking"] else "no",
+                      f"{r['load_ms']:.1f}", f"{r['train_ms']:.1f}", f"{r['load_share']:.0%}",
+                      _rate(r["samples_per_s"]))
+    console.print(table)
+    if sweep["best"] is not None:
+        best = sweep["rows"][sweep["best"]]
+        console.print(f"best: {describe(best)} ({_rate(best['samples_per_s'])} samples/s)",
+                      highlight=False)
+
+
+def print_profile(prof: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"step-time breakdown over {prof['steps']} profiled steps")
+    table.add_column("part")
+    table.add_column("ms/step", justify="right")
+    table.add_column("share", justify="right")
+    for part, ms in prof["parts_ms"].items():
+        table.add_row(part.replace("_", " "), f"{ms:.2f}", f"{ms / prof['step_ms']:.0%}")
+    table.add_row("step", f"{prof['step_ms']:.2f}", f"{prof['sum_ratio']:.0%} accounted")
+    if "gpu_kernels_ms" in prof:
+        table.add_row("(GPU kernels)", f"{prof['gpu_kernels_ms']:.2f}",
+                      f"{prof['gpu_kernels_ms'] / prof['step_ms']:.0%}")
+    console.print(table)
+    console.print(f"data loading is {prof['data_loading_share']:.0%} of the step; trace in "
+                  f"{prof['trace_dir']} (tensorboard --logdir, or chrome://tracing / "
+                  "ui.perfetto.dev)", highlight=False)
+
+
+def plot(result: dict[str, Any], path: str | Path) -> None:
+    """A PNG: I/O alone vs training alone vs the real loop per input; with a sweep, each
+    configuration's step split into loading and training time."""
+    matplotlib = require("matplotlib", "plot", "--plot")
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+
+    sweep = result.get("sweep")
+    fig, axes = plt.subplots(1, 2 if sweep else 1, figsize=(13 if sweep else 7, 4.5),
+                             squeeze=False)
+    ax = axes[0][0]
+    runs = result["runs"]
+    width = 0.27
+    for k, (key, label) in enumerate((("io", "I/O alone"), ("train", "training alone"),
+                                      ("loop", "real loop"))):
+        xs = [i + (k - 1) * width for i in range(len(runs))]
+        ax.bar(xs, [r[key]["samples_per_s"] for r in runs], width, label=label)
+    ax.set_xticks(range(len(runs)), [r["input"]["name"] for r in runs])
+    ax.set_yscale("log")  # I/O can outrun training a hundredfold
+    ax.set_ylabel("samples/s")
+    ax.set_title(f"{result['settings']['model']} on {result['settings']['device']}")
+    ax.legend()
+    if sweep:
+        ax = axes[0][1]
+        rows = sweep["rows"]
+        names = [f"w{r['num_workers']}" + (f" pf{r['prefetch_factor']}" if r["num_workers"] else "")
+                 + (" P" if r["persistent_workers"] else "") + (" pin" if r["pin_memory"] else "")
+                 + (" nb" if r["non_blocking"] else "") for r in rows]
+        ys = range(len(rows))
+        ax.barh(ys, [r["load_ms"] for r in rows], label="loading")
+        ax.barh(ys, [r["train_ms"] for r in rows], left=[r["load_ms"] for r in rows],
+                label="training")
+        ax.set_yticks(ys, [("★ " if i == sweep["best"] else "") + n for i, n in enumerate(names)])
+        ax.invert_yaxis()
+        ax.set_xlabel("ms per step")
+        ax.set_title("loader sweep (★ fastest)")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=100)
+    plt.close(fig)

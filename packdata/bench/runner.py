@@ -1,0 +1,220 @@
+"""The three measurements, each in samples/s.
+
+- **I/O alone** (mock trainer): every batch is moved to the device and discarded.
+- **Training alone** (mock loader): one batch stays on the device and is trained on over and over.
+- **Both** (the real loop): per step, loading time ``t2 − t1`` and training time ``t3 − t2``,
+  timed with :class:`packdata.bench.timer.StepTimer`.
+
+Each measurement skips ``warmup`` steps (worker start-up, cold caches, lazy CUDA init) and then
+runs ``steps`` steps or ``max_seconds``, whichever ends first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from packdata.bench.inputs import BenchInput, LoaderOptions, endless
+from packdata.bench.models import describe_batch, loss_of, prepare_inputs, split_batch
+from packdata.bench.timer import StepTimer, _len_of, device_sync
+from packdata.errors import BenchError
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """How to measure: model, batch, device and how long."""
+
+    model: str = "auto"
+    batch_size: int = 256
+    device: str = "auto"
+    amp: bool = False
+    steps: int = 50
+    warmup: int = 5
+    max_seconds: float = 20.0  # per measurement, after warm-up
+    workers: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "steps"):
+            if getattr(self, name) < 1:
+                raise BenchError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.warmup < 0 or self.workers < 0 or self.max_seconds <= 0:
+            raise BenchError("warmup and workers must be ≥ 0 and max_seconds > 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` → cuda when a GPU is visible, else cpu; ``cuda`` without a GPU is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise BenchError(f"device '{name}': expected auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise BenchError(f"--device {name}: no CUDA GPU is visible to torch {torch.__version__} "
+                         f"({build}); use --device cpu or auto")
+    if device.type not in ("cpu", "cuda"):
+        raise BenchError(f"device '{name}': the bench runs on cpu or cuda")
+    return device
+
+
+def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    """Every tensor of ``batch`` on ``device`` (the one place the bench copies to the device;
+    a prefetching device loader can take its place)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(x, device, non_blocking) for x in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device, non_blocking) for k, v in batch.items()}
+    return batch
+
+
+class Trainer:
+    """One optimiser step on a device batch: forward (autocast when ``amp``), loss, backward."""
+
+    def __init__(self, model: nn.Module, device: torch.device, amp: bool = False,
+                 name: str = "model") -> None:
+        self.name = name
+        self.device = device
+        self.model = model.to(device).train()
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        self.amp_dtype: torch.dtype | None = None
+        self.scaler: torch.amp.GradScaler | None = None
+        if amp:
+            # bf16 needs no loss scaling; fp16 (older GPUs) does
+            if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+                self.amp_dtype = torch.float16
+                self.scaler = torch.amp.GradScaler("cuda")
+            else:
+                self.amp_dtype = torch.bfloat16
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def __call__(self, batch: Any) -> None:
+        inputs, target = split_batch(batch)
+        with self.autocast():
+            loss = loss_of(self.model(*prepare_inputs(inputs)), target)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
+
+    def check(self, batch: Any) -> None:
+        """One step; a model that does not accept the batch raises an error showing it."""
+        try:
+            self(batch)
+        except BenchError:
+            raise
+        except Exception as exc:  # whatever the user's model raises: report it with the batch
+            raise BenchError(f"model '{self.name}' does not accept the batch "
+                             f"{describe_batch(batch)}: {type(exc).__name__}: {exc}") from exc
+
+    def state(self) -> dict[str, Any]:
+        return copy.deepcopy({"model": self.model.state_dict(),
+                              "optimizer": self.optimizer.state_dict()})
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Back to a saved state, so every input is measured from the same weights."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+def _result(samples: int, steps: int, seconds: float) -> dict[str, float | int]:
+    return {"samples_per_s": samples / seconds if seconds > 0 else float("nan"),
+            "steps": steps, "samples": samples, "seconds": seconds}
+
+
+def _device_batches(inp: BenchInput, settings: BenchSettings, options: LoaderOptions,
+                    device: torch.device) -> tuple[Any, Iterator[Any]]:
+    loader = inp.loader(settings.batch_size, options, seed=settings.seed)
+    batches = (to_device(b, device, options.non_blocking) for b in endless(loader))
+    return loader, batches
+
+
+def measure_io(inp: BenchInput, settings: BenchSettings, options: LoaderOptions,
+               device: torch.device) -> dict[str, float | int]:
+    """Mock trainer: samples/s of batches moved to the device and dropped."""
+    sync = device_sync(device)
+    loader, batches = _device_batches(inp, settings, options, device)
+    try:
+        for _ in range(settings.warmup):
+            next(batches)
+        sync()
+        samples = steps = 0
+        start = time.perf_counter()
+        deadline = start + settings.max_seconds
+        while steps < settings.steps and (steps == 0 or time.perf_counter() < deadline):
+            samples += _len_of(next(batches))
+            steps += 1
+        sync()  # non_blocking copies still in flight belong to the measured time
+        return _result(samples, steps, time.perf_counter() - start)
+    finally:
+        batches.close()
+        del loader  # persistent workers end with their loader
+
+
+def measure_train(trainer: Trainer, batch: Any, settings: BenchSettings) -> dict[str, float | int]:
+    """Mock loader: samples/s of training on one batch kept on the device."""
+    sync = device_sync(trainer.device)
+    for _ in range(settings.warmup):
+        trainer(batch)
+    sync()
+    size = _len_of(batch)
+    steps = 0
+    start = time.perf_counter()
+    deadline = start + settings.max_seconds
+    while steps < settings.steps and (steps == 0 or time.perf_counter() < deadline):
+        trainer(batch)
+        steps += 1
+    sync()
+    return _result(size * steps, steps, time.perf_counter() - start)
+
+
+def measure_loop(inp: BenchInput, trainer: Trainer, settings: BenchSettings,
+                 options: LoaderOptions, on_step: Callable[[], None] | None = None,
+                 ) -> dict[str, float | int]:
+    """The real loop: samples/s, and loading vs training time per step (ms, and the share of
+    the step spent loading), from :class:`StepTimer`."""
+    timer = StepTimer(window=settings.steps, device=trainer.device, skip=settings.warmup)
+    loader, batches = _device_batches(inp, settings, options, trainer.device)
+    deadline = None
+    try:
+        for batch in timer.iterate(batches):
+            if timer.steps >= settings.steps or (deadline and time.perf_counter() > deadline):
+                break
+            if deadline is None and timer.seen >= settings.warmup:
+                deadline = time.perf_counter() + settings.max_seconds
+            trainer(batch)
+            if on_step is not None:
+                on_step()
+    finally:
+        batches.close()
+        del loader
+    summary = timer.summary()
+    return {key: summary[key] for key in
+            ("samples_per_s", "steps", "samples", "seconds", "load_ms", "train_ms", "load_share")}
+
+
+def first_batch(inp: BenchInput, settings: BenchSettings, device: torch.device) -> Any:
+    """One batch of the input, on the device (sizes the model and feeds the mock loader)."""
+    loader = inp.loader(settings.batch_size, LoaderOptions(), seed=settings.seed)
+    return to_device(next(iter(loader)), device)

@@ -1,0 +1,55 @@
+"""`packdata bench` on the command line: outputs, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from packdata.cli import app
+
+runner = CliRunner()
+FAST = ["--steps", "2", "--warmup", "1", "--batch-size", "20"]
+
+
+def test_bench_writes_table_json_and_plot(packed, tmp_path):
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    result = runner.invoke(app, ["bench", str(packed["hdf5"]), *FAST, "--json", str(out),
+                                 "--plot", str(png)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "small-cnn on cpu, batch 20" in text
+    assert re.search(r"(I/O delivers|I/O-bound|Balanced).* waiting for data", text)
+    doc = json.loads(out.read_text())
+    assert doc["dataset"]["format"] == "hdf5" and doc["settings"]["steps"] == 2
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def one_line_error(result) -> str:
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit)  # handled, not a crash
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+def test_not_a_dataset(tmp_path):
+    (tmp_path / "readme.txt").write_text("x")
+    assert "not a packdata dataset (found a directory holding readme.txt)" in \
+        one_line_error(runner.invoke(app, ["bench", str(tmp_path)]))
+
+
+def test_model_that_does_not_fit(packed, tmp_path):
+    (tmp_path / "m.py").write_text("import torch\ndef tiny():\n    return torch.nn.Linear(5, 2)\n")
+    line = one_line_error(runner.invoke(app, ["bench", str(packed["lmdb"]), *FAST, "--model",
+                                              f"{tmp_path / 'm.py'}:tiny"]))
+    assert "does not accept the batch (uint8 20×3×32×32, int64 20)" in line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_cuda_without_gpu(packed):
+    line = one_line_error(runner.invoke(app, ["bench", str(packed["lmdb"]), "--device", "cuda"]))
+    assert "no CUDA GPU is visible" in line and "--device cpu" in line

@@ -1,0 +1,73 @@
+"""--profile: a trace TensorBoard/Chrome can open, and a breakdown that adds up to the step."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.autograd import DeviceType
+
+from packdata.bench.inputs import LoaderOptions, open_input
+from packdata.bench.models import build_model
+from packdata.bench.profile import PARTS, breakdown, profile_loop
+from packdata.bench.runner import BenchSettings, Trainer, first_batch
+from packdata.errors import BenchError
+
+CPU = torch.device("cpu")
+
+
+def event(name, start, end, device=DeviceType.CPU):
+    return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end),
+                           device_type=device)
+
+
+def test_profile_writes_trace_and_breakdown_sums_to_step(packed, tmp_path):
+    inp = open_input(packed["lmdb"])
+    settings = BenchSettings(batch_size=32, steps=3, warmup=1)
+    batch = first_batch(inp, settings, CPU)
+    trainer = Trainer(build_model("small-cnn", "image", batch, 10)[1], CPU)
+    result = profile_loop(inp, trainer, settings, LoaderOptions(), tmp_path / "prof",
+                          wait=1, warmup=1, active=3)
+    assert result["steps"] == 3
+    assert result["trace_files"], "no trace written"
+    trace = json.loads((tmp_path / "prof" / result["trace_files"][0]).read_text())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert {"packdata.load", "packdata.to_device", "packdata.train"} <= names
+    parts = result["parts_ms"]
+    assert set(parts) == set(PARTS) and all(v >= 0 for v in parts.values())
+    assert sum(parts.values()) == pytest.approx(result["step_ms"], rel=0.05)
+    assert parts["compute"] > parts["data_loading"]  # a CNN step costs more than an LMDB read
+    assert result["data_loading_share"] == pytest.approx(parts["data_loading"] / result["step_ms"])
+
+
+def test_breakdown_from_fixed_events():
+    events = [
+        event("ProfilerStep*", 0, 1000), event("packdata.load", 0, 300),
+        event("packdata.to_device", 300, 350), event("packdata.train", 400, 950),
+        event("aten::conv2d", 420, 900),  # inside train: not counted twice
+        event("ProfilerStep*", 1000, 2000), event("packdata.load", 1000, 1100),
+        event("packdata.train", 1100, 2000),
+    ]
+    r = breakdown(events)
+    assert r["steps"] == 2 and r["step_ms"] == pytest.approx(1.0)
+    assert r["parts_ms"] == pytest.approx({"data_loading": 0.2, "host_to_device": 0.025,
+                                           "compute": 0.725, "other": 0.05})
+    assert r["sum_ratio"] == pytest.approx(1.0)
+    assert r["data_loading_share"] == pytest.approx(0.2)
+
+
+def test_overlapping_ranges_show_in_the_sum_and_gpu_kernels_are_counted():
+    events = [event("ProfilerStep*", 0, 100), event("packdata.load", 0, 60),
+              event("packdata.train", 40, 100),  # overlaps load: counted twice
+              event("void gemm_kernel", 50, 80, DeviceType.CUDA),
+              event("Memcpy HtoD", 10, 20, DeviceType.CUDA)]
+    r = breakdown(events, cuda=True)
+    assert r["sum_ratio"] == pytest.approx(1.2)
+    assert r["gpu_kernels_ms"] == pytest.approx(0.030)  # copies are not compute
+
+
+def test_no_steps_is_an_error():
+    with pytest.raises(BenchError, match="no ProfilerStep"):
+        breakdown([event("packdata.load", 0, 1)])

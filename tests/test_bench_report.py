@@ -1,0 +1,75 @@
+"""Outputs: the JSON document and its documented schema, the terminal report, the PNG plot."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from PIL import Image
+from rich.console import Console
+
+from packdata.bench.inputs import LoaderOptions
+from packdata.bench.report import SCHEMA, plot, print_report, schema_errors, write_json
+from packdata.bench.runner import BenchSettings
+from packdata.bench.suite import run_bench
+
+DOC = Path(__file__).parents[1] / "docs" / "bench.md"
+
+
+@pytest.fixture(scope="module")
+def result(packed, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    grid = [LoaderOptions(), LoaderOptions(num_workers=1, prefetch_factor=2)]
+    return run_bench(packed["lmdb"], BenchSettings(batch_size=20, steps=2, warmup=1),
+                     sweep=True, sweep_grid=grid, sweep_seconds=2, profile_dir=out / "prof")
+
+
+def test_result_and_its_json_have_the_documented_schema(result, tmp_path):
+    assert schema_errors(result) == []
+    path = tmp_path / "r.json"
+    write_json(result, path)
+    doc = json.loads(path.read_text())
+    assert schema_errors(doc) == []
+    assert doc["schema"] == 1 and len(doc["sweep"]["rows"]) == 2
+    assert doc["runs"][0]["input"]["format"] == "lmdb"
+    del doc["runs"][0]["loop"]["load_ms"]
+    del doc["profile"]["parts_ms"]["other"]
+    assert schema_errors(doc) == ["runs[0].loop: load_ms", "profile.parts_ms: other"]
+
+
+def test_json_has_no_nan(tmp_path):
+    path = tmp_path / "n.json"
+    write_json({"a": float("nan"), "b": [float("inf"), 1.5]}, path)
+    assert json.loads(path.read_text()) == {"a": None, "b": [None, 1.5]}
+
+
+def test_docs_describe_every_key():
+    text = DOC.read_text()
+    for level, keys in SCHEMA.items():
+        for key in keys:
+            assert re.search(rf"`{key}`", text), f"docs/bench.md does not describe `{key}` ({level})"
+
+
+def test_terminal_report(result):
+    console = Console(record=True, width=150)
+    print_report(result, console)
+    text = console.export_text()
+    assert result["runs"][0]["verdict"][:40] in text.replace("\n", " ")
+    assert "loader sweep: 2 configurations" in text and "best: num_workers=" in text
+    assert "step-time breakdown" in text and "data loading is" in text
+
+
+def test_plot_is_a_png(result, tmp_path):
+    path = tmp_path / "bench.png"
+    plot(result, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with Image.open(path) as im:
+        im.verify()
+    with Image.open(path) as im:
+        assert im.size[0] > im.size[1] > 200  # two panels side by side
+    single = {**result, "sweep": None}
+    plot(single, tmp_path / "one.png")
+    with Image.open(tmp_path / "one.png") as im:
+        assert im.size[0] < 1000

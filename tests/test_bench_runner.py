@@ -1,0 +1,92 @@
+"""The three measurements end to end on real CIFAR images, on CPU, with the small CNN."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from packdata.bench.inputs import LoaderOptions, open_input
+from packdata.bench.models import build_model
+from packdata.bench.runner import (
+    BenchSettings,
+    Trainer,
+    first_batch,
+    measure_io,
+    measure_loop,
+    measure_train,
+    resolve_device,
+    to_device,
+)
+from packdata.errors import BenchError
+
+CPU = torch.device("cpu")
+TINY = BenchSettings(batch_size=20, steps=4, warmup=1, max_seconds=30)
+
+
+def trainer_for(inp, amp=False):
+    batch = first_batch(inp, TINY, CPU)
+    name, model = build_model("small-cnn", inp.kind, batch, inp.num_classes)
+    return Trainer(model, CPU, amp=amp, name=name), batch
+
+
+@pytest.mark.parametrize("which", ["lmdb", "folder"])
+def test_three_measurements(packed, png_folder, which):
+    inp = open_input(png_folder if which == "folder" else packed["lmdb"])
+    assert inp.format == which and inp.count == 120 and inp.num_classes == 10
+    trainer, batch = trainer_for(inp)
+    io = measure_io(inp, TINY, LoaderOptions(), CPU)
+    train = measure_train(trainer, batch, TINY)
+    loop = measure_loop(inp, trainer, TINY, LoaderOptions())
+    for result in (io, train, loop):
+        assert result["steps"] == 4 and result["samples"] == 4 * 20
+        assert result["samples_per_s"] == pytest.approx(result["samples"] / result["seconds"])
+    assert loop["load_ms"] > 0 and loop["train_ms"] > 0
+    assert 0 < loop["load_share"] < 1
+    # per step, loading plus training is the loop's whole time
+    assert (loop["load_ms"] + loop["train_ms"]) * 4 / 1e3 == pytest.approx(loop["seconds"])
+
+
+def test_training_changes_the_weights_and_amp_runs_on_cpu(packed):
+    inp = open_input(packed["hdf5"])
+    trainer, batch = trainer_for(inp, amp=True)
+    assert trainer.amp_dtype == torch.bfloat16
+    before = trainer.state()
+    trainer(batch)
+    after = trainer.model.state_dict()
+    assert any(not torch.equal(before["model"][k], after[k]) for k in after)
+    trainer.restore(before)
+    assert all(torch.equal(before["model"][k], v) for k, v in trainer.model.state_dict().items())
+
+
+def test_loop_with_workers_and_a_time_bound(packed):
+    inp = open_input(packed["tar"])
+    trainer, _ = trainer_for(inp)
+    bounded = BenchSettings(batch_size=32, steps=10_000, warmup=1, max_seconds=0.5)
+    loop = measure_loop(inp, trainer, bounded, LoaderOptions(num_workers=1, prefetch_factor=2,
+                                                             persistent_workers=True))
+    assert 1 <= loop["steps"] < 10_000  # stopped by the clock, crossing epochs on the way
+
+
+def test_model_that_does_not_accept_the_batch(packed):
+    inp = open_input(packed["lmdb"])
+    batch = first_batch(inp, TINY, CPU)
+    trainer = Trainer(torch.nn.Linear(10, 2), CPU, name="mymodels:linear")
+    with pytest.raises(BenchError, match=r"'mymodels:linear' does not accept the batch "
+                       r"\(uint8 20×3×32×32, int64 20\)"):
+        trainer.check(batch)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_cuda_without_gpu_is_a_clear_error():
+    with pytest.raises(BenchError, match="no CUDA GPU is visible"):
+        resolve_device("cuda")
+    assert resolve_device("auto") == CPU
+
+
+def test_device_names_and_settings():
+    with pytest.raises(BenchError, match="expected auto, cpu, cuda"):
+        resolve_device("gpu0")
+    with pytest.raises(BenchError, match="batch_size"):
+        BenchSettings(batch_size=0)
+    nested = to_device((torch.ones(2), [torch.zeros(1)], {"a": torch.ones(1)}, "key"), CPU)
+    assert nested[3] == "key" and isinstance(nested[1], list)

@@ -1,0 +1,82 @@
+"""StepTimer: loading vs training time per step, on a fake clock so the figures are exact."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import packdata
+from packdata.bench import timer as timer_module
+from packdata.bench.timer import StepTimer
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(timer_module.time, "perf_counter", c)
+    return c
+
+
+def batches(clock: Clock, load_s: list[float], size: int = 8):
+    for s in load_s:
+        clock.now += s
+        yield torch.zeros(size, 3)
+
+
+def test_exported_from_package():
+    assert packdata.StepTimer is StepTimer
+
+
+def test_iterate_splits_load_and_train_time(clock):
+    t = StepTimer(window=10)
+    for _ in t.iterate(batches(clock, [0.010, 0.010, 0.030])):
+        clock.now += 0.040  # the training step
+    s = t.summary()
+    assert s["steps"] == 3 and s["samples"] == 24
+    assert s["load_ms"] == pytest.approx(50 / 3)
+    assert s["train_ms"] == pytest.approx(40)
+    assert s["load_share"] == pytest.approx(0.050 / 0.170)
+    assert s["samples_per_s"] == pytest.approx(24 / 0.170)
+
+
+def test_moving_average_keeps_the_last_window(clock):
+    t = StepTimer(window=2)
+    for i, _ in enumerate(t.iterate(batches(clock, [0.1, 0.001, 0.001]))):
+        clock.now += 0.01 * (i + 1)
+    assert t.load_ms == pytest.approx(1.0)  # the slow first load left the window
+    assert t.train_ms == pytest.approx(25.0)
+    assert t.summary()["load_ms"] == pytest.approx(102 / 3)  # totals keep everything
+
+
+def test_skip_leaves_warmup_out(clock):
+    t = StepTimer(skip=2)
+    for _ in t.iterate(batches(clock, [1.0, 1.0, 0.002, 0.002])):
+        clock.now += 0.01
+    assert t.steps == 2 and t.seen == 4
+    assert t.summary()["load_ms"] == pytest.approx(2.0)
+
+
+def test_manual_marks_and_misuse(clock):
+    t = StepTimer()
+    assert math.isnan(t.load_ms) and math.isnan(t.summary()["samples_per_s"])
+    with pytest.raises(RuntimeError, match="start"):
+        t.stepped()
+    t.start()
+    clock.now += 0.005
+    t.loaded(16)
+    clock.now += 0.015
+    t.stepped()
+    assert t.load_share == pytest.approx(0.25)
+    assert "25% waiting" in repr(t)
+    with pytest.raises(ValueError):
+        StepTimer(window=0)

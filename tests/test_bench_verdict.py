@@ -1,0 +1,73 @@
+"""Verdict and advice from fixed timings."""
+
+from __future__ import annotations
+
+import pytest
+
+from packdata.bench.verdict import Facts, advice, verdict
+
+
+def test_io_outruns_training_says_by_how_much():
+    f = Facts(io_rate=3100, train_rate=1000, device="cuda", pin_memory=True, amp=True)
+    assert verdict(f).startswith("I/O delivers 3.1× what training consumes: the GPU never waits")
+    assert not any("worker" in tip for tip in advice(f))
+
+
+def test_io_bound_says_how_much_more_training_could_take():
+    f = Facts(io_rate=1000, train_rate=2400, device="cuda", format="folder", num_workers=0,
+              cores=8, batch_size=256)
+    text = verdict(f)
+    assert text.startswith("I/O-bound: training could take 2.4× more samples/s")
+    assert "1,000 vs 2,400" in text
+    tips = " ".join(advice(f))
+    assert "packdata convert" in tips  # per-file folder → packed format
+    assert "num_workers=3" in tips  # 0 workers counted as 1 × ceil(2.4) = 3 processes
+    assert "pin_memory=True" in tips  # CUDA without pinned memory
+    assert "augment" in tips
+
+
+def test_balanced_band():
+    assert verdict(Facts(io_rate=1050, train_rate=1000)).startswith("Balanced: I/O delivers 1.05×")
+    assert verdict(Facts(io_rate=950, train_rate=1000)).startswith("Balanced")
+    assert verdict(Facts(io_rate=850, train_rate=1000)).startswith("I/O-bound")
+
+
+def test_advice_follows_the_setup():
+    base = dict(io_rate=500, train_rate=1000, device="cpu", cores=4)
+    packed_workers = " ".join(advice(Facts(**base, format="lmdb", num_workers=2)))
+    assert "num_workers=0" in packed_workers  # raw packed batches: workers cost more
+    assert "packdata convert" not in packed_workers
+    encoded = " ".join(advice(Facts(**base, format="lmdb", encoded=True)))
+    assert "--encoding raw" in encoded and "num_workers=2" in encoded
+    small = " ".join(advice(Facts(**base, batch_size=32)))
+    assert "Larger batches (now 32)" in small
+    assert "pin_memory" not in small  # no GPU, nothing to pin for
+
+
+def test_training_bound_advice():
+    tips = advice(Facts(io_rate=10_000, train_rate=1000, device="cuda", amp=False, num_workers=8))
+    assert any("--amp" in t for t in tips)
+    assert any("num_workers=4" in t for t in tips)  # 10× headroom: fewer workers
+    assert not any("--amp" in t for t in advice(Facts(io_rate=10_000, train_rate=1000,
+                                                       device="cuda", amp=True)))
+
+
+def test_loop_that_waits_despite_fast_io_is_called_out():
+    f = Facts(io_rate=5000, train_rate=1000, loop_rate=800, load_share=0.2)
+    assert "20% of each step waiting" in verdict(f)
+    assert any("not overlapped" in t for t in advice(f))
+    quiet = Facts(io_rate=5000, train_rate=1000, loop_rate=990, load_share=0.01)
+    assert not any("not overlapped" in t for t in advice(quiet))
+
+
+def test_cpu_contention_noted_only_below_serial_rate():
+    # serial rate = 1 / (1/2000 + 1/1000) = 667 samples/s
+    slow = Facts(io_rate=2000, train_rate=1000, loop_rate=400, load_share=0.3)
+    assert "compete for the same CPU cores" in verdict(slow)
+    ok = Facts(io_rate=2000, train_rate=1000, loop_rate=650, load_share=0.3)
+    assert "compete" not in verdict(ok)
+
+
+@pytest.mark.parametrize("io,train", [(1, 0), (0, 1)])
+def test_degenerate_rates_do_not_crash(io, train):
+    assert isinstance(verdict(Facts(io_rate=io, train_rate=train)), str)
