@@ -67,6 +67,8 @@ def _load_block(items: list[Item]) -> list[Loaded]:
 def _load_block_with(source: Source, items: list[Item]) -> list[Loaded]:
     try:
         return source.load_block(items)
+    except PackdataError:
+        raise
     except Exception:  # a batch call failed as a whole: find the culprit item by item
         return [safe_load(source, item) for item in items]
 

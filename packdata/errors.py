@@ -28,6 +28,10 @@ class DatasetError(PackdataError, ValueError):
     """A path is not a valid packdata dataset, or a request does not fit its manifest."""
 
 
+class TokenizerError(PackdataError, ValueError):
+    """A tokeniser cannot be loaded (missing or invalid file) or does not fit the data."""
+
+
 class OutputExistsError(PackdataError, FileExistsError):
     """The conversion target exists and overwriting was not asked for."""
 

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from packdata.errors import SampleError
+from packdata.errors import PackdataError, SampleError
 from packdata.manifest import Field
 
 BLOCK = 256  # items per worker task, unless a source groups them otherwise
@@ -80,5 +80,7 @@ def safe_load(source: Source, item: Item) -> Loaded:
         return source.load(item)
     except SampleError as exc:
         return exc
+    except PackdataError:  # not about one input (a tokeniser that does not fit): stop converting
+        raise
     except Exception as exc:  # a library failing on bad input: name the file, keep the reason
         return SampleError(str(item.path), f"{type(exc).__name__}: {exc}")
