@@ -8,11 +8,12 @@ Inputs (a folder, searched recursively in sorted order, or one file):
 
 Records: ``tokens`` — a variable-length 1-D array of ids, ``uint16`` when the vocabulary fits in
 16 bits, else ``uint32``; each document's length is kept by the container, readable without the
-tokens. With ``max_length`` long documents are truncated, or with ``split`` cut into chunks of at
-most ``max_length`` ids (keys ``KEY#0``, ``KEY#1``…). Blank lines are separators, not documents
-(counted in the manifest's ``source.blank_lines``); an empty file or empty JSON text is skipped and
-listed in the manifest's ``skipped``. Tokenising runs in the conversion's worker processes, one
-batch-encode call per block of documents.
+tokens. ``add_bos``/``add_eos`` mark each document's start and end. With ``max_length`` long
+documents are truncated (keeping both marks), or with ``split`` cut into chunks of at most
+``max_length`` ids (keys ``KEY#0``, ``KEY#1``…; BOS starts the first chunk, EOS ends the last).
+Blank lines are separators, not documents (counted in the manifest's ``source.blank_lines``); an
+empty file or empty JSON text is skipped and listed in the manifest's ``skipped``. Tokenising
+runs in the conversion's worker processes, one batch-encode call per block of documents.
 """
 
 from __future__ import annotations
@@ -219,11 +220,13 @@ class TextSource(Source):
             )
         bos, eos = self.specials
         if self.max_length is None:
-            chunks = [ids]
-        else:
-            room = self.max_length - len(bos) - len(eos)
-            chunks = [ids[i : i + room] for i in range(0, len(ids), room)] if self.split else [ids[:room]]
-        records = [{"tokens": np.concatenate([bos, c, eos]).astype(self.dtype)} for c in chunks]
+            chunks = [np.concatenate([bos, ids, eos])]
+        elif self.split:  # BOS/EOS mark the document's ends, so the first and last chunk get them
+            doc = np.concatenate([bos, ids, eos])
+            chunks = [doc[i : i + self.max_length] for i in range(0, len(doc), self.max_length)]
+        else:  # truncated, the record keeps both marks (as tokenisers' own truncation does)
+            chunks = [np.concatenate([bos, ids[: self.max_length - len(bos) - len(eos)], eos])]
+        records = [{"tokens": c.astype(self.dtype)} for c in chunks]
         if not self.split:
             return records[0]
         return [(f"{item.key}#{j}", r) for j, r in enumerate(records)]
