@@ -135,6 +135,16 @@ def test_text_errors_replace_or_skip_and_empty_documents_counted(tmp_path, bad_t
                for s in skipped.skipped)
 
 
+def test_errors_cross_from_worker_processes(tmp_path, bad_text, monkeypatch):
+    monkeypatch.setattr(text_source, "BLOCK_BYTES", 1)  # one document per task, two workers
+    result = packdata.convert(packdata.open_source(bad_text), tmp_path / "w.lmdb", workers=2,
+                              on_error="skip")
+    reasons = {Path(s["path"]).name: s["reason"] for s in result.skipped}
+    assert reasons.keys() == {"latin1.txt", "empty.txt", "blank.txt"}
+    assert reasons["latin1.txt"].startswith("not UTF-8 at byte offset 103")
+    assert len(packdata.open(result.path)) == 4
+
+
 def test_ids_that_do_not_fit_the_dtype(tmp_path, peps_dir, gpt2_json):
     with pytest.raises(TokenizerError, match=r"token id \d+ does not fit uint8 .*50257"):
         packdata.convert(packdata.open_source(peps_dir, tokenizer=gpt2_json, dtype="uint8"),
