@@ -31,11 +31,18 @@ class ContainerName(str, Enum):
 
 class Kind(str, Enum):
     image = "image"
+    text = "text"
 
 
 class Encoding(str, Enum):
     raw = "raw"
     keep = "keep"
+
+
+class TextErrors(str, Enum):
+    strict = "strict"
+    replace = "replace"
+    skip = "skip"
 
 
 class OnError(str, Enum):
@@ -76,6 +83,25 @@ def convert(
         help="Replace DST if it is an existing packdata dataset.")] = False,
     shard_size: Annotated[str | None, typer.Option(
         help="Tar: samples per shard (10000) or bytes per shard (e.g. 512MB).")] = None,
+    tokenizer: Annotated[str | None, typer.Option(
+        help="Text: 'bytes' (built in, the default), a Hugging Face tokenizer.json, or a "
+        "tiktoken BPE file (*.tiktoken). Used offline; its saved truncation is ignored.")] = None,
+    text_field: Annotated[str | None, typer.Option(
+        help="Text: the field holding the document in *.jsonl lines (default 'text').")] = None,
+    per_line: Annotated[bool, typer.Option(
+        help="Text: one document per non-blank line of each *.txt file.")] = False,
+    add_bos: Annotated[bool, typer.Option(help="Text: start each document with BOS.")] = False,
+    add_eos: Annotated[bool, typer.Option(help="Text: end each document with EOS.")] = False,
+    max_length: Annotated[int | None, typer.Option(
+        help="Text: at most this many ids per record (BOS/EOS included); longer documents are "
+        "truncated, or cut into chunks with --split.")] = None,
+    split: Annotated[bool, typer.Option(
+        help="Text: cut documents longer than --max-length into chunks (keys KEY#0, KEY#1...) "
+        "instead of truncating them.")] = False,
+    text_errors: Annotated[TextErrors, typer.Option(
+        help="Text: bytes that are not UTF-8 stop the conversion naming file and byte offset "
+        "('strict'), become U+FFFD ('replace'), or skip the document ('skip').")
+    ] = TextErrors.strict,
 ) -> None:
     """Convert a one-file-per-sample dataset into a packed one.
 
@@ -85,7 +111,11 @@ def convert(
     from packdata.sources import open_source
 
     options = {"labels": labels, "encoding": encoding.value, "resize": resize}
-    defaults = {"encoding": "raw"}
+    defaults: dict = {"encoding": "raw"}
+    options.update(tokenizer=tokenizer, text_field=text_field, per_line=per_line, add_bos=add_bos,
+                   add_eos=add_eos, max_length=max_length, split=split,
+                   text_errors=text_errors.value)
+    defaults.update(per_line=False, add_bos=False, add_eos=False, split=False, text_errors="strict")
     source_options = {k: v for k, v in options.items() if v is not None and defaults.get(k) != v}
     try:
         source = open_source(src, kind.value if kind else None, **source_options)
@@ -146,6 +176,10 @@ def inspect(
         table.add_row(f"field {name}", f"{f['dtype']} {shape}{codec}")
     for name, stats in info.get("lengths", {}).items():
         table.add_row(f"{name} lengths", ", ".join(f"{k} {v:,}" for k, v in stats.items()))
+    if "padding" in info:
+        p = info["padding"]
+        table.add_row(f"padding (batches of {p['batch_size']})",
+                      f"random {p['random']:.1%}, length-bucketed {p['bucketed']:.1%}")
     if info["classes"]:
         table.add_row("classes", f"{len(info['classes'])}: " + ", ".join(info["classes"][:10]))
     table.add_row("size on disk", f"{info['bytes_on_disk'] / 2**20:,.1f} MiB")

@@ -21,15 +21,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from packdata import containers
-from packdata.errors import DatasetError, OutputExistsError, PackdataError, SampleError
+from packdata.errors import (
+    DatasetError,
+    OutputExistsError,
+    PackdataError,
+    SampleError,
+    SkippedSample,
+)
 from packdata.manifest import Manifest, record_checksum
-from packdata.sources.base import Item, Source
+from packdata.sources.base import BLOCK, Item, Loaded, Source, safe_load
 
 ON_ERROR = ("fail", "skip")
-BLOCK = 256  # items per task sent to a worker
+__all__ = ["BLOCK", "ConvertResult", "convert"]
 
 Progress = Callable[[int, int], None]
 
@@ -56,28 +60,26 @@ def _init_worker(source: Source) -> None:
     _worker_source = source
 
 
-def _load_block(items: list[Item]) -> list[dict[str, np.ndarray] | SampleError]:
-    return [_load_one(_worker_source, item) for item in items]  # type: ignore[arg-type]
+def _load_block(items: list[Item]) -> list[Loaded]:
+    return _load_block_with(_worker_source, items)  # type: ignore[arg-type]
 
 
-def _load_one(source: Source, item: Item) -> dict[str, np.ndarray] | SampleError:
+def _load_block_with(source: Source, items: list[Item]) -> list[Loaded]:
     try:
-        return source.load(item)
-    except SampleError as exc:
-        return exc
-    except Exception as exc:  # a library failing on bad input: name the file, keep the reason
-        return SampleError(str(item.path), f"{type(exc).__name__}: {exc}")
+        return source.load_block(items)
+    except PackdataError:
+        raise
+    except Exception:  # a batch call failed as a whole: find the culprit item by item
+        return [safe_load(source, item) for item in items]
 
 
 def _records(
-    source: Source, items: list[Item], workers: int
-) -> Iterator[tuple[Item, dict[str, np.ndarray] | SampleError]]:
+    source: Source, blocks: list[list[Item]], workers: int
+) -> Iterator[tuple[Item, Loaded]]:
     """Load items in order; at most ``2 × workers`` blocks are in flight, bounding memory."""
-    blocks = [items[i : i + BLOCK] for i in range(0, len(items), BLOCK)]
     if workers <= 1:
         for block in blocks:
-            for item in block:
-                yield item, _load_one(source, item)
+            yield from zip(block, _load_block_with(source, block))
         return
     with mp.get_context("fork").Pool(workers, _init_worker, (source,)) as pool:
         pending: deque = deque()
@@ -186,7 +188,8 @@ def convert(
     items = source.items()
     if not items:
         raise PackdataError(f"{source.root}: no {source.kind} inputs found")
-    workers = max(1, min(workers or os.cpu_count() or 1, len(items) // BLOCK + 1))
+    blocks = source.blocks(items)
+    workers = max(1, min(workers or os.cpu_count() or 1, len(blocks)))
 
     dst.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(dst)
@@ -197,19 +200,21 @@ def convert(
     skipped: list[dict[str, str]] = []
     try:
         with _TermAsInterrupt():
-            for done, (item, record) in enumerate(_records(source, items, workers), 1):
-                if writer is None and not isinstance(record, SampleError):
-                    fields = source.fields(record)
+            for done, (item, loaded) in enumerate(_records(source, blocks, workers), 1):
+                pairs = _pairs(item, loaded)  # one input may make several records (chunks)
+                if writer is None and pairs and not isinstance(pairs, SampleError):
+                    fields = source.fields(pairs[0][1])
                     writer = module.WRITER(tmp, fields, len(items), options)
-                if not isinstance(record, SampleError):
-                    record = _checked(record, fields, item, source)
-                if isinstance(record, SampleError):
-                    if on_error == "fail":
-                        raise record
-                    skipped.append({"path": record.path, "reason": record.reason})
-                else:
-                    writer.append(item.key, record)
-                    keys.append(item.key)
+                if not isinstance(pairs, SampleError):
+                    pairs = _checked(pairs, fields, item, source)
+                if isinstance(pairs, SampleError):
+                    if on_error == "fail" and not isinstance(pairs, SkippedSample):
+                        raise pairs
+                    skipped.append({"path": pairs.path, "reason": pairs.reason})
+                    pairs = []
+                for key, record in pairs:
+                    writer.append(key, record)
+                    keys.append(key)
                     checksums.append(record_checksum(record, fields))
                 if progress:
                     progress(done, len(items))
@@ -237,14 +242,22 @@ def convert(
     return ConvertResult(dst, manifest, time.perf_counter() - start)
 
 
-def _checked(record, fields, item: Item, source: Source):
-    """The record, or a SampleError naming the file when it does not match the fields."""
-    for name, field in fields.items():
-        if name not in record:
-            return SampleError(str(item.path), f"missing field '{name}'")
-        try:
-            field.check(name, record[name])
-        except ValueError as exc:
-            hint = f" (records must share a shape: {source.shape_hint})" if source.shape_hint else ""
-            return SampleError(str(item.path), f"{exc}{hint}")
-    return record
+def _pairs(item: Item, loaded: Loaded) -> list[tuple[str, dict]] | SampleError:
+    """What one item loaded as ``(key, record)`` pairs (or its error)."""
+    if isinstance(loaded, (SampleError, list)):
+        return loaded
+    return [(item.key, loaded)]
+
+
+def _checked(pairs, fields, item: Item, source: Source):
+    """The pairs, or a SampleError naming the file when a record does not match the fields."""
+    for _, record in pairs:
+        for name, field in fields.items():
+            if name not in record:
+                return SampleError(str(item.path), f"missing field '{name}'")
+            try:
+                field.check(name, record[name])
+            except ValueError as exc:
+                hint = f" (records must share a shape: {source.shape_hint})" if source.shape_hint else ""
+                return SampleError(str(item.path), f"{exc}{hint}")
+    return pairs

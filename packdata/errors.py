@@ -15,9 +15,21 @@ class SampleError(PackdataError, ValueError):
         self.path = path
         self.reason = reason
 
+    def __reduce__(self):  # rebuilt from (path, reason): workers send these back to the parent
+        return type(self), (self.path, self.reason)
+
+
+class SkippedSample(SampleError):
+    """An input left out on purpose, by policy rather than failure (e.g. an empty document):
+    recorded in the manifest's ``skipped`` list whatever ``on_error`` says."""
+
 
 class DatasetError(PackdataError, ValueError):
     """A path is not a valid packdata dataset, or a request does not fit its manifest."""
+
+
+class TokenizerError(PackdataError, ValueError):
+    """A tokeniser cannot be loaded (missing or invalid file) or does not fit the data."""
 
 
 class OutputExistsError(PackdataError, FileExistsError):

@@ -10,6 +10,9 @@ import numpy as np
 from packdata.containers.base import disk_size
 from packdata.dataset import open_dataset
 from packdata.errors import DatasetError
+from packdata.sampling import EpochBatchSampler, LengthBucketBatchSampler, padding_fraction
+
+PADDING_BATCH = 64  # batch size of the padding estimate shown for text datasets
 
 
 def describe(path: str | Path) -> dict[str, Any]:
@@ -37,6 +40,14 @@ def describe(path: str | Path) -> dict[str, Any]:
         info.setdefault("lengths", {})[name] = {
             "min": int(lengths.min()), "median": float(np.median(lengths)),
             "max": int(lengths.max()), "total": int(lengths.sum()),
+        }
+    if m.kind == "text" and m.count:
+        lengths = ds.lengths("tokens")
+        random = EpochBatchSampler(len(lengths), PADDING_BATCH, seed=0)
+        info["padding"] = {  # what padding each batch to its longest costs, one epoch
+            "batch_size": PADDING_BATCH,
+            "random": padding_fraction(random, lengths),
+            "bucketed": LengthBucketBatchSampler(lengths, PADDING_BATCH).padding_fraction(0),
         }
     return info
 

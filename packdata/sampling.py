@@ -2,12 +2,13 @@
 
 Every sampler here yields lists of indices (one list per batch) so the Dataset reads each batch
 with one vectorised call. Shuffling is a pure function of ``(seed, epoch)``: the same seed gives the
-same batches on every rank and in every run.
+same batches on every rank and in every run. :class:`EpochBatchSampler` draws batches at random;
+:class:`LengthBucketBatchSampler` groups documents of similar length so padding stays small.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch.distributed as dist
@@ -21,7 +22,35 @@ def ddp_rank_world() -> tuple[int, int]:
     return 0, 1
 
 
-class EpochBatchSampler(Sampler[list[int]]):
+class _SeededSampler(Sampler[list[int]]):
+    """What every batch sampler here shares: seed, epoch counter and this process's DDP rank."""
+
+    def __init__(self, seed: int, rank: int | None, world_size: int | None) -> None:
+        default_rank, default_world = ddp_rank_world()
+        self.rank = default_rank if rank is None else rank
+        self.world_size = default_world if world_size is None else world_size
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is outside world size {self.world_size}")
+        self.seed = seed
+        self.epoch = 0
+        self._next_epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration runs (as DistributedSampler's ``set_epoch``)."""
+        self._next_epoch = epoch
+
+    def _begin_epoch(self) -> int:
+        """Called as iteration starts: the epoch to run; the following one runs next."""
+        self.epoch = self._next_epoch
+        self._next_epoch += 1
+        return self.epoch
+
+    def rng(self, epoch: int) -> np.random.Generator:
+        """The generator of ``epoch``: the same on every rank."""
+        return np.random.default_rng([self.seed, epoch])
+
+
+class EpochBatchSampler(_SeededSampler):
     """Shuffled (or sequential) batches of indices, split across DDP ranks.
 
     Each epoch draws a permutation from ``seed + epoch``; rank ``r`` of ``w`` takes every ``w``-th
@@ -43,28 +72,15 @@ class EpochBatchSampler(Sampler[list[int]]):
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
-        default_rank, default_world = ddp_rank_world()
-        self.rank = default_rank if rank is None else rank
-        self.world_size = default_world if world_size is None else world_size
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {self.rank} is outside world size {self.world_size}")
+        super().__init__(seed, rank, world_size)
         self.size = size
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.drop_last = drop_last
-        self.seed = seed
-        self.epoch = 0
-        self._next_epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self._next_epoch = epoch
 
     def indices(self, epoch: int) -> np.ndarray:
         """This rank's indices for ``epoch``, in order."""
-        if self.shuffle:
-            order = np.random.default_rng([self.seed, epoch]).permutation(self.size)
-        else:
-            order = np.arange(self.size)
+        order = self.rng(epoch).permutation(self.size) if self.shuffle else np.arange(self.size)
         if self.world_size > 1:
             per_rank = -(-self.size // self.world_size)
             if self.drop_last:
@@ -76,9 +92,7 @@ class EpochBatchSampler(Sampler[list[int]]):
         return order
 
     def __iter__(self) -> Iterator[list[int]]:
-        self.epoch = self._next_epoch
-        self._next_epoch += 1
-        order = self.indices(self.epoch)
+        order = self.indices(self._begin_epoch())
         stop = len(order) - len(order) % self.batch_size if self.drop_last else len(order)
         for start in range(0, stop, self.batch_size):
             yield order[start : start + self.batch_size].tolist()
@@ -86,3 +100,124 @@ class EpochBatchSampler(Sampler[list[int]]):
     def __len__(self) -> int:
         n = self.size // self.world_size if self.drop_last else -(-self.size // self.world_size)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+
+class LengthBucketBatchSampler(_SeededSampler):
+    """Batches of documents of similar length, so each batch pads little to its longest member.
+
+    Each epoch: shuffle all indices, sort them by length bucket (a bucket holds lengths within a
+    factor ``1 + bucket_width`` of each other, its edges shifted at random each epoch; inside a
+    bucket the shuffled order stays), cut the
+    sorted run into batches — ``batch_size`` documents each, or as many as fit ``max_tokens``
+    padded tokens (count × longest) — then shuffle the order of the batches. A document longer
+    than ``max_tokens`` makes a batch of its own.
+
+    Across DDP ranks every index is served exactly once per epoch: the epoch's batches are the same
+    on every rank (one seed), and rank ``r`` of ``w`` takes batches ``r, r + w, …``; when their
+    number does not divide by ``w``, the largest batches are halved until it does, so every rank
+    runs the same number of steps. ``shuffle=False`` gives the batches in ascending length order.
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int] | np.ndarray,
+        batch_size: int | None = None,
+        *,
+        max_tokens: int | None = None,
+        bucket_width: float = 0.02,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        if (batch_size is None) == (max_tokens is None):
+            raise ValueError("give exactly one of batch_size (documents) or max_tokens (a budget)")
+        if (batch_size or max_tokens or 0) < 1:
+            raise ValueError(f"batch size must be ≥ 1, got {batch_size or max_tokens}")
+        if bucket_width < 0:
+            raise ValueError(f"bucket_width must be ≥ 0, got {bucket_width}")
+        super().__init__(seed, rank, world_size)
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        if len(self.lengths) < self.world_size:
+            raise ValueError(f"{len(self.lengths)} documents cannot be split over "
+                             f"{self.world_size} ranks")
+        self.batch_size, self.max_tokens = batch_size, max_tokens
+        self.shuffle = shuffle
+        self.bucket_width = bucket_width
+        self._cache: tuple[int, list[np.ndarray]] | None = None
+
+    def _bucket_keys(self, rng: np.random.Generator | None) -> np.ndarray:
+        if self.bucket_width == 0:
+            return self.lengths
+        scaled = np.log(np.maximum(self.lengths, 1)) / np.log1p(self.bucket_width)
+        # bucket edges move each epoch, so lengths near an edge meet different neighbours
+        return np.floor(scaled + (rng.random() if rng is not None else 0.0))
+
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        """Every batch of ``epoch`` over all ranks, in serving order (rank ``r`` takes every
+        ``world_size``-th from the ``r``-th)."""
+        if self._cache is not None and self._cache[0] == epoch:
+            return self._cache[1]
+        rng = self.rng(epoch)
+        n = len(self.lengths)
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        keys = self._bucket_keys(rng if self.shuffle else None)
+        order = order[np.argsort(keys[order], kind="stable")]
+        if self.batch_size is not None:
+            batches = np.split(order, range(self.batch_size, n, self.batch_size))
+        else:
+            batches = _budget_batches(order, self.lengths[order], self.max_tokens)  # type: ignore[arg-type]
+        batches = _even_for_ranks(batches, self.world_size)
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        self._cache = (epoch, batches)
+        return batches
+
+    def padding_fraction(self, epoch: int | None = None) -> float:
+        """Share of pad tokens when each batch of ``epoch`` (default: the next) is padded to its
+        longest document, over all ranks."""
+        return padding_fraction(self.batches(self._next_epoch if epoch is None else epoch),
+                                self.lengths)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self.batches(self._begin_epoch())
+        for batch in batches[self.rank :: self.world_size]:
+            yield batch.tolist()
+
+    def __len__(self) -> int:
+        return len(self.batches(self._next_epoch)) // self.world_size
+
+
+def _budget_batches(order: np.ndarray, lengths: np.ndarray, max_tokens: int) -> list[np.ndarray]:
+    """Cut ``order`` greedily into batches whose count × longest stays within ``max_tokens``."""
+    cuts, count, longest = [], 0, 0
+    for i, length in enumerate(lengths.tolist()):
+        top = max(longest, length)
+        if count and (count + 1) * top > max_tokens:
+            cuts.append(i)
+            count, top = 0, length
+        count += 1
+        longest = top
+    return np.split(order, cuts)
+
+
+def _even_for_ranks(batches: list[np.ndarray], world_size: int) -> list[np.ndarray]:
+    """Halve the largest batches until their number divides by ``world_size``."""
+    while len(batches) % world_size:
+        largest = max(range(len(batches)), key=lambda i: len(batches[i]))
+        big = batches.pop(largest)
+        half = len(big) // 2
+        batches[largest:largest] = [big[:half], big[half:]]  # stays in length order
+    return batches
+
+
+def padding_fraction(batches: Iterable[Sequence[int]], lengths: np.ndarray) -> float:
+    """Pad tokens ÷ all tokens when each batch is padded to its longest member."""
+    lengths = np.asarray(lengths)
+    real = padded = 0
+    for batch in batches:
+        sizes = lengths[np.asarray(batch, dtype=np.int64)]
+        if len(sizes):
+            real += int(sizes.sum())
+            padded += int(sizes.max()) * len(sizes)
+    return 1 - real / padded if padded else 0.0

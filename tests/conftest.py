@@ -55,3 +55,62 @@ def packed(tmp_path_factory, png_folder) -> dict[str, Path]:
 @pytest.fixture(params=list(CONTAINERS))
 def container(request) -> str:
     return request.param
+
+
+# -- text: real PEPs and the GPT-2 tokenizer, from tests/fixtures/text (see SOURCE.md there) ----
+
+TEXT_FIXTURES = Path(__file__).parent / "fixtures" / "text"
+
+
+def gpt2_byte_decoder() -> dict[str, int]:
+    """GPT-2's printable stand-in character for each byte, reversed (character → byte)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return {c: b for b, c in chars.items()}
+
+
+@pytest.fixture(scope="session")
+def peps_dir() -> Path:
+    return TEXT_FIXTURES / "peps"
+
+
+@pytest.fixture(scope="session")
+def gpt2_json(tmp_path_factory) -> Path:
+    import gzip
+
+    path = tmp_path_factory.mktemp("gpt2") / "tokenizer.json"
+    path.write_bytes(gzip.decompress((TEXT_FIXTURES / "gpt2" / "tokenizer.json.gz").read_bytes()))
+    return path
+
+
+@pytest.fixture(scope="session")
+def gpt2_tiktoken(gpt2_json) -> Path:
+    """The GPT-2 ranks as a tiktoken BPE file, built offline from tokenizer.json's vocabulary."""
+    import base64
+
+    saved = json.loads(gpt2_json.read_text())
+    specials = {t["content"] for t in saved["added_tokens"]}  # not BPE ranks (as tiktoken's gpt2)
+    decoder = gpt2_byte_decoder()
+    lines = [base64.b64encode(bytes(decoder[c] for c in token)).decode() + f" {rank}"
+             for token, rank in sorted(saved["model"]["vocab"].items(), key=lambda kv: kv[1])
+             if token not in specials]
+    path = gpt2_json.with_name("gpt2.tiktoken")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def packed_text(tmp_path_factory, peps_dir, gpt2_json) -> dict[str, Path]:
+    """The PEP slice tokenised with GPT-2 into every container."""
+    out = tmp_path_factory.mktemp("packed-text")
+    source = packdata.open_source(peps_dir, tokenizer=gpt2_json)
+    return {name: packdata.convert(source, out / target, workers=1, container_options=(
+        {"shard_size": "8"} if name == "tar" else None)).path
+        for name, target in CONTAINERS.items()}

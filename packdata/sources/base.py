@@ -1,4 +1,9 @@
-"""The Source protocol: an ordered list of input items, and how to load one into a record."""
+"""The Source protocol: an ordered list of input items, and how to load one into a record.
+
+Conversion hands items to worker processes in blocks (:meth:`Source.blocks`) and each worker calls
+:meth:`Source.load_block` once per block. The default loads item by item; a source whose work is
+cheaper in batches (a tokeniser's batch encoding) overrides it.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,15 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from packdata.errors import PackdataError, SampleError
 from packdata.manifest import Field
+
+BLOCK = 256  # items per worker task, unless a source groups them otherwise
+
+Record = dict[str, np.ndarray]
+#: what loading one item gives: a record; several ``(key, record)`` pairs when one input makes
+#: several records (a long document split into chunks); or the error that names the input
+Loaded = Record | list[tuple[str, Record]] | SampleError
 
 
 @dataclass(frozen=True)
@@ -38,6 +51,15 @@ class Source(ABC):
     def load(self, item: Item) -> dict[str, np.ndarray]:
         """One record; raise :class:`packdata.errors.SampleError` naming the file when it fails."""
 
+    def load_block(self, items: list[Item]) -> list[Loaded]:
+        """Load ``items`` in one call, one result per item (never raising for one bad input)."""
+        return [safe_load(self, item) for item in items]
+
+    def blocks(self, items: list[Item]) -> list[list[Item]]:
+        """Group items into worker tasks: ``BLOCK`` at a time unless a source knows better (e.g.
+        by bytes, when items vary widely in cost)."""
+        return [items[i : i + BLOCK] for i in range(0, len(items), BLOCK)]
+
     @abstractmethod
     def fields(self, record: dict[str, np.ndarray]) -> dict[str, Field]:
         """The fields every record must match, given the first record loaded."""
@@ -50,3 +72,15 @@ class Source(ABC):
 def relative_key(path: Path, root: Path) -> str:
     """A sample's key: its path under ``root`` without the suffix, with forward slashes."""
     return path.relative_to(root).with_suffix("").as_posix()
+
+
+def safe_load(source: Source, item: Item) -> Loaded:
+    """``source.load(item)``, with any failure returned as a SampleError naming the file."""
+    try:
+        return source.load(item)
+    except SampleError as exc:
+        return exc
+    except PackdataError:  # not about one input (a tokeniser that does not fit): stop converting
+        raise
+    except Exception as exc:  # a library failing on bad input: name the file, keep the reason
+        return SampleError(str(item.path), f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,261 @@
+"""Text sources: pre-tokenised documents, stored as unpadded token ids.
+
+Inputs (a folder, searched recursively in sorted order, or one file):
+
+- ``*.txt`` — one document per file (key: the path under the root, ``docs/a.txt``), or with
+  ``per_line`` one document per non-blank line (key ``docs/a.txt:LINE``, 1-based);
+- ``*.jsonl`` — one JSON object per line, the document in ``text_field`` (key ``a.jsonl:LINE``).
+
+Records: ``tokens`` — a variable-length 1-D array of ids, ``uint16`` when the vocabulary fits in
+16 bits, else ``uint32``; each document's length is kept by the container, readable without the
+tokens. ``add_bos``/``add_eos`` mark each document's start and end. With ``max_length`` long
+documents are truncated (keeping both marks), or with ``split`` cut into chunks of at most
+``max_length`` ids (keys ``KEY#0``, ``KEY#1``…; BOS starts the first chunk, EOS ends the last).
+Blank lines are separators, not documents (counted in the manifest's ``source.blank_lines``); an
+empty file or empty JSON text is skipped and listed in the manifest's ``skipped``. Tokenising
+runs in the conversion's worker processes, one batch-encode call per block of documents.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from packdata.errors import PackdataError, SampleError, SkippedSample, TokenizerError
+from packdata.manifest import Field, Manifest
+from packdata.prep.tokenizers import Tokenizer, load_tokenizer, token_dtype
+from packdata.sources.base import Item, Loaded, Source
+
+KIND = "text"
+SUFFIXES = (".txt", ".jsonl")
+TEXT_ERRORS = ("strict", "replace", "skip")
+DTYPES = ("uint8", "uint16", "uint32")
+BLOCK_BYTES = 512 << 10  # text per worker task: enough to amortise a task, small enough to balance
+
+
+@dataclass(frozen=True)
+class TextItem(Item):
+    """A document: a whole file (``line`` None) or the bytes ``[start, end)`` of one line."""
+
+    line: int | None = None
+    start: int = 0
+    end: int = 0  # for a whole file: its size when listed (used to balance worker tasks)
+
+    @property
+    def origin(self) -> str:
+        return f"{self.path}:{self.line}" if self.line else str(self.path)
+
+
+class TextSource(Source):
+    """Documents under ``root``, tokenised by ``tokenizer`` (``"bytes"``, a tokenizer.json path,
+    a ``*.tiktoken`` path, or a :class:`~packdata.prep.tokenizers.Tokenizer`)."""
+
+    kind = KIND
+
+    def __init__(
+        self,
+        root: str | Path,
+        tokenizer: str | Path | Tokenizer = "bytes",
+        *,
+        text_field: str = "text",
+        per_line: bool = False,
+        add_bos: bool = False,
+        add_eos: bool = False,
+        max_length: int | None = None,
+        split: bool = False,
+        text_errors: str = "strict",
+        dtype: str | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.tokenizer = load_tokenizer(tokenizer)
+        if text_errors not in TEXT_ERRORS:
+            raise PackdataError(f"text_errors '{text_errors}': expected one of {', '.join(TEXT_ERRORS)}")
+        for flag, special in (("add_bos", "bos_id"), ("add_eos", "eos_id")):
+            if locals()[flag] and getattr(self.tokenizer, special) is None:
+                raise TokenizerError(f"--{flag.replace('_', '-')}: the tokeniser has no "
+                                     f"{special[:3].upper()} token")
+        self.specials = ([self.tokenizer.bos_id] if add_bos else [],
+                         [self.tokenizer.eos_id] if add_eos else [])
+        if split and max_length is None:
+            raise PackdataError("--split needs --max-length (the chunk size)")
+        if max_length is not None and max_length <= add_bos + add_eos:
+            raise PackdataError(f"--max-length {max_length} leaves no room beside BOS/EOS")
+        self.dtype = dtype or token_dtype(self.tokenizer.vocab_size)
+        if self.dtype not in DTYPES:
+            raise PackdataError(f"dtype '{dtype}': expected one of {', '.join(DTYPES)}")
+        self.text_field, self.per_line = text_field, per_line
+        self.add_bos, self.add_eos = add_bos, add_eos
+        self.max_length, self.split, self.text_errors = max_length, split, text_errors
+        self.blank_lines = 0
+
+    # -- listing ---------------------------------------------------------------------------------
+
+    def _files(self) -> list[Path]:
+        if self.root.is_file():
+            return [self.root]
+        found = []
+        for folder, _, names in os.walk(self.root):
+            found.extend(Path(folder) / n for n in names if os.path.splitext(n)[1].lower() in SUFFIXES)
+        return sorted(found, key=lambda p: p.relative_to(self.root).as_posix())
+
+    def items(self) -> list[Item]:
+        base = self.root.parent if self.root.is_file() else self.root
+        items: list[Item] = []
+        self.blank_lines = 0
+        for path in self._files():
+            key = path.relative_to(base).as_posix()
+            if path.suffix.lower() == ".jsonl" or self.per_line:
+                items.extend(self._lines(path, key))
+            else:
+                items.append(TextItem(key, path, end=path.stat().st_size))
+        return items
+
+    def _lines(self, path: Path, key: str) -> list[TextItem]:
+        """One item per non-blank line, with its byte range (so a worker reads only that line)."""
+        data = path.read_bytes()
+        items, start = [], 0
+        for number, line in enumerate(data.splitlines(keepends=True), 1):
+            end = start + len(line)
+            if line.strip():
+                items.append(TextItem(f"{key}:{number}", path, line=number, start=start, end=end))
+            else:
+                self.blank_lines += 1
+            start = end
+        return items
+
+    def blocks(self, items: list[Item]) -> list[list[Item]]:
+        """Tasks of about ``BLOCK_BYTES`` of text: documents vary from one line to megabytes."""
+        blocks: list[list[Item]] = [[]]
+        size = 0
+        for item in items:
+            if size >= BLOCK_BYTES:
+                blocks.append([])
+                size = 0
+            blocks[-1].append(item)
+            size += item.end - item.start + 64  # + a little per item, for per-item costs
+        return blocks
+
+    # -- loading (in worker processes) -----------------------------------------------------------
+
+    def load(self, item: Item) -> dict[str, np.ndarray]:
+        loaded = self.load_block([item])[0]
+        if isinstance(loaded, SampleError):
+            raise loaded
+        return loaded if isinstance(loaded, dict) else loaded[0][1]
+
+    def load_block(self, items: list[Item]) -> list[Loaded]:
+        """Read every document of the block, then tokenise them with one batch-encode call."""
+        results: list[Loaded | None] = [None] * len(items)
+        texts, slots = [], []
+        for i, (item, raw) in enumerate(zip(items, self._read(items))):
+            text = raw if isinstance(raw, SampleError) else self._text(item, raw)
+            if isinstance(text, SampleError):
+                results[i] = text
+            elif not text.strip():
+                results[i] = SkippedSample(item.origin, "empty document")
+            else:
+                texts.append(text)
+                slots.append(i)
+        for i, ids in zip(slots, self.tokenizer.encode_batch(texts) if texts else []):
+            results[i] = self._records(items[i], ids)
+        return results  # type: ignore[return-value]
+
+    def _read(self, items: list[Item]) -> list[bytes | SampleError]:
+        """Each item's bytes; consecutive lines of one file come from one read."""
+        out: list[bytes | SampleError] = []
+        span: dict[Path, tuple[int, bytes]] = {}
+        for item in items:
+            try:
+                if item.line is None:
+                    out.append(item.path.read_bytes())
+                    continue
+                if item.path not in span:
+                    lines = [i for i in items if i.path == item.path]
+                    lo, hi = min(i.start for i in lines), max(i.end for i in lines)
+                    with open(item.path, "rb") as f:
+                        f.seek(lo)
+                        span[item.path] = (lo, f.read(hi - lo))
+                lo, data = span[item.path]
+                out.append(data[item.start - lo : item.end - lo])
+            except OSError as exc:
+                out.append(SampleError(item.origin, f"cannot read ({exc.strerror})"))
+        return out
+
+    def _text(self, item: TextItem, raw: bytes) -> str | SampleError:
+        errors = "replace" if self.text_errors == "replace" else "strict"
+        try:
+            text = raw.decode("utf-8", errors=errors)
+        except UnicodeDecodeError as exc:
+            offset = item.start + exc.start  # from the start of the file, not of the line
+            problem = f"not UTF-8 at byte offset {offset} ({exc.reason})"
+            if self.text_errors == "skip":
+                return SkippedSample(item.origin, problem)
+            return SampleError(item.origin, f"{problem}; pass --text-errors replace or skip")
+        if item.line is not None:
+            text = text.rstrip("\r\n")  # the line ending separates documents; it is not text
+        if item.path.suffix.lower() != ".jsonl":
+            return text
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            return SampleError(item.origin, f"not a JSON line ({exc})")
+        if not isinstance(value, dict) or not isinstance(value.get(self.text_field), str):
+            fields = ", ".join(value) if isinstance(value, dict) else type(value).__name__
+            return SampleError(item.origin, f"no string field '{self.text_field}' (found: {fields}); "
+                                            "choose it with --text-field")
+        return value[self.text_field]
+
+    def _records(self, item: TextItem, ids: np.ndarray) -> Loaded:
+        limit = np.iinfo(self.dtype).max
+        if ids.size and int(ids.max()) > limit:
+            raise TokenizerError(
+                f"{item.origin}: token id {int(ids.max())} does not fit {self.dtype} (the "
+                f"tokeniser's vocabulary is {self.tokenizer.vocab_size}); use dtype='uint32'"
+            )
+        bos, eos = self.specials
+        if self.max_length is None:
+            chunks = [np.concatenate([bos, ids, eos])]
+        elif self.split:  # BOS/EOS mark the document's ends, so the first and last chunk get them
+            doc = np.concatenate([bos, ids, eos])
+            chunks = [doc[i : i + self.max_length] for i in range(0, len(doc), self.max_length)]
+        else:  # truncated, the record keeps both marks (as tokenisers' own truncation does)
+            chunks = [np.concatenate([bos, ids[: self.max_length - len(bos) - len(eos)], eos])]
+        records = [{"tokens": c.astype(self.dtype)} for c in chunks]
+        if not self.split:
+            return records[0]
+        return [(f"{item.key}#{j}", r) for j, r in enumerate(records)]
+
+    def fields(self, record: dict[str, np.ndarray]) -> dict[str, Field]:
+        return {"tokens": Field(self.dtype, (None,))}
+
+    def describe(self) -> dict[str, Any]:
+        layout = "lines" if self.per_line else "files"
+        return {
+            "source": {"path": str(self.root), "layout": layout, "blank_lines": self.blank_lines},
+            "options": {
+                "tokenizer": self.tokenizer.describe(), "text_field": self.text_field,
+                "per_line": self.per_line, "add_bos": self.add_bos, "add_eos": self.add_eos,
+                "max_length": self.max_length, "split": self.split,
+                "text_errors": self.text_errors, "dtype": self.dtype,
+            },
+        }
+
+
+def to_torch(
+    batch: dict, manifest: Manifest, *, indices: np.ndarray, epoch: int
+) -> tuple[list[torch.Tensor]]:
+    """``(documents,)``: one 1-D int64 tensor per document (views of one converted buffer)."""
+    docs = batch["tokens"]
+    if not docs:
+        return ([],)
+    flat = torch.from_numpy(np.concatenate(docs).astype(np.int64))
+    return (list(flat.split([len(d) for d in docs])),)
+
+
+SOURCE = TextSource
