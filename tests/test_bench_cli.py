@@ -37,8 +37,8 @@ def one_line_error(result) -> str:
 
 
 def test_not_a_dataset(tmp_path):
-    (tmp_path / "readme.txt").write_text("x")
-    assert "not a packdata dataset (found a directory holding readme.txt)" in \
+    (tmp_path / "readme.md").write_text("x")
+    assert "not a packdata dataset (found a directory holding readme.md)" in \
         one_line_error(runner.invoke(app, ["bench", str(tmp_path)]))
 
 

@@ -34,11 +34,14 @@ def test_compare_needs_an_image_folder(packed):
 
 
 def test_not_a_dataset_says_what_was_found(tmp_path):
-    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "notes.md").write_text("hello")
     with pytest.raises(DatasetError, match=r"not a packdata dataset \(found a directory "
-                       r"holding notes.txt\)"):
+                       r"holding notes.md\)"):
         run_bench(tmp_path, TINY)
     with pytest.raises(DatasetError, match="not a packdata dataset .found a file of 5 bytes"):
-        run_bench(tmp_path / "notes.txt", TINY)
+        run_bench(tmp_path / "notes.md", TINY)
+    (tmp_path / "doc.txt").write_text("a text document")
+    with pytest.raises(DatasetError, match="a folder of text files; convert it first"):
+        run_bench(tmp_path, TINY)
     with pytest.raises(DatasetError, match="no such file"):
         run_bench(tmp_path / "missing", TINY)
