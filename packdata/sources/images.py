@@ -19,7 +19,6 @@ from packdata.errors import PackdataError, SampleError
 from packdata.manifest import Field, Manifest
 from packdata.sources import labels as labelling
 from packdata.sources.base import Item, Source
-from packdata.sources.labels import load_labels  # noqa: F401 - its former home
 
 KIND = "image"
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
