@@ -209,6 +209,7 @@ def convert(
                     skipped.append({"path": record.path, "reason": record.reason})
                 else:
                     writer.append(item.key, record)
+                    source.observe(record)
                     keys.append(item.key)
                     checksums.append(record_checksum(record, fields))
                 if progress:

@@ -19,6 +19,7 @@ from packdata.sources.base import Source
 
 KINDS: dict[str, str] = {
     "image": "packdata.sources.images",
+    "pointcloud": "packdata.sources.pointclouds",
 }
 
 
