@@ -199,11 +199,14 @@ def variant_of(indices: np.ndarray, manifest: Manifest, epoch: int) -> np.ndarra
 def to_torch(
     batch: dict, manifest: Manifest, *, indices: np.ndarray, epoch: int
 ) -> tuple[torch.Tensor, ...]:
-    """``(points, label?, point_labels?, mask?)``: float32 B×N×F points of one variant per
-    sample, int64 B labels, int64 B×N point labels, bool B×N mask (present when stored)."""
+    """``(points, label?, point_labels?, mask?)``: B×N×F points of one variant per sample
+    (float32; float64 when stored so), int64 B labels, int64 B×N point labels, bool B×N mask
+    (each present when stored)."""
     rows = np.arange(len(indices))
     variant = variant_of(indices, manifest, epoch)
-    out = [torch.from_numpy(np.asarray(batch["points"][rows, variant], dtype=np.float32))]
+    points = batch["points"][rows, variant]
+    dtype = np.float64 if points.dtype == np.float64 else np.float32  # float16 is for storage
+    out = [torch.from_numpy(np.asarray(points, dtype=dtype))]
     if "label" in batch:
         out.append(torch.from_numpy(np.asarray(batch["label"], dtype=np.int64)))
     if "point_labels" in batch:
