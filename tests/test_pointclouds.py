@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import laspy
@@ -293,3 +295,21 @@ def test_cli_convert(tmp_path, tree_folder, png_folder):
     result = runner.invoke(app, ["convert", str(png_folder), str(tmp_path / "x.h5"),
                                  "--points", "512"])
     assert result.exit_code == 2 and "'points' does not apply to image" in result.output
+
+
+def test_parallel_convert_after_laz_was_read_in_the_parent(tmp_path):
+    """laspy's default LAZ backend starts a thread pool; forked workers then used to hang."""
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(260):  # > one 256-item block, so convert forks 2 workers
+        (folder / f"c{i:03d}.laz").symlink_to(FIXTURES / "simple.laz")
+    script = (
+        "import sys, laspy, packdata\n"
+        f"laspy.read({str(SURF[0])!r})\n"  # default backend: lazrs with its thread pool
+        f"src = packdata.open_source({str(folder)!r}, points=256, sampling='random')\n"
+        f"print(packdata.convert(src, {str(tmp_path / 'o.h5')!r}, workers=2).manifest.count)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).parents[1])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "260"

@@ -87,7 +87,10 @@ def _read_las(path: Path, wanted: list[str]) -> dict[str, np.ndarray]:
     laspy = require("laspy", "lidar", "reading LAS/LAZ files")
     if path.suffix.lower() == ".laz" and not laz_backend_available():
         raise MissingExtraError("lazrs", "lidar", f"{path}: reading LAZ files")
-    las = laspy.read(path)
+    # Single-threaded lazrs: conversion parallelises across processes already, and the parallel
+    # backend's thread pool deadlocks forked workers once the parent process has used it.
+    backend = laspy.LazBackend.Lazrs if path.suffix.lower() == ".laz" else None
+    las = laspy.read(path, laz_backend=backend)
     expected, found = int(las.header.point_count), len(las.points)
     if found != expected:
         raise SampleError(str(path), f"truncated: the header says {expected} points, the file "
