@@ -32,6 +32,7 @@ class ContainerName(str, Enum):
 class Kind(str, Enum):
     image = "image"
     text = "text"
+    pointcloud = "pointcloud"
 
 
 class Encoding(str, Enum):
@@ -43,6 +44,34 @@ class TextErrors(str, Enum):
     strict = "strict"
     replace = "replace"
     skip = "skip"
+
+
+class Sampling(str, Enum):
+    random = "random"
+    fps = "fps"
+    voxel = "voxel"
+
+
+class Normalize(str, Enum):
+    none = "none"
+    center = "center"
+    unit_sphere = "unit_sphere"
+
+
+class PointDtype(str, Enum):
+    float32 = "float32"
+    float16 = "float16"
+    float64 = "float64"
+
+
+class Fewer(str, Enum):
+    replace = "replace"
+    pad = "pad"
+
+
+class VariantOrder(str, Enum):
+    epoch = "epoch"
+    random = "random"
 
 
 class OnError(str, Enum):
@@ -102,10 +131,39 @@ def convert(
         help="Text: bytes that are not UTF-8 stop the conversion naming file and byte offset "
         "('strict'), become U+FFFD ('replace'), or skip the document ('skip').")
     ] = TextErrors.strict,
+    points: Annotated[int | None, typer.Option(
+        help="Point clouds: points per stored sample, N (default 4096).")] = None,
+    sampling: Annotated[Sampling | None, typer.Option(
+        help="Point clouds: presampling method (default fps).")] = None,
+    voxel_size: Annotated[float | None, typer.Option(
+        help="Point clouds, --sampling voxel: voxel edge in file units (default: chosen so "
+        "that about N voxels are occupied).")] = None,
+    variants: Annotated[int | None, typer.Option(
+        help="Point clouds: presamples stored per cloud, K; one is served per epoch "
+        "(default 1).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Point clouds: sampling seed (default 0).")] = None,
+    fields: Annotated[str | None, typer.Option(
+        help="Point clouds: comma-separated fields, xyz always first: xyz,intensity,"
+        "classification,rgb or any column name (default xyz).")] = None,
+    normalize: Annotated[Normalize | None, typer.Option(
+        help="Point clouds: centre each cloud, or centre and scale it into the unit sphere "
+        "(default none).")] = None,
+    dtype: Annotated[PointDtype | None, typer.Option(
+        help="Point clouds: stored float type (default float32; float16 halves storage).")] = None,
+    fewer: Annotated[Fewer | None, typer.Option(
+        help="Point clouds with fewer than N points: 'replace' repeats points, 'pad' pads "
+        "with zeros and stores a mask (default replace).")] = None,
+    point_labels: Annotated[str | None, typer.Option(
+        help="Point clouds: per-point labels from this column (e.g. classification).")] = None,
+    variant_order: Annotated[VariantOrder | None, typer.Option(
+        help="Point clouds: serve variant (index + epoch) % K, or a seeded random one "
+        "(default epoch).")] = None,
 ) -> None:
     """Convert a one-file-per-sample dataset into a packed one.
 
     Example: packdata convert ./cifar-png cifar.lmdb --labels labels.pkl
+
+    Point clouds: packdata convert ./scans trees.h5 --points 4096 --sampling fps --variants 4
     """
     from packdata.convert import convert as run_convert
     from packdata.sources import open_source
@@ -116,6 +174,11 @@ def convert(
                    add_eos=add_eos, max_length=max_length, split=split,
                    text_errors=text_errors.value)
     defaults.update(per_line=False, add_bos=False, add_eos=False, split=False, text_errors="strict")
+    options |= {"points": points, "sampling": sampling, "voxel_size": voxel_size,
+                "variants": variants, "seed": seed, "fields": fields, "normalize": normalize,
+                "dtype": dtype, "fewer": fewer, "point_labels": point_labels,
+                "variant_order": variant_order}
+    options = {k: v.value if isinstance(v, Enum) else v for k, v in options.items()}
     source_options = {k: v for k, v in options.items() if v is not None and defaults.get(k) != v}
     try:
         source = open_source(src, kind.value if kind else None, **source_options)

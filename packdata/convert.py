@@ -214,6 +214,7 @@ def convert(
                     pairs = []
                 for key, record in pairs:
                     writer.append(key, record)
+                    source.observe(record)
                     keys.append(key)
                     checksums.append(record_checksum(record, fields))
                 if progress:

@@ -16,7 +16,8 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from packdata.sources.images import SUFFIXES, ImageSource, load_labels
+from packdata.sources.images import SUFFIXES, ImageSource
+from packdata.sources.labels import load_labels
 
 
 class PerFileImageDataset(Dataset):

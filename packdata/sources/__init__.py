@@ -20,6 +20,7 @@ from packdata.sources.base import Source
 KINDS: dict[str, str] = {
     "image": "packdata.sources.images",
     "text": "packdata.sources.text",
+    "pointcloud": "packdata.sources.pointclouds",
 }
 
 
@@ -32,9 +33,16 @@ def get(kind: str) -> ModuleType:
 
 
 def detect_kind(root: Path) -> str:
-    """The kind whose file suffixes are most common under ``root``."""
+    """The kind whose file suffixes are most common under ``root``.
+
+    A suffix claimed by several kinds counts for the first in the KINDS table: ``.txt`` is text
+    unless ``kind="pointcloud"`` is given (XYZ point files).
+    """
     counts = dict.fromkeys(KINDS, 0)
-    suffix_kind = {s: k for k in KINDS for s in get(k).SUFFIXES}
+    suffix_kind: dict[str, str] = {}
+    for k in KINDS:
+        for suffix in get(k).SUFFIXES:
+            suffix_kind.setdefault(suffix, k)
     files = [root] if root.is_file() else (p for p in root.rglob("*") if p.is_file())
     for path in files:
         kind = suffix_kind.get(path.suffix.lower())

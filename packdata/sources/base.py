@@ -66,7 +66,12 @@ class Source(ABC):
 
     @abstractmethod
     def describe(self) -> dict[str, Any]:
-        """The source (path, layout) and the conversion options, for the manifest."""
+        """The source (path, layout) and the conversion options, for the manifest (and
+        optionally ``extra`` facts, e.g. gathered by :meth:`observe`)."""
+
+    def observe(self, record: dict[str, np.ndarray]) -> None:  # noqa: B027 - optional hook
+        """Called in the converting process with each stored record, in order (``load`` runs in
+        workers, whose state is lost): a place to count facts for the manifest."""
 
 
 def relative_key(path: Path, root: Path) -> str:

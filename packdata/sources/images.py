@@ -6,11 +6,8 @@ Records: ``image`` — decoded uint8 H×W×C pixels (``encoding="raw"``) or the 
 
 from __future__ import annotations
 
-import csv
 import io
-import json
 import os
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +17,11 @@ from PIL import Image
 
 from packdata.errors import PackdataError, SampleError
 from packdata.manifest import Field, Manifest
+from packdata.sources import labels as labelling
 from packdata.sources.base import Item, Source
 
 KIND = "image"
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
-LABEL_FILES = ("labels.json", "labels.csv", "labels.pkl")
 ENCODINGS = ("raw", "keep")
 
 
@@ -40,46 +37,6 @@ def parse_size(text: str | int | tuple[int, int] | None) -> tuple[int, int] | No
     if len(parts) > 2 or w <= 0 or h <= 0:
         raise PackdataError(f"resize '{text}': expected N or WxH with positive integers")
     return w, h
-
-
-def load_labels(path: Path) -> tuple[dict[str, int], list[str] | None]:
-    """Read a labels file: ``{file name: class index}`` and the class names when it gives them.
-
-    ``.json``: ``{name: index}`` or ``{"classes": [...], "labels": {name: index}}``;
-    ``.csv``: rows ``name,label`` (label an index or a class name; a header row is skipped);
-    ``.pkl``: a pickled dict of str → int. Unpickling runs code from the file: only load a
-    ``labels.pkl`` you trust. Anything but a plain dict of str → int is refused.
-    """
-    suffix = path.suffix.lower()
-    classes = None
-    try:
-        if suffix == ".json":
-            data = json.loads(path.read_text())
-            if isinstance(data, dict) and "labels" in data:
-                classes, data = data.get("classes"), data["labels"]
-        elif suffix == ".pkl":
-            with open(path, "rb") as f:
-                data = pickle.load(f)  # noqa: S301 - documented: labels.pkl must be trusted
-        elif suffix == ".csv":
-            with open(path, newline="") as f:
-                rows = [r for r in csv.reader(f) if r]
-            if rows and not rows[0][1].strip().lstrip("-").isdigit():
-                if any(not r[1].strip().lstrip("-").isdigit() for r in rows[1:]):
-                    classes = sorted({r[1].strip() for r in rows[1:]})
-                    index = {c: i for i, c in enumerate(classes)}
-                    return {r[0]: index[r[1].strip()] for r in rows[1:]}, classes
-                rows = rows[1:]
-            data = {r[0]: int(r[1]) for r in rows}
-        else:
-            raise PackdataError(f"{path}: labels must be .json, .csv or .pkl")
-    except (OSError, ValueError, IndexError, pickle.UnpicklingError, EOFError) as exc:
-        raise PackdataError(f"{path}: cannot read labels ({exc})") from exc
-    if not isinstance(data, dict) or not all(
-        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
-        for k, v in data.items()
-    ):
-        raise PackdataError(f"{path}: expected a dict of file name (str) → class index (int)")
-    return data, classes
 
 
 class ImageSource(Source):
@@ -104,15 +61,9 @@ class ImageSource(Source):
             raise PackdataError("--resize needs --encoding raw: 'keep' stores the file unchanged")
         self.encoding = encoding
         self.mode = mode
-        self.labels_path = Path(labels) if labels else self._find_labels_file()
+        self.labels_path = Path(labels) if labels else labelling.find_labels_file(self.root)
         if self.labels_path and not self.labels_path.is_file():
             raise PackdataError(f"{self.labels_path}: labels file not found")
-
-    def _find_labels_file(self) -> Path | None:
-        for name in LABEL_FILES:
-            if (self.root / name).is_file():
-                return self.root / name
-        return None
 
     def _files(self) -> list[str]:
         """Image paths relative to the root, sorted (os.walk: Path objects per file cost more
@@ -128,38 +79,17 @@ class ImageSource(Source):
 
     @property
     def layout(self) -> str:
-        if self.labels_path:
-            return "labels-file"
-        files = self._files()
-        if files and all("/" in f for f in files):
-            return "class-folders"
-        return "unlabelled"
+        return labelling.layout(self._files(), self.labels_path)
 
     def items(self) -> list[Item]:
         root = self.root if self.root.is_dir() else self.root.parent
         files = self._files()
         keys = [os.path.splitext(f)[0] for f in files]
-        if self.labels_path:
-            table, self.classes = load_labels(self.labels_path)
-            labels = [self._lookup(table, f) for f in files]
-        elif self.layout == "class-folders":
-            self.classes = sorted({f.split("/", 1)[0] for f in files})
-            index = {c: i for i, c in enumerate(self.classes)}
-            labels = [index[f.split("/", 1)[0]] for f in files]
-        else:
-            labels = [None] * len(files)
+        labels, self.classes = labelling.assign(files, self.labels_path)
         return [Item(k, root / f, label) for k, f, label in zip(keys, files, labels)]
 
-    @staticmethod
-    def _lookup(table: dict[str, int], relpath: str) -> int:
-        name = relpath.rsplit("/", 1)[-1]
-        for candidate in (relpath, name, os.path.splitext(name)[0]):
-            if candidate in table:
-                return table[candidate]
-        return -1  # reported by load(), so --on-error decides
-
     def load(self, item: Item) -> dict[str, np.ndarray]:
-        if item.label == -1:
+        if item.label == labelling.MISSING:
             raise SampleError(str(item.path), f"no label for '{item.path.name}' in {self.labels_path}")
         try:
             data = item.path.read_bytes()  # one read; Pillow's small reads on a file cost more

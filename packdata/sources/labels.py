@@ -1,0 +1,93 @@
+"""Per-sample class labels shared by every source kind: a labels file, or class sub-folders."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import pickle
+from pathlib import Path
+
+from packdata.errors import PackdataError
+
+LABEL_FILES = ("labels.json", "labels.csv", "labels.pkl")
+MISSING = -1  # a file with no entry in the labels file; the source's load() reports it
+
+
+def load_labels(path: Path) -> tuple[dict[str, int], list[str] | None]:
+    """Read a labels file: ``{file name: class index}`` and the class names when it gives them.
+
+    ``.json``: ``{name: index}`` or ``{"classes": [...], "labels": {name: index}}``;
+    ``.csv``: rows ``name,label`` (label an index or a class name; a header row is skipped);
+    ``.pkl``: a pickled dict of str → int. Unpickling runs code from the file: only load a
+    ``labels.pkl`` you trust. Anything but a plain dict of str → int is refused.
+    """
+    suffix = path.suffix.lower()
+    classes = None
+    try:
+        if suffix == ".json":
+            data = json.loads(path.read_text())
+            if isinstance(data, dict) and "labels" in data:
+                classes, data = data.get("classes"), data["labels"]
+        elif suffix == ".pkl":
+            with open(path, "rb") as f:
+                data = pickle.load(f)  # noqa: S301 - documented: labels.pkl must be trusted
+        elif suffix == ".csv":
+            with open(path, newline="") as f:
+                rows = [r for r in csv.reader(f) if r]
+            if rows and not rows[0][1].strip().lstrip("-").isdigit():
+                if any(not r[1].strip().lstrip("-").isdigit() for r in rows[1:]):
+                    classes = sorted({r[1].strip() for r in rows[1:]})
+                    index = {c: i for i, c in enumerate(classes)}
+                    return {r[0]: index[r[1].strip()] for r in rows[1:]}, classes
+                rows = rows[1:]
+            data = {r[0]: int(r[1]) for r in rows}
+        else:
+            raise PackdataError(f"{path}: labels must be .json, .csv or .pkl")
+    except (OSError, ValueError, IndexError, pickle.UnpicklingError, EOFError) as exc:
+        raise PackdataError(f"{path}: cannot read labels ({exc})") from exc
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+        for k, v in data.items()
+    ):
+        raise PackdataError(f"{path}: expected a dict of file name (str) → class index (int)")
+    return data, classes
+
+
+def find_labels_file(root: Path) -> Path | None:
+    """``root/labels.{json,csv,pkl}`` when present."""
+    for name in LABEL_FILES:
+        if (root / name).is_file():
+            return root / name
+    return None
+
+
+def layout(files: list[str], labels_path: Path | None) -> str:
+    """How ``files`` (paths relative to the root, forward slashes) are labelled."""
+    if labels_path:
+        return "labels-file"
+    if files and all("/" in f for f in files):
+        return "class-folders"
+    return "unlabelled"
+
+
+def assign(files: list[str], labels_path: Path | None) -> tuple[list[int | None], list[str] | None]:
+    """Each file's label (``MISSING`` when the labels file lacks it) and the class names."""
+    kind = layout(files, labels_path)
+    if kind == "labels-file":
+        table, classes = load_labels(labels_path)  # type: ignore[arg-type]
+        return [lookup(table, f) for f in files], classes
+    if kind == "class-folders":
+        classes = sorted({f.split("/", 1)[0] for f in files})
+        index = {c: i for i, c in enumerate(classes)}
+        return [index[f.split("/", 1)[0]] for f in files], classes
+    return [None] * len(files), None
+
+
+def lookup(table: dict[str, int], relpath: str) -> int:
+    """A file's label: by relative path, file name, or name without suffix."""
+    name = relpath.rsplit("/", 1)[-1]
+    for candidate in (relpath, name, os.path.splitext(name)[0]):
+        if candidate in table:
+            return table[candidate]
+    return MISSING

@@ -1,0 +1,219 @@
+"""Point-cloud sources: LAS/LAZ, PLY, XYZ/TXT and NPY files, presampled at conversion.
+
+Each cloud becomes one fixed-shape record, so a batch is one contiguous gather:
+
+- ``points``: (K, N, F) — K presampled variants of exactly N points; F columns, xyz first, then
+  the other requested fields (``rgb`` is three columns, values as stored in the file);
+- ``num_points`` / ``num_valid``: points in the file / with finite coordinates (int64);
+- ``label`` (int64) from class sub-folders or a labels file; ``point_labels`` (K, N) int32 from a
+  per-point column (e.g. LAS ``classification``); ``mask`` (K, N) bool with ``fewer="pad"``;
+- ``center`` (3,) float64 and ``scale`` when normalised, to map points back to file coordinates.
+
+Loading serves one variant per sample: ``(index + epoch) % K`` (``variant_order="epoch"``), or a
+seeded hash of (seed, epoch, index) (``"random"``).
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from packdata.errors import MissingExtraError, PackdataError, SampleError
+from packdata.manifest import Field, Manifest
+from packdata.prep.pointsample import SampleSpec, finite_rows, normalization, presample
+from packdata.sources import labels as labelling
+from packdata.sources import pointfiles
+from packdata.sources.base import Item, Source
+
+KIND = "pointcloud"
+SUFFIXES = pointfiles.SUFFIXES
+VARIANT_ORDERS = ("epoch", "random")
+
+
+def parse_fields(fields: str | list[str] | tuple[str, ...]) -> list[str]:
+    """``"intensity,xyz"`` → ``["xyz", "intensity"]``: xyz always present and first."""
+    names = [f.strip() for f in fields.split(",")] if isinstance(fields, str) else list(fields)
+    names = [f for f in names if f and f != "xyz"]
+    if len(set(names)) != len(names):
+        raise PackdataError(f"fields {names}: each field may appear once")
+    return ["xyz", *names]
+
+
+class PointCloudSource(Source):
+    """Point-cloud files under ``root`` (class sub-folders, a labels file, or unlabelled)."""
+
+    kind = KIND
+
+    def __init__(
+        self,
+        root: str | Path,
+        labels: str | Path | None = None,
+        points: int = 4096,
+        sampling: str = "fps",
+        variants: int = 1,
+        seed: int = 0,
+        voxel_size: float | None = None,
+        fields: str | list[str] = "xyz",
+        normalize: str = "none",
+        dtype: str = "float32",
+        fewer: str = "replace",
+        point_labels: str | None = None,
+        variant_order: str = "epoch",
+    ) -> None:
+        self.root = Path(root)
+        try:
+            self.spec = SampleSpec(points=points, method=sampling, variants=variants, seed=seed,
+                                   voxel_size=voxel_size, fewer=fewer, normalize=normalize,
+                                   dtype=dtype)
+        except ValueError as exc:
+            raise PackdataError(str(exc)) from None
+        if variant_order not in VARIANT_ORDERS:
+            raise PackdataError(f"variant_order '{variant_order}': expected epoch or random")
+        self.variant_order = variant_order
+        self.field_names = parse_fields(fields)
+        self.point_labels = point_labels
+        self.labels_path = Path(labels) if labels else labelling.find_labels_file(self.root)
+        if self.labels_path and not self.labels_path.is_file():
+            raise PackdataError(f"{self.labels_path}: labels file not found")
+        self._reset_counts()
+
+    def _reset_counts(self) -> None:
+        self.counts = {"clouds_with_replacement": 0, "clouds_padded": 0,
+                       "clouds_with_nonfinite": 0, "nonfinite_points_dropped": 0}
+        self.num_points: list[int] = []
+
+    def _files(self) -> list[str]:
+        if self.root.is_file():
+            return [self.root.name]
+        found = []
+        for folder, _, names in os.walk(self.root):
+            rel = os.path.relpath(folder, self.root)
+            prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+            found.extend(prefix + n for n in names if os.path.splitext(n)[1].lower() in SUFFIXES)
+        return sorted(found)
+
+    def items(self) -> list[Item]:
+        self._reset_counts()
+        root = self.root if self.root.is_dir() else self.root.parent
+        files = self._files()
+        if any(f.lower().endswith(".laz") for f in files) and not pointfiles.laz_backend_available():
+            raise MissingExtraError("lazrs", "lidar", "reading LAZ files")
+        labels, self.classes = labelling.assign(files, self.labels_path)
+        return [Item(os.path.splitext(f)[0], root / f, label) for f, label in zip(files, labels)]
+
+    def load(self, item: Item) -> dict[str, np.ndarray]:
+        if item.label == labelling.MISSING:
+            raise SampleError(str(item.path), f"no label for '{item.path.name}' in {self.labels_path}")
+        wanted = [c for f in self.field_names for c in pointfiles.columns_of(f)]
+        table = pointfiles.read_columns(item.path, wanted + [self.point_labels or "x"])
+        data = pointfiles.select(table, self.field_names, item.path)
+        total = len(data)
+        finite = finite_rows(data[:, :3])
+        data = data[finite]
+        if not len(data):
+            raise SampleError(str(item.path), f"no point with finite coordinates ({total} points)")
+        # seeded by the key, not the position: a cloud's samples do not depend on its neighbours
+        rng = np.random.default_rng([self.spec.seed, zlib.crc32(item.key.encode())])
+        chosen = presample(data[:, :3], self.spec, rng)
+        centre, scale = normalization(data[:, :3], self.spec.normalize)
+        points = data[chosen.indices]  # (K, N, F)
+        points[..., :3] = (points[..., :3] - centre) / scale
+        record = {"points": points, "num_points": np.asarray(total, dtype=np.int64),
+                  "num_valid": np.asarray(len(data), dtype=np.int64)}
+        if self.point_labels:
+            record["point_labels"] = self._point_labels(table, item.path)[finite][chosen.indices]
+        if chosen.mask is not None:
+            points[~chosen.mask] = 0
+            if "point_labels" in record:
+                record["point_labels"][~chosen.mask] = -1  # the usual ignore index
+            record["mask"] = chosen.mask
+        record["points"] = points.astype(self.spec.dtype)
+        if self.spec.normalize != "none":
+            record["center"] = centre.astype(np.float64)
+            record["scale"] = np.asarray(scale, dtype=np.float64)
+        if item.label is not None:
+            record["label"] = np.asarray(item.label, dtype=np.int64)
+        return record
+
+    def _point_labels(self, table: dict, path: Path) -> np.ndarray:
+        column = pointfiles.lookup(table, self.point_labels or "")
+        if column is None:
+            have = ", ".join(sorted(table))
+            raise SampleError(str(path), f"point-label field '{self.point_labels}' not found "
+                                         f"(the file has: {have})")
+        values = np.asarray(column)
+        if values.dtype.kind == "f" and not np.array_equal(values, np.round(values)):
+            raise SampleError(str(path), f"point labels '{self.point_labels}' are not integers")
+        return values.astype(np.int32)
+
+    def fields(self, record: dict[str, np.ndarray]) -> dict[str, Field]:
+        return {name: Field(str(value.dtype), tuple(value.shape)) for name, value in record.items()}
+
+    def observe(self, record: dict[str, np.ndarray]) -> None:
+        total, valid = int(record["num_points"]), int(record["num_valid"])
+        self.num_points.append(total)
+        if valid < total:
+            self.counts["clouds_with_nonfinite"] += 1
+            self.counts["nonfinite_points_dropped"] += total - valid
+        if valid < self.spec.points:
+            key = "clouds_padded" if self.spec.fewer == "pad" else "clouds_with_replacement"
+            self.counts[key] += 1
+
+    def describe(self) -> dict[str, Any]:
+        columns = [c for f in self.field_names for c in pointfiles.columns_of(f)]
+        s = self.spec
+        return {
+            "source": {"path": str(self.root), "layout": labelling.layout(self._files(),
+                                                                          self.labels_path),
+                       "labels": str(self.labels_path) if self.labels_path else None},
+            "options": {"fields": self.field_names, "columns": columns, "points": s.points,
+                        "variants": s.variants, "sampling": s.method, "voxel_size": s.voxel_size,
+                        "seed": s.seed, "normalize": s.normalize, "dtype": s.dtype,
+                        "fewer": s.fewer, "point_labels": self.point_labels,
+                        "variant_order": self.variant_order},
+            "extra": {**self.counts, "num_points": self.num_points},
+        }
+
+
+def variant_of(indices: np.ndarray, manifest: Manifest, epoch: int) -> np.ndarray:
+    """The stored variant each sample serves this epoch."""
+    k = manifest.options.get("variants", 1)
+    idx = np.asarray(indices, dtype=np.int64) % max(manifest.count, 1)
+    if manifest.options.get("variant_order", "epoch") == "epoch":
+        return (idx + epoch) % k
+    # splitmix64 of (seed, epoch, index): reproducible, independent of batch composition
+    with np.errstate(over="ignore"):
+        x = (idx.astype(np.uint64) + np.uint64(epoch) * np.uint64(0x9E3779B97F4A7C15)
+             + np.uint64(manifest.options.get("seed", 0)) * np.uint64(0xD1B54A32D192ED03))
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return (x % np.uint64(k)).astype(np.int64)
+
+
+def to_torch(
+    batch: dict, manifest: Manifest, *, indices: np.ndarray, epoch: int
+) -> tuple[torch.Tensor, ...]:
+    """``(points, label?, point_labels?, mask?)``: B×N×F points of one variant per sample
+    (float32; float64 when stored so), int64 B labels, int64 B×N point labels, bool B×N mask
+    (each present when stored)."""
+    rows = np.arange(len(indices))
+    variant = variant_of(indices, manifest, epoch)
+    points = batch["points"][rows, variant]
+    dtype = np.float64 if points.dtype == np.float64 else np.float32  # float16 is for storage
+    out = [torch.from_numpy(np.asarray(points, dtype=dtype))]
+    if "label" in batch:
+        out.append(torch.from_numpy(np.asarray(batch["label"], dtype=np.int64)))
+    if "point_labels" in batch:
+        out.append(torch.from_numpy(batch["point_labels"][rows, variant].astype(np.int64)))
+    if "mask" in batch:
+        out.append(torch.from_numpy(np.ascontiguousarray(batch["mask"][rows, variant])))
+    return tuple(out)
+
+
+SOURCE = PointCloudSource

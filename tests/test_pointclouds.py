@@ -1,0 +1,315 @@
+"""Point-cloud sources on real LAS/LAZ scans: stored samples, variants, containers, bad input."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import laspy
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import packdata
+from packdata.cli import app
+from packdata.containers import get as get_container
+from packdata.errors import MissingExtraError, PackdataError, SampleError
+from packdata.prep.pointsample import coverage_radius
+from packdata.sources import pointfiles
+
+FIXTURES = Path(__file__).parent / "fixtures" / "lidar"
+FILTERED = sorted(FIXTURES.glob("ahn_filtered_*.las"))  # 4,040 and 3,317 points
+SURF = sorted(FIXTURES.glob("ahn_surf_*.laz"))  # 11,059 and 11,376 points
+N, K = 1024, 3
+# float64 storage keeps UTM-sized coordinates exact, so stored rows can be matched to source rows
+# (float32 merges a few neighbours 3 cm apart at y ≈ 487,000 m)
+EXACT = {"fields": "xyz,intensity", "point_labels": "classification", "dtype": "float64"}
+
+
+def las_table(path: Path, columns=("x", "y", "z")) -> np.ndarray:
+    las = laspy.read(path)
+    return np.stack([np.asarray(las[c] if c not in "xyz" else getattr(las, c), np.float64)
+                     for c in columns], axis=1)
+
+
+def rows(a: np.ndarray) -> set[bytes]:
+    a = np.ascontiguousarray(a)
+    return {r.tobytes() for r in a.reshape(-1, a.shape[-1])}
+
+
+def raw_records(path: Path) -> dict[str, np.ndarray]:
+    reader = get_container(packdata.open(path).container_name).READER(path)
+    try:
+        return reader.read(np.arange(reader.manifest.count))
+    finally:
+        reader.close()
+
+
+@pytest.fixture(scope="session")
+def tree_folder(tmp_path_factory) -> Path:
+    """Class sub-folders: 'filtered' (LAS) and 'surf' (LAZ), two real trees each."""
+    root = tmp_path_factory.mktemp("trees")
+    for name, files in (("filtered", FILTERED), ("surf", SURF)):
+        (root / name).mkdir()
+        for f in files:
+            shutil.copy(f, root / name / f.name)
+    return root
+
+
+def convert(src: Path, dst: Path, **options):
+    options = {"points": N, "variants": K, **options}
+    return packdata.convert(packdata.open_source(src, **options), dst, workers=1)
+
+
+@pytest.fixture(scope="session")
+def fps_h5(tree_folder, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("pc") / "fps.h5"
+    return convert(tree_folder, out, **EXACT, sampling="fps").path
+
+
+def test_shapes_dtypes_and_manifest(fps_h5):
+    ds = packdata.open(fps_h5)
+    m = ds.manifest
+    assert m.kind == "pointcloud" and len(ds) == 4 and ds.classes == ["filtered", "surf"]
+    assert m.fields["points"].shape == (K, N, 4) and m.fields["points"].dtype == "float64"
+    assert m.fields["point_labels"].shape == (K, N)
+    assert m.options["columns"] == ["x", "y", "z", "intensity"]
+    assert m.options["sampling"] == "fps" and m.options["variants"] == K and m.options["seed"] == 0
+    counts = [laspy.read(f).header.point_count for f in FILTERED + SURF]
+    assert m.extra["num_points"] == counts
+    points, label, point_labels = ds[0]
+    assert points.shape == (N, 4) and points.dtype == torch.float64  # as stored
+    assert label.dtype == torch.int64 and int(label) == 0
+    assert point_labels.shape == (N,) and point_labels.dtype == torch.int64
+    points, labels, point_labels = ds[[3, 1]]
+    assert points.shape == (2, N, 4) and labels.tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("sampling", ["random", "fps", "voxel"])
+def test_stored_points_are_source_points(tmp_path, tree_folder, sampling, fps_h5):
+    path = fps_h5 if sampling == "fps" else convert(
+        tree_folder, tmp_path / "o.h5", sampling=sampling, **EXACT).path
+    rec = raw_records(path)
+    for i, f in enumerate(FILTERED + SURF):
+        source = las_table(f, ("x", "y", "z", "intensity"))
+        for v in range(K):
+            stored = rec["points"][i, v]
+            assert rows(stored) <= rows(source), f"{f.name} variant {v}"
+            assert len(rows(stored)) == N  # distinct: no point taken twice
+        cls = np.asarray(laspy.read(f).classification)
+        lookup = {r.tobytes(): c for r, c in zip(source[:, :3].copy(), cls)}
+        stored_xyz = np.ascontiguousarray(rec["points"][i, 0, :, :3])
+        assert [lookup[r.tobytes()] for r in stored_xyz] == rec["point_labels"][i, 0].tolist()
+
+
+def test_determinism_seed_and_variants(tmp_path, tree_folder, fps_h5):
+    again = raw_records(convert(tree_folder, tmp_path / "a.lmdb", sampling="fps", **EXACT).path)
+    first = raw_records(fps_h5)
+    assert np.array_equal(first["points"], again["points"])
+    other = raw_records(convert(tree_folder, tmp_path / "b.h5", sampling="fps", seed=1).path)
+    assert not np.array_equal(first["points"][..., :3], other["points"])
+    for cloud in first["points"]:
+        assert all(rows(cloud[a]) != rows(cloud[b]) for a in range(K) for b in range(a))
+
+
+def test_epochs_serve_different_variants(fps_h5):
+    ds = packdata.open(fps_h5)
+    stored = raw_records(fps_h5)["points"]
+    served = []
+    for epoch in range(K + 1):
+        ds.set_epoch(epoch)
+        served.append(ds[[0, 1]][0].numpy())
+    for epoch in range(K):
+        assert np.array_equal(served[epoch][0], stored[0, epoch % K])
+        assert np.array_equal(served[epoch][1], stored[1, (1 + epoch) % K])
+    assert np.array_equal(served[K], served[0])
+
+
+def test_random_variant_order_is_seeded(tmp_path, tree_folder):
+    path = convert(tree_folder, tmp_path / "r.h5", sampling="random", variants=4,
+                   variant_order="random").path
+    ds = packdata.open(path)
+    picks = []
+    for epoch in range(6):
+        ds.set_epoch(epoch)
+        picks.append([ds[i][0].numpy().tobytes() for i in range(len(ds))])
+    assert len({tuple(p) for p in picks}) > 1
+    ds.set_epoch(2)
+    assert [ds[i][0].numpy().tobytes() for i in range(len(ds))] == picks[2]
+
+
+def test_fps_covers_better_than_random(tmp_path, tree_folder, fps_h5):
+    rand = raw_records(convert(tree_folder, tmp_path / "r.h5", sampling="random", **EXACT).path)
+    fps = raw_records(fps_h5)
+    for i, f in enumerate(SURF, start=2):
+        xyz = las_table(f)
+        index = {r.tobytes(): j for j, r in enumerate(xyz)}
+        radius = {}
+        for name, rec in (("fps", fps), ("random", rand)):
+            chosen = [index[r.tobytes()] for r in np.ascontiguousarray(rec["points"][i, 0, :, :3])]
+            radius[name] = coverage_radius(xyz, np.array(chosen))
+        assert radius["fps"] < 0.7 * radius["random"], radius
+
+
+@pytest.mark.parametrize("target", ["rt.lmdb", "rt.h5", "rt-tar"])
+def test_round_trip_every_container(tmp_path, tree_folder, fps_h5, target):
+    path = convert(tree_folder, tmp_path / target, sampling="fps", **EXACT).path
+    expected, got = raw_records(fps_h5), raw_records(path)
+    assert sorted(expected) == sorted(got)
+    for name in expected:
+        assert np.array_equal(expected[name], got[name]), name
+    ds = packdata.open(path)
+    batches = list(packdata.loader(ds, batch_size=3, shuffle=True))
+    assert sum(len(b[0]) for b in batches) == 4 and batches[0][0].shape[1:] == (N, 4)
+
+
+def test_fewer_points_replace_or_pad(tmp_path):
+    folder = tmp_path / "small"
+    folder.mkdir()
+    shutil.copy(FILTERED[1], folder)  # 3,317 points
+    n = 3317
+    rep = convert(folder, tmp_path / "rep.h5", points=4096, variants=2, sampling="random",
+                  dtype="float64")
+    assert rep.manifest.extra["clouds_with_replacement"] == 1
+    stored = raw_records(rep.path)["points"][0]
+    assert all(len(rows(v)) == n for v in stored)  # every point at least once
+    pad = convert(folder, tmp_path / "pad.h5", points=4096, variants=2, fewer="pad")
+    assert pad.manifest.extra["clouds_padded"] == 1
+    rec = raw_records(pad.path)
+    assert rec["mask"].shape == (1, 2, 4096) and rec["mask"].sum(axis=-1).tolist() == [[n, n]]
+    assert not rec["points"][0][~rec["mask"][0]].any()
+    points, mask = packdata.open(pad.path)[0]
+    assert mask.dtype == torch.bool and int(mask.sum()) == n
+
+
+def test_nonfinite_points_dropped_and_counted(tmp_path):
+    xyz = las_table(SURF[0])
+    xyz[::100, 1] = np.nan
+    xyz[5::100, 2] = np.inf
+    folder = tmp_path / "npy"
+    folder.mkdir()
+    np.save(folder / "tree.npy", xyz)
+    result = convert(folder, tmp_path / "o.h5", sampling="random")
+    bad = int((~np.isfinite(xyz).all(axis=1)).sum())
+    assert result.manifest.extra["nonfinite_points_dropped"] == bad
+    assert result.manifest.extra["clouds_with_nonfinite"] == 1
+    assert np.isfinite(raw_records(result.path)["points"]).all()
+
+
+def test_normalize_and_float16(tmp_path, tree_folder):
+    result = convert(tree_folder, tmp_path / "n.h5", normalize="unit_sphere", dtype="float16")
+    rec = raw_records(result.path)
+    assert rec["points"].dtype == np.float16
+    assert packdata.open(result.path)[0][0].dtype == torch.float32  # served in a compute type
+    radius = np.linalg.norm(rec["points"].astype(np.float32), axis=-1)
+    assert radius.max() <= 1.001 and radius.max() > 0.8
+    xyz = las_table(FILTERED[0])
+    assert np.allclose(rec["center"][0], xyz.mean(axis=0))
+    back = rec["points"][0, 0].astype(np.float64) * rec["scale"][0] + rec["center"][0]
+    assert np.abs(back[:, None, :2] - xyz[None, ::7, :2]).min(axis=1).max() < 5  # metres, coarse
+
+
+def test_ply_xyz_npy_sources_match_las(tmp_path):
+    las = laspy.read(FILTERED[0])
+    table = np.stack([las.x, las.y, las.z, np.asarray(las.intensity, np.float64)], axis=1)
+    folder = tmp_path / "formats"
+    folder.mkdir()
+    header = ("ply\nformat {}\nelement vertex " + str(len(table)) + "\nproperty double x\n"
+              "property double y\nproperty double z\nproperty ushort intensity\nend_header\n")
+    rec = np.zeros(len(table), dtype=[("x", "<f8"), ("y", "<f8"), ("z", "<f8"), ("i", "<u2")])
+    rec["x"], rec["y"], rec["z"], rec["i"] = table.T
+    (folder / "bin.ply").write_bytes(header.format("binary_little_endian 1.0").encode()
+                                     + rec.tobytes())
+    with open(folder / "text.ply", "w") as f:
+        f.write(header.format("ascii 1.0"))
+        np.savetxt(f, table, fmt="%.3f %.3f %.3f %d")
+    np.savetxt(folder / "cloud.xyz", table, fmt="%.3f", header="X Y Z Intensity", comments="//")
+    np.savetxt(folder / "cloud.txt", table, fmt="%.3f", delimiter=",")  # 4 unnamed columns
+    np.save(folder / "cloud.npy", table)
+    for path in sorted(folder.iterdir()):
+        got = pointfiles.select(pointfiles.read_columns(path, ["x", "y", "z", "intensity"]),
+                                ["xyz", "intensity"], path)
+        assert np.allclose(got, table, atol=1e-6), path.name
+    assert packdata.sources.detect_kind(folder) == "pointcloud"
+    result = convert(folder, tmp_path / "f.h5", fields="xyz,intensity")
+    assert result.manifest.count == 5
+
+
+def test_bad_las_files(tmp_path):
+    data = FILTERED[0].read_bytes()
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    shutil.copy(FILTERED[1], folder / "a_good.las")
+    (folder / "b_truncated.las").write_bytes(data[: len(data) // 2])
+    (folder / "c_header.las").write_bytes(b"LASX" + data[4:])  # corrupt signature
+    laz = SURF[0].read_bytes()
+    (folder / "d_truncated.laz").write_bytes(laz[: len(laz) // 2])
+    aligned = data[: len(data) - 34 * 100]  # whole records missing: laspy reads it silently
+    (folder / "e_short.las").write_bytes(aligned)
+    with pytest.raises(SampleError, match="b_truncated.las"):
+        convert(folder, tmp_path / "o.h5")
+    result = packdata.convert(packdata.open_source(folder, points=256), tmp_path / "o.h5",
+                              on_error="skip", workers=1)
+    skipped = {Path(s["path"]).name: s["reason"] for s in result.skipped}
+    assert sorted(skipped) == ["b_truncated.las", "c_header.las", "d_truncated.laz", "e_short.las"]
+    assert "truncated: the header says 4040 points" in skipped["e_short.las"]
+    assert packdata.open(result.path).keys == ["a_good"]
+
+
+def test_missing_field_names_field_and_file(tmp_path):
+    folder = tmp_path / "f"
+    folder.mkdir()
+    shutil.copy(FILTERED[0], folder)
+    with pytest.raises(SampleError, match=f"{FILTERED[0].name}: field 'nir' not found"):
+        convert(folder, tmp_path / "o.h5", fields="xyz,nir")
+    with pytest.raises(SampleError, match="point-label field 'segment' not found"):
+        convert(folder, tmp_path / "o.h5", point_labels="segment")
+
+
+def test_laz_without_backend_names_the_extra(tmp_path, tree_folder, monkeypatch):
+    monkeypatch.setattr(laspy.LazBackend, "detect_available", staticmethod(lambda: ()))
+    with pytest.raises(MissingExtraError, match=r'pip install "packdata\[lidar\]"'):
+        convert(tree_folder, tmp_path / "o.h5")
+
+
+def test_options_are_validated(tree_folder):
+    with pytest.raises(PackdataError, match="sampling 'best'"):
+        packdata.open_source(tree_folder, sampling="best")
+    with pytest.raises(PackdataError, match="does not apply to pointcloud"):
+        packdata.open_source(tree_folder, resize=32)
+
+
+def test_cli_convert(tmp_path, tree_folder, png_folder):
+    runner = CliRunner()
+    out = tmp_path / "cli.h5"
+    result = runner.invoke(app, ["convert", str(tree_folder), str(out), "--points", "512",
+                                 "--sampling", "voxel", "--variants", "2", "--fields",
+                                 "xyz,rgb", "--normalize", "center", "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    assert "4 pointcloud samples" in result.output
+    m = packdata.open(out).manifest
+    assert m.fields["points"].shape == (2, 512, 6) and m.options["normalize"] == "center"
+    result = runner.invoke(app, ["convert", str(png_folder), str(tmp_path / "x.h5"),
+                                 "--points", "512"])
+    assert result.exit_code == 2 and "'points' does not apply to image" in result.output
+
+
+def test_parallel_convert_after_laz_was_read_in_the_parent(tmp_path):
+    """laspy's default LAZ backend starts a thread pool; forked workers then used to hang."""
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(260):  # > one 256-item block, so convert forks 2 workers
+        (folder / f"c{i:03d}.laz").symlink_to(FIXTURES / "simple.laz")
+    script = (
+        "import sys, laspy, packdata\n"
+        f"laspy.read({str(SURF[0])!r})\n"  # default backend: lazrs with its thread pool
+        f"src = packdata.open_source({str(folder)!r}, points=256, sampling='random')\n"
+        f"print(packdata.convert(src, {str(tmp_path / 'o.h5')!r}, workers=2).manifest.count)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).parents[1])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "260"

@@ -1,0 +1,82 @@
+"""Presampling on real clouds: exact FPS (fast path equals the textbook loop), voxel, random."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import laspy
+import numpy as np
+import pytest
+
+from packdata.prep.pointsample import (
+    SampleSpec,
+    coverage_radius,
+    farthest_point_sample,
+    farthest_point_sample_reference,
+    presample,
+    voxel_sample,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "lidar"
+
+
+@pytest.fixture(scope="module")
+def cloud() -> np.ndarray:
+    """A real airborne tree scan (11,059 points, LAZ), float64 coordinates in metres."""
+    las = laspy.read(FIXTURES / "ahn_surf_ahn_surf_121913_487434.laz")
+    return np.stack([las.x, las.y, las.z], axis=1)
+
+
+@pytest.mark.parametrize("k", [64, 1000])
+def test_fast_fps_is_exact_fps(cloud, k):
+    fast = farthest_point_sample(cloud, k, start=17, per_cell=32)
+    slow = farthest_point_sample_reference(cloud, k, start=17)
+    # the same choices, except where two points tie exactly for farthest
+    assert (fast == slow).mean() > 0.99
+    assert coverage_radius(cloud, fast) == pytest.approx(coverage_radius(cloud, slow), rel=1e-5)
+    assert len(np.unique(fast)) == k
+
+
+def test_fps_covers_better_than_random_and_voxel_between(cloud):
+    rng = np.random.default_rng(0)
+    k = 512
+    fps = coverage_radius(cloud, farthest_point_sample(cloud, k))
+    rand = coverage_radius(cloud, rng.choice(len(cloud), k, replace=False))
+    vox = coverage_radius(cloud, voxel_sample(cloud, k, rng))
+    assert fps < vox < rand
+
+
+def test_voxel_sample_exactly_k_one_per_voxel(cloud):
+    rng = np.random.default_rng(1)
+    for k in (100, 3000, 11000):
+        chosen = voxel_sample(cloud, k, rng)
+        assert len(chosen) == k and len(np.unique(chosen)) == k
+    coarse = voxel_sample(cloud, 50, rng, voxel_size=1.0)  # many more voxels than 50
+    cells = np.floor((cloud[coarse] - cloud.min(axis=0)) / 1.0)
+    assert len(np.unique(cells, axis=0)) == 50  # at most one point per voxel kept
+
+
+@pytest.mark.parametrize("method", ["random", "fps", "voxel"])
+def test_presample_deterministic_and_variants_differ(cloud, method):
+    spec = SampleSpec(points=256, method=method, variants=3, seed=5)
+    a = presample(cloud, spec, np.random.default_rng(5)).indices
+    b = presample(cloud, spec, np.random.default_rng(5)).indices
+    assert a.shape == (3, 256) and np.array_equal(a, b)
+    assert all(set(a[i]) != set(a[j]) for i in range(3) for j in range(i))
+
+
+def test_presample_fewer_points(cloud):
+    small = cloud[:100]
+    rep = presample(small, SampleSpec(points=256, fewer="replace"), np.random.default_rng(0))
+    assert rep.replaced and rep.mask is None and set(rep.indices[0]) == set(range(100))
+    pad = presample(small, SampleSpec(points=256, fewer="pad"), np.random.default_rng(0))
+    assert pad.padded and pad.mask.sum() == 100 and set(pad.indices[0][pad.mask[0]]) == set(range(100))
+
+
+def test_spec_validation():
+    with pytest.raises(ValueError, match="sampling 'grid'"):
+        SampleSpec(method="grid")
+    with pytest.raises(ValueError, match="needs sampling 'voxel'"):
+        SampleSpec(method="fps", voxel_size=0.5)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        SampleSpec(points=0)
