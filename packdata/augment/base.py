@@ -121,3 +121,19 @@ class BatchAugment:
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k != "last_params")
         return f"{type(self).__name__}({args})"
+
+
+class DeviceGenerators:
+    """One seeded ``torch.Generator`` per device, created on first use (a generator lives on one
+    device, and a batch may arrive on any). Without a seed: None, i.e. torch's global RNG."""
+
+    def __init__(self, seed: int | None) -> None:
+        self.seed = seed
+        self._by_device: dict[torch.device, torch.Generator] = {}
+
+    def __call__(self, device: torch.device) -> torch.Generator | None:
+        if self.seed is None:
+            return None
+        if device not in self._by_device:
+            self._by_device[device] = torch.Generator(device=device).manual_seed(self.seed)
+        return self._by_device[device]

@@ -11,7 +11,14 @@ from collections.abc import Sequence
 
 import torch
 
-from packdata.augment.base import BACKENDS, AugmentInputError, BatchAugment, check_images, to_float
+from packdata.augment.base import (
+    BACKENDS,
+    AugmentInputError,
+    BatchAugment,
+    DeviceGenerators,
+    check_images,
+    to_float,
+)
 from packdata.augment.ops import (
     CIFAR10_MEAN,
     CIFAR10_STD,
@@ -62,22 +69,18 @@ class Compose:
         self.ops = list(ops)
         self.backend = resolve_backend(backend)
         self.seed = seed
-        self._generators: dict[torch.device, torch.Generator] = {}
+        self._generators = DeviceGenerators(seed)
         self._kornia: dict[torch.device, list] = {}
 
     def manual_seed(self, seed: int) -> Compose:
         """Restart the random sequence from ``seed``."""
         self.seed = seed
-        self._generators.clear()
+        self._generators = DeviceGenerators(seed)
         return self
 
     def generator(self, device: torch.device) -> torch.Generator | None:
         """This pipeline's generator on ``device`` (None without a seed: torch's global one)."""
-        if self.seed is None:
-            return None
-        if device not in self._generators:
-            self._generators[device] = torch.Generator(device=device).manual_seed(self.seed)
-        return self._generators[device]
+        return self._generators(device)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         check_images(x, "Compose")

@@ -16,6 +16,8 @@ import math
 
 import torch
 
+from packdata.augment.base import DeviceGenerators
+
 
 def _uniform(shape: tuple[int, ...], low: float, high: float, like: torch.Tensor,
              generator: torch.Generator | None) -> torch.Tensor:
@@ -76,15 +78,11 @@ class PointAugment:
         self.rotate, self.scale_range = rotate, scale_range
         self.jitter_sigma, self.dropout_ratio = jitter_sigma, dropout_ratio
         self.seed = seed
-        self._generators: dict[torch.device, torch.Generator] = {}
+        self._generators = DeviceGenerators(seed)
 
     def generator(self, device: torch.device) -> torch.Generator | None:
         """This augmenter's generator on ``device`` (None, i.e. torch's default, if unseeded)."""
-        if self.seed is None:
-            return None
-        if device not in self._generators:
-            self._generators[device] = torch.Generator(device=device).manual_seed(self.seed)
-        return self._generators[device]
+        return self._generators(device)
 
     def __call__(self, points: torch.Tensor) -> torch.Tensor:
         if points.ndim != 3 or points.shape[-1] < 3:

@@ -7,6 +7,7 @@ cheaper in batches (a tokeniser's batch encoding) overrides it.
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,3 +90,17 @@ def safe_load(source: Source, item: Item) -> Loaded:
         raise
     except Exception as exc:  # a library failing on bad input: name the file, keep the reason
         return SampleError(str(item.path), f"{type(exc).__name__}: {exc}")
+
+
+def list_files(root: Path, suffixes: tuple[str, ...]) -> list[str]:
+    """Files under ``root`` with one of ``suffixes``, as sorted relative POSIX paths (``root``
+    itself if it is such a file). os.walk and strings: building a Path per file costs more than
+    the listing itself on folders of millions of files."""
+    if root.is_file():
+        return [root.name]
+    found = []
+    for folder, _, names in os.walk(root):
+        rel = os.path.relpath(folder, root)
+        prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+        found.extend(prefix + n for n in names if os.path.splitext(n)[1].lower() in suffixes)
+    return sorted(found)

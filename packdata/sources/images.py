@@ -18,7 +18,7 @@ from PIL import Image
 from packdata.errors import PackdataError, SampleError
 from packdata.manifest import Field, Manifest
 from packdata.sources import labels as labelling
-from packdata.sources.base import Item, Source
+from packdata.sources.base import Item, Source, list_files
 
 KIND = "image"
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
@@ -66,16 +66,7 @@ class ImageSource(Source):
             raise PackdataError(f"{self.labels_path}: labels file not found")
 
     def _files(self) -> list[str]:
-        """Image paths relative to the root, sorted (os.walk: Path objects per file cost more
-        than the listing itself on large folders)."""
-        if self.root.is_file():
-            return [self.root.name]
-        found = []
-        for folder, _, names in os.walk(self.root):
-            rel = os.path.relpath(folder, self.root)
-            prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
-            found.extend(prefix + n for n in names if os.path.splitext(n)[1].lower() in SUFFIXES)
-        return sorted(found)
+        return list_files(self.root, SUFFIXES)
 
     @property
     def layout(self) -> str:

@@ -28,7 +28,7 @@ from packdata.manifest import Field, Manifest
 from packdata.prep.pointsample import SampleSpec, finite_rows, normalization, presample
 from packdata.sources import labels as labelling
 from packdata.sources import pointfiles
-from packdata.sources.base import Item, Source
+from packdata.sources.base import Item, Source, list_files
 
 KIND = "pointcloud"
 SUFFIXES = pointfiles.SUFFIXES
@@ -88,14 +88,7 @@ class PointCloudSource(Source):
         self.num_points: list[int] = []
 
     def _files(self) -> list[str]:
-        if self.root.is_file():
-            return [self.root.name]
-        found = []
-        for folder, _, names in os.walk(self.root):
-            rel = os.path.relpath(folder, self.root)
-            prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
-            found.extend(prefix + n for n in names if os.path.splitext(n)[1].lower() in SUFFIXES)
-        return sorted(found)
+        return list_files(self.root, SUFFIXES)
 
     def items(self) -> list[Item]:
         self._reset_counts()

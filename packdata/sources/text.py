@@ -19,7 +19,6 @@ runs in the conversion's worker processes, one batch-encode call per block of do
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ import torch
 from packdata.errors import PackdataError, SampleError, SkippedSample, TokenizerError
 from packdata.manifest import Field, Manifest
 from packdata.prep.tokenizers import Tokenizer, load_tokenizer, token_dtype
-from packdata.sources.base import Item, Loaded, Source
+from packdata.sources.base import Item, Loaded, Source, list_files
 
 KIND = "text"
 SUFFIXES = (".txt", ".jsonl")
@@ -97,12 +96,8 @@ class TextSource(Source):
     # -- listing ---------------------------------------------------------------------------------
 
     def _files(self) -> list[Path]:
-        if self.root.is_file():
-            return [self.root]
-        found = []
-        for folder, _, names in os.walk(self.root):
-            found.extend(Path(folder) / n for n in names if os.path.splitext(n)[1].lower() in SUFFIXES)
-        return sorted(found, key=lambda p: p.relative_to(self.root).as_posix())
+        base = self.root.parent if self.root.is_file() else self.root
+        return [base / f for f in list_files(self.root, SUFFIXES)]
 
     def items(self) -> list[Item]:
         base = self.root.parent if self.root.is_file() else self.root
