@@ -7,9 +7,11 @@
 """
 
 from packdata.bench.timer import StepTimer
+from packdata.collate import PackCollate, PadCollate
 from packdata.convert import ConvertResult, convert
 from packdata.dataset import HDF5Dataset, LMDBDataset, PackedDataset, TarDataset
 from packdata.dataset import open_dataset as open  # noqa: A001 - the package's front door
+from packdata.device import DeviceLoader
 from packdata.errors import (
     DatasetError,
     MissingExtraError,
@@ -19,14 +21,16 @@ from packdata.errors import (
 )
 from packdata.loading import loader
 from packdata.manifest import Field, Manifest
-from packdata.sampling import EpochBatchSampler
+from packdata.resident import ResidentLoader
+from packdata.sampling import EpochBatchSampler, LengthBucketBatchSampler
 from packdata.sources import open_source
 from packdata.streaming import StreamingDataset
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ConvertResult", "DatasetError", "EpochBatchSampler", "Field", "HDF5Dataset", "LMDBDataset",
-    "Manifest", "MissingExtraError", "OutputExistsError", "PackdataError", "PackedDataset",
-    "SampleError", "StepTimer", "StreamingDataset", "TarDataset", "convert", "loader", "open", "open_source",
+    "ConvertResult", "DatasetError", "DeviceLoader", "EpochBatchSampler", "Field", "HDF5Dataset",
+    "LMDBDataset", "LengthBucketBatchSampler", "Manifest", "MissingExtraError", "OutputExistsError",
+    "PackCollate", "PackdataError", "PackedDataset", "PadCollate", "ResidentLoader", "SampleError",
+    "StepTimer", "StreamingDataset", "TarDataset", "convert", "loader", "open", "open_source",
 ]
