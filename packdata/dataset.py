@@ -104,8 +104,11 @@ class PackedDataset(Dataset):
         self.epoch = epoch
 
     def _read(self, indices: np.ndarray) -> tuple:
-        batch = self.reader.read(indices)
         kind = sources.get(self.manifest.kind)
+        select = getattr(kind, "select", None)  # e.g. one of K stored variants per record
+        batch = self.reader.read(
+            indices, select(self.manifest, indices, self.epoch) if select else None
+        )
         return kind.to_torch(batch, self.manifest, indices=indices, epoch=self.epoch)
 
     def _sample(self, batch: tuple, j: int) -> Any:

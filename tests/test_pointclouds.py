@@ -164,6 +164,11 @@ def test_round_trip_every_container(tmp_path, tree_folder, fps_h5, target):
     ds = packdata.open(path)
     batches = list(packdata.loader(ds, batch_size=3, shuffle=True))
     assert sum(len(b[0]) for b in batches) == 4 and batches[0][0].shape[1:] == (N, 4)
+    # reading one selected variant per record gives exactly that slice of the full record
+    reader = get_container(ds.container_name).READER(path)
+    order, variant = np.array([3, 0, 2, 3]), np.array([1, 0, K - 1, 0])
+    one = reader.read(order, {"points": variant})["points"]
+    np.testing.assert_array_equal(one, got["points"][order, variant])
 
 
 def test_fewer_points_replace_or_pad(tmp_path):

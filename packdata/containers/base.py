@@ -16,6 +16,8 @@ from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest
 
 Batch = dict[str, "np.ndarray | list[np.ndarray]"]
+#: per fixed field, the one entry of its first axis to read for each requested record
+Select = dict[str, np.ndarray]
 
 
 class Writer(ABC):
@@ -62,9 +64,13 @@ class Reader(ABC):
         """Whether ``path`` looks like a complete dataset of this container."""
 
     @abstractmethod
-    def read(self, indices: np.ndarray) -> Batch:
+    def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         """Records ``indices`` (in that order): fixed fields stacked into one array each,
-        variable-length fields as a list of arrays."""
+        variable-length fields as a list of arrays.
+
+        ``select`` names fixed fields of which only one entry of the first axis is wanted per
+        record (e.g. one of K stored variants): ``select["points"][j]`` for record
+        ``indices[j]``. A container reads only those bytes where its layout allows."""
 
     @abstractmethod
     def lengths(self, name: str) -> np.ndarray:
@@ -91,6 +97,13 @@ class Reader(ABC):
             variable = list(self.manifest.variable_fields) or "none"
             raise DatasetError(f"'{name}' is not a variable-length field (those are: {variable})")
         return field
+
+
+def apply_select(batch: Batch, select: Select | None) -> Batch:
+    """``select`` applied after a full read: for containers that cannot read less."""
+    for name, rows in (select or {}).items():
+        batch[name] = batch[name][np.arange(len(rows)), rows]  # type: ignore[index]
+    return batch
 
 
 def map_file(path: Path) -> np.ndarray:

@@ -19,7 +19,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from packdata.containers.base import Batch, Reader, Writer, map_file
+from packdata.containers.base import Batch, Reader, Select, Writer, map_file
 from packdata.containers.spool import Spool
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest
@@ -112,14 +112,17 @@ class HDF5Reader(Reader):
         except OSError as exc:  # h5py's message for a damaged file, with ours in front
             raise DatasetError(f"{path}: HDF5 file cannot be opened ({exc})") from None
 
-    def read(self, indices: np.ndarray) -> Batch:
+    def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         idx = self.check_indices(indices)
+        select = select or {}
         batch: Batch = {}
         for name, field in self.manifest.fields.items():
             data = self.arrays[name]
             if field.variable:
                 off = self.offsets[name]
                 batch[name] = [np.array(data[off[i] : off[i + 1]]) for i in idx]
+            elif name in select:
+                batch[name] = data[idx, select[name]]  # only the selected entries are read
             else:
                 batch[name] = data[idx]
         return batch

@@ -19,7 +19,7 @@ from typing import Any
 import lmdb
 import numpy as np
 
-from packdata.containers.base import Batch, Reader, Writer
+from packdata.containers.base import Batch, Reader, Select, Writer, apply_select
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest
 
@@ -130,7 +130,10 @@ class LMDBReader(Reader):
         with shared_env(path).begin() as txn:
             return txn.get(MANIFEST_KEY) is not None
 
-    def read(self, indices: np.ndarray) -> Batch:
+    def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
+        return apply_select(self._read(indices), select)  # LMDB copies whole values anyway
+
+    def _read(self, indices: np.ndarray) -> Batch:
         idx = self.check_indices(indices)
         if self._keys is None:  # formatting keys per read costs a fifth of the read
             self._keys = np.array([record_key(i) for i in range(self.manifest.count)], dtype="S10")

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from packdata.containers.base import Batch, Reader, Writer, map_file
+from packdata.containers.base import Batch, Reader, Select, Writer, map_file
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest
 
@@ -250,25 +250,41 @@ class TarReader(Reader):
             for s, o, n in zip(shard.tolist(), offset.tolist(), nbytes.tolist())
         ]
 
-    def _gather_fixed(self, name: str, field: Field, idx: np.ndarray) -> np.ndarray:
+    def _gather_fixed(
+        self, name: str, field: Field, idx: np.ndarray, rows: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Field ``name`` of records ``idx``; with ``rows``, only entry ``rows[j]`` of the first
+        axis of record ``idx[j]`` (the other entries' bytes are not touched)."""
+        shape = field.shape if rows is None else field.shape[1:]
+        parts = 1 if rows is None else field.shape[0]
+        nbytes = field.nbytes // parts
+
+        def gather(view: np.ndarray, local: np.ndarray, sel: np.ndarray | None) -> np.ndarray:
+            if sel is None:
+                return view[local]
+            return view.reshape(len(view), parts, nbytes)[local, sel]
+
         shards = self.index[f"{name}.shard"][idx]
         first = int(shards[0]) if len(shards) else 0
         view = self._strided(name, first)
         if view is not None and (shards == first).all():  # one shard: one gather, no masks
-            out = view[idx - self.shard_start[first]]
+            out = gather(view, idx - self.shard_start[first], rows)
         else:
-            out = np.empty((len(idx), field.nbytes), dtype=np.uint8)
+            out = np.empty((len(idx), nbytes), dtype=np.uint8)
             for s in np.unique(shards).tolist():
                 mask = shards == s
                 view = self._strided(name, s)
-                if view is not None:
-                    out[mask] = view[idx[mask] - self.shard_start[s]]
+                if view is None:
+                    view = np.stack(self._payloads(name, idx[mask]))
+                    local = np.arange(len(view))
                 else:
-                    out[mask] = np.stack(self._payloads(name, idx[mask]))
-        return out.view(field.np_dtype).reshape(len(idx), *field.shape)
+                    local = idx[mask] - self.shard_start[s]
+                out[mask] = gather(view, local, None if rows is None else rows[mask])
+        return out.view(field.np_dtype).reshape(len(idx), *shape)
 
-    def read(self, indices: np.ndarray) -> Batch:
+    def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         idx = self.check_indices(indices)
+        select = select or {}
         batch: Batch = {}
         for name, field in self.manifest.fields.items():
             if f"{name}.values" in self.index:
@@ -279,7 +295,7 @@ class TarReader(Reader):
                     for p in self._payloads(name, idx)
                 ]
             else:
-                batch[name] = self._gather_fixed(name, field, idx)
+                batch[name] = self._gather_fixed(name, field, idx, select.get(name))
         return batch
 
     def lengths(self, name: str) -> np.ndarray:

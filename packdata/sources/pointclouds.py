@@ -189,23 +189,31 @@ def variant_of(indices: np.ndarray, manifest: Manifest, epoch: int) -> np.ndarra
     return (x % np.uint64(k)).astype(np.int64)
 
 
+VARIANT_FIELDS = ("points", "point_labels", "mask")
+
+
+def select(manifest: Manifest, indices: np.ndarray, epoch: int) -> dict[str, np.ndarray]:
+    """The variant each sample serves this epoch, for every per-variant field: the container
+    then reads one of the K stored variants instead of all of them."""
+    variant = variant_of(indices, manifest, epoch)
+    return {name: variant for name in VARIANT_FIELDS if name in manifest.fields}
+
+
 def to_torch(
     batch: dict, manifest: Manifest, *, indices: np.ndarray, epoch: int
 ) -> tuple[torch.Tensor, ...]:
-    """``(points, label?, point_labels?, mask?)``: B×N×F points of one variant per sample
-    (float32; float64 when stored so), int64 B labels, int64 B×N point labels, bool B×N mask
-    (each present when stored)."""
-    rows = np.arange(len(indices))
-    variant = variant_of(indices, manifest, epoch)
-    points = batch["points"][rows, variant]
+    """``(points, label?, point_labels?, mask?)`` from a batch read with :func:`select`: B×N×F
+    points of one variant per sample (float32; float64 when stored so), int64 B labels, int64
+    B×N point labels, bool B×N mask (each present when stored)."""
+    points = batch["points"]
     dtype = np.float64 if points.dtype == np.float64 else np.float32  # float16 is for storage
     out = [torch.from_numpy(np.asarray(points, dtype=dtype))]
     if "label" in batch:
         out.append(torch.from_numpy(np.asarray(batch["label"], dtype=np.int64)))
     if "point_labels" in batch:
-        out.append(torch.from_numpy(batch["point_labels"][rows, variant].astype(np.int64)))
+        out.append(torch.from_numpy(batch["point_labels"].astype(np.int64)))
     if "mask" in batch:
-        out.append(torch.from_numpy(np.ascontiguousarray(batch["mask"][rows, variant])))
+        out.append(torch.from_numpy(np.ascontiguousarray(batch["mask"])))
     return tuple(out)
 
 
