@@ -1,0 +1,68 @@
+"""Reading one of K stored point-cloud variants: selected reads vs reading all K and slicing.
+
+    python bench/bench_variants.py [--data ../shared/data/lidar/trees] [--clouds 160]
+
+Tiles the real tree scans to ``--clouds`` clouds, presamples 4 variants of 4,096 points each
+(random sampling, to keep conversion short), and times batches of 32 random clouds read both ways
+from every container, in the same run. Prints clouds/s and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import packdata
+from packdata import sources
+
+
+def best_rate(fn, batches, repeats: int = 5) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for b in batches:
+            fn(b)
+        best = min(best, (time.perf_counter() - start) / len(batches))
+    return len(batches[0]) / best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=Path("../shared/data/lidar/trees"))
+    parser.add_argument("--clouds", type=int, default=160)
+    args = parser.parse_args()
+    kind = sources.get("pointcloud")
+    with tempfile.TemporaryDirectory(prefix="packdata-bench-") as tmp:
+        folder = Path(tmp) / "clouds"
+        folder.mkdir()
+        files = sorted(args.data.glob("*.la[sz]"))
+        for i in range(args.clouds):
+            shutil.copy(files[i % len(files)], folder / f"{i:04d}_{files[i % len(files)].name}")
+        source = packdata.open_source(folder, points=4096, variants=4, sampling="random")
+        print("| container | all K read, slice (clouds/s) | selected variant (clouds/s) | ratio |")
+        print("|---|---:|---:|---:|")
+        for target in ("pc.h5", "pc-tar", "pc.lmdb"):
+            ds = packdata.open(packdata.convert(source, Path(tmp) / target, workers=2).path)
+            reader = ds.reader
+            rng = np.random.default_rng(0)
+            batches = [rng.permutation(len(ds))[:32] for _ in range(60)]
+
+            def all_k(b, ds=ds, reader=reader):
+                batch = reader.read(b)
+                chosen = kind.select(ds.manifest, b, 0)
+                return {k: batch[k][np.arange(len(b)), v] for k, v in chosen.items()}
+
+            def selected(b, ds=ds, reader=reader):
+                return reader.read(b, kind.select(ds.manifest, b, 0))
+
+            full, sel = best_rate(all_k, batches), best_rate(selected, batches)
+            print(f"| {ds.manifest.container} | {full:,.0f} | {sel:,.0f} | {sel / full:.2f}× |")
+
+
+if __name__ == "__main__":
+    main()
