@@ -5,11 +5,11 @@ delivered on a device (:class:`packdata.device.DeviceLoader`) or served from mem
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler
 
 from packdata.dataset import PackedDataset
 from packdata.device import Augment, DeviceLoader, resolve_device
@@ -40,15 +40,20 @@ class BatchLoader:
     to read a 256-image CIFAR batch from HDF5.
     """
 
-    def __init__(self, dataset: PackedDataset, sampler: EpochBatchSampler) -> None:
+    def __init__(
+        self,
+        dataset: PackedDataset,
+        sampler: Sampler,
+        collate: Callable[[Any], Any] | None = None,
+    ) -> None:
         self.dataset = dataset
         self.sampler = sampler
-        self.batch_size = sampler.batch_size
+        self.collate = collate
 
     def __iter__(self) -> Iterator[Any]:
-        get_batch = self.dataset.get_batch
+        get_batch, collate = self.dataset.get_batch, self.collate
         for indices in self.sampler:
-            yield get_batch(indices)
+            yield get_batch(indices) if collate is None else collate(get_batch(indices))
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -56,8 +61,10 @@ class BatchLoader:
 
 def loader(
     dataset: PackedDataset,
-    batch_size: int,
+    batch_size: int | None = None,
     *,
+    sampler: Sampler | None = None,
+    collate: Callable[[Any], Any] | None = None,
     shuffle: bool = True,
     drop_last: bool = False,
     seed: int = 0,
@@ -75,6 +82,9 @@ def loader(
     The sampler yields lists of indices and the DataLoader passes each list to
     ``dataset[indices]`` (``batch_size=None`` turns off per-sample collation). Epochs reshuffle
     from ``seed`` and split across DDP ranks (see :class:`packdata.sampling.EpochBatchSampler`).
+    Instead of ``batch_size``, give any batch ``sampler`` (e.g.
+    :class:`~packdata.sampling.LengthBucketBatchSampler`); ``collate`` turns each batch into what
+    the loop takes (e.g. :class:`~packdata.collate.PadCollate` for token sequences).
 
     Defaults, each overridable: ``num_workers`` from :func:`default_num_workers` (0 for raw
     records, the fastest choice); with workers, ``persistent_workers=True`` and
@@ -87,9 +97,13 @@ def loader(
     ``resident=True`` loads the whole dataset once onto ``device`` (host RAM by default) and
     serves the same batches from there (:class:`~packdata.resident.ResidentLoader`).
     """
+    if (batch_size is None) == (sampler is None):
+        raise ValueError("give exactly one of batch_size or a batch sampler")
     if resident:
         from packdata.resident import ResidentLoader
 
+        if batch_size is None:
+            raise ValueError("resident=True needs batch_size (it samples on the device)")
         return ResidentLoader(dataset, batch_size, device="cpu" if device is None else device,
                               shuffle=shuffle, drop_last=drop_last, seed=seed, augment=augment)
     target = None if device is None else resolve_device(device)
@@ -103,12 +117,15 @@ def loader(
         dataloader_options["prefetch_factor"] = 4 if prefetch_factor is None else prefetch_factor
     elif persistent_workers or prefetch_factor is not None:
         raise ValueError("persistent_workers and prefetch_factor need num_workers > 0")
-    sampler = EpochBatchSampler(
-        len(dataset), batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed
-    )
+    if sampler is None:
+        sampler = EpochBatchSampler(
+            len(dataset), batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed
+        )
     if num_workers == 0 and not pin_memory and not dataloader_options:
-        batches: Any = BatchLoader(dataset, sampler)
+        batches: Any = BatchLoader(dataset, sampler, collate)
     else:
+        if collate is not None:
+            dataloader_options["collate_fn"] = collate
         batches = DataLoader(
             dataset, batch_size=None, sampler=sampler, num_workers=num_workers,
             pin_memory=pin_memory, **dataloader_options,

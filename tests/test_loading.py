@@ -55,3 +55,21 @@ def test_device_augment_and_resident_options(packed):
     resident = packdata.loader(ds, 32, resident=True, seed=2)
     assert isinstance(resident, ResidentLoader) and resident.device.type == "cpu"
     assert len(resident) == len(packdata.loader(ds, 32)) == 4
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_takes_a_bucketing_sampler_and_a_collate(packed_text, workers):
+    from packdata import LengthBucketBatchSampler, PadCollate
+
+    ds = packdata.open(packed_text["hdf5"])
+    sampler = LengthBucketBatchSampler(ds.lengths(), max_tokens=40_000, seed=1)
+    dl = packdata.loader(ds, sampler=sampler, collate=PadCollate(pad_id=50256),
+                         num_workers=workers)
+    seen = []
+    for (ids, mask), indices in zip(dl, sampler.batches(0)):
+        for row, m, i in zip(ids, mask, indices):
+            assert row[m].tolist() == ds[int(i)].tolist()
+        seen.extend(indices.tolist())
+    assert sorted(seen) == list(range(len(ds)))
+    with pytest.raises(ValueError, match="exactly one of batch_size or a batch sampler"):
+        packdata.loader(ds, 8, sampler=sampler)
