@@ -38,7 +38,10 @@ def many(images) -> torch.Tensor:
     return images.repeat(20, 1, 1, 1)  # 2,400 samples for rates
 
 
-def test_flip_rate_near_p_and_each_output_is_the_image_or_its_mirror(many):
+@pytest.mark.parametrize("layout", ["channels_last", "contiguous"])
+def test_flip_rate_near_p_and_each_output_is_the_image_or_its_mirror(many, layout):
+    if layout == "contiguous":
+        many = many.contiguous()
     flip = RandomHorizontalFlip(p=0.3)
     out = flip(many, generator=torch.Generator().manual_seed(1))
     same = (out == many).flatten(1).all(1)
