@@ -199,3 +199,14 @@ def test_bad_arguments_and_missing_kornia(monkeypatch):
     assert resolve_backend("auto") == "torch"
     with pytest.raises(packdata.MissingExtraError, match=r'packdata\[gpu\]'):
         resolve_backend("kornia")
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+@pytest.mark.parametrize("op", [RandomCrop(32, padding=4), RandomHorizontalFlip(1.0),
+                                ColorJitter(0.4, 0.4, 0.4, 0.1), Normalize(), RandomErasing(1.0),
+                                Cutout(8)], ids=lambda op: type(op).__name__)
+def test_ops_leave_their_input_untouched(images, op, dtype):
+    x = images if dtype == torch.uint8 else (images.float() / 255).contiguous()
+    before = x.clone()
+    op(x, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(x, before)
