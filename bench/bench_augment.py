@@ -85,6 +85,11 @@ def main() -> None:
             configs.append((f"b) batched CPU {label}", f"packdata.loader, backend={backend}",
                             packdata.loader(packdata.open(path), b, augment=cifar_recipe(
                                 jitter=jit, seed=0, backend=backend))))
+        # the same batched recipe in 2 DataLoader workers: both cores, but float32 batches
+        # then cross processes
+        configs.append((f"b) batched CPU {label}", "2 workers, backend=torch", packdata.loader(
+            packdata.open(path, batch_transform=cifar_recipe(jitter=jit, seed=0, backend="torch")),
+            b, num_workers=2)))
     gpu = torch.cuda.is_available()
     if gpu:
         for name, options in (("streamed (DeviceLoader)", {}), ("resident", {"resident": True})):

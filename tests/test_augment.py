@@ -210,3 +210,17 @@ def test_ops_leave_their_input_untouched(images, op, dtype):
     before = x.clone()
     op(x, generator=torch.Generator().manual_seed(0))
     assert torch.equal(x, before)
+
+
+def test_seeded_pipeline_draws_differently_in_each_dataloader_worker(packed):
+    """The same 16 images as two batches, one per worker: forked workers must not replay one
+    generator state (identical crops and flips), and the run must repeat for the same seed."""
+
+    def run() -> list[torch.Tensor]:
+        ds = packdata.open(packed["lmdb"], batch_transform=cifar_recipe(seed=3, backend="torch"))
+        same = list(range(16))
+        return [b[0] for b in packdata.loader(ds, sampler=[same, same], num_workers=2)]
+
+    first, second = run()
+    assert not torch.equal(first, second)
+    assert all(torch.equal(a, b) for a, b in zip(run(), (first, second)))

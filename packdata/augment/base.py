@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
+import torch.utils.data
 
 from packdata.errors import PackdataError
 
@@ -125,15 +126,21 @@ class BatchAugment:
 
 class DeviceGenerators:
     """One seeded ``torch.Generator`` per device, created on first use (a generator lives on one
-    device, and a batch may arrive on any). Without a seed: None, i.e. torch's global RNG."""
+    device, and a batch may arrive on any). Without a seed: None, i.e. torch's global RNG.
+
+    In a DataLoader worker the seed is mixed with the worker's id: forked workers would otherwise
+    share one generator state and give their batches identical crops and flips."""
 
     def __init__(self, seed: int | None) -> None:
         self.seed = seed
-        self._by_device: dict[torch.device, torch.Generator] = {}
+        self._by_device: dict[tuple[torch.device, int | None], torch.Generator] = {}
 
     def __call__(self, device: torch.device) -> torch.Generator | None:
         if self.seed is None:
             return None
-        if device not in self._by_device:
-            self._by_device[device] = torch.Generator(device=device).manual_seed(self.seed)
-        return self._by_device[device]
+        worker = torch.utils.data.get_worker_info()
+        key = (device, None if worker is None else worker.id)
+        if key not in self._by_device:
+            seed = self.seed if worker is None else hash((self.seed, worker.id)) & (2**63 - 1)
+            self._by_device[key] = torch.Generator(device=device).manual_seed(seed)
+        return self._by_device[key]
