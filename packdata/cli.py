@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -13,7 +14,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 from rich.table import Table
 
+from packdata.containers import CONTAINERS
+from packdata.convert import ON_ERROR
 from packdata.errors import PackdataError
+from packdata.prep import pointsample
+from packdata.sources import KINDS
+from packdata.sources.images import ENCODINGS
+from packdata.sources.pointclouds import VARIANT_ORDERS
+from packdata.sources.text import TEXT_ERRORS
 
 app = typer.Typer(
     help="Pack one-file-per-sample datasets into LMDB, HDF5 or tar shards, and load them fast.",
@@ -23,60 +31,21 @@ app = typer.Typer(
 console = Console(stderr=True, soft_wrap=True)
 
 
-class ContainerName(str, Enum):
-    lmdb = "lmdb"
-    hdf5 = "hdf5"
-    tar = "tar"
+def _choices(name: str, values: Iterable[str]) -> type[Enum]:
+    """A typer choice type over values the library defines (each set has one home there)."""
+    return Enum(name, {value: value for value in values}, type=str)
 
 
-class Kind(str, Enum):
-    image = "image"
-    text = "text"
-    pointcloud = "pointcloud"
-
-
-class Encoding(str, Enum):
-    raw = "raw"
-    keep = "keep"
-
-
-class TextErrors(str, Enum):
-    strict = "strict"
-    replace = "replace"
-    skip = "skip"
-
-
-class Sampling(str, Enum):
-    random = "random"
-    fps = "fps"
-    voxel = "voxel"
-
-
-class Normalize(str, Enum):
-    none = "none"
-    center = "center"
-    unit_sphere = "unit_sphere"
-
-
-class PointDtype(str, Enum):
-    float32 = "float32"
-    float16 = "float16"
-    float64 = "float64"
-
-
-class Fewer(str, Enum):
-    replace = "replace"
-    pad = "pad"
-
-
-class VariantOrder(str, Enum):
-    epoch = "epoch"
-    random = "random"
-
-
-class OnError(str, Enum):
-    fail = "fail"
-    skip = "skip"
+ContainerName = _choices("ContainerName", CONTAINERS)
+Kind = _choices("Kind", KINDS)
+Encoding = _choices("Encoding", ENCODINGS)
+TextErrors = _choices("TextErrors", TEXT_ERRORS)
+Sampling = _choices("Sampling", pointsample.METHODS)
+Normalize = _choices("Normalize", pointsample.NORMALIZE)
+PointDtype = _choices("PointDtype", pointsample.DTYPES)
+Fewer = _choices("Fewer", pointsample.FEWER)
+VariantOrder = _choices("VariantOrder", VARIANT_ORDERS)
+OnError = _choices("OnError", ON_ERROR)
 
 
 def _fail(exc: Exception) -> None:
@@ -98,7 +67,7 @@ def convert(
         help="Parallel decode processes (default: CPU count).")] = os.cpu_count() or 1,
     encoding: Annotated[Encoding, typer.Option(
         help="Images: 'raw' stores decoded uint8 pixels (no decode when loading); 'keep' "
-        "stores the original file bytes (smaller, for large JPEGs).")] = Encoding.raw,
+        "stores the original file bytes (smaller, for large JPEGs).")] = Encoding["raw"],
     resize: Annotated[str | None, typer.Option(
         help="Images: resize to N×N or WxH pixels at conversion (needs --encoding raw).")] = None,
     labels: Annotated[Path | None, typer.Option(
@@ -107,7 +76,7 @@ def convert(
         "use only one you trust.")] = None,
     on_error: Annotated[OnError, typer.Option(
         help="'fail' stops at the first bad input, naming it; 'skip' skips, counts and "
-        "records bad inputs in the manifest.")] = OnError.fail,
+        "records bad inputs in the manifest.")] = OnError["fail"],
     overwrite: Annotated[bool, typer.Option(
         help="Replace DST if it is an existing packdata dataset.")] = False,
     shard_size: Annotated[str | None, typer.Option(
@@ -130,7 +99,7 @@ def convert(
     text_errors: Annotated[TextErrors, typer.Option(
         help="Text: bytes that are not UTF-8 stop the conversion naming file and byte offset "
         "('strict'), become U+FFFD ('replace'), or skip the document ('skip').")
-    ] = TextErrors.strict,
+    ] = TextErrors["strict"],
     points: Annotated[int | None, typer.Option(
         help="Point clouds: points per stored sample, N (default 4096).")] = None,
     sampling: Annotated[Sampling | None, typer.Option(
