@@ -115,7 +115,8 @@ class LengthBucketBatchSampler(_SeededSampler):
     Across DDP ranks every index is served exactly once per epoch: the epoch's batches are the same
     on every rank (one seed), and rank ``r`` of ``w`` takes batches ``r, r + w, …``; when their
     number does not divide by ``w``, the largest batches are halved until it does, so every rank
-    runs the same number of steps. ``shuffle=False`` gives the batches in ascending length order.
+    runs the same number of steps (only when every batch already holds a single
+    document are a few served twice). ``shuffle=False`` gives the batches in ascending length order.
     """
 
     def __init__(
@@ -202,12 +203,16 @@ def _budget_batches(order: np.ndarray, lengths: np.ndarray, max_tokens: int) -> 
 
 
 def _even_for_ranks(batches: list[np.ndarray], world_size: int) -> list[np.ndarray]:
-    """Halve the largest batches until their number divides by ``world_size``."""
+    """Halve the largest batches until their number divides by ``world_size``; once every batch
+    is down to one document, repeat the first batches instead (as DistributedSampler pads)."""
     while len(batches) % world_size:
         largest = max(range(len(batches)), key=lambda i: len(batches[i]))
-        big = batches.pop(largest)
+        big = batches[largest]
+        if len(big) < 2:
+            batches += batches[: world_size - len(batches) % world_size]
+            break
         half = len(big) // 2
-        batches[largest:largest] = [big[:half], big[half:]]  # stays in length order
+        batches[largest : largest + 1] = [big[:half], big[half:]]  # stays in length order
     return batches
 
 

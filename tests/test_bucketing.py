@@ -58,6 +58,19 @@ def test_tiny_world_edge_cases():
         LengthBucketBatchSampler([5, 9])
 
 
+@pytest.mark.parametrize(("docs", "size", "world"), [
+    ([5, 9, 3, 7, 2], {"batch_size": 1}, 2),      # single-document batches: cannot be halved
+    ([20, 30, 40], {"max_tokens": 8}, 2),           # every document over the budget
+    ([5, 9, 3, 7, 2], {"batch_size": 4}, 4),
+])
+def test_ranks_never_get_an_empty_batch(docs, size, world):
+    shares = [list(LengthBucketBatchSampler(docs, **size, rank=r, world_size=world))
+              for r in range(world)]
+    assert all(batch for share in shares for batch in share)
+    assert len({len(share) for share in shares}) == 1
+    assert set(flat(b for share in shares for b in share)) == set(range(len(docs)))
+
+
 def test_same_seed_same_batches(lengths):
     a = LengthBucketBatchSampler(lengths, max_tokens=5000, seed=7)
     b = LengthBucketBatchSampler(lengths, max_tokens=5000, seed=7)
