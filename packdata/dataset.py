@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 from packdata import containers, sources
 from packdata.containers.base import Reader
 from packdata.manifest import Manifest
+from packdata.sampling import SharedEpoch
 
 Transform = Callable[[Any], Any]
 
@@ -51,7 +52,7 @@ class PackedDataset(Dataset):
         reader.close()  # handles must not cross a fork; each process opens its own
         self.transform = transform
         self.batch_transform = batch_transform
-        self.epoch = 0
+        self._epoch = SharedEpoch()
         self._reader: Reader | None = None
         self._pid = -1
 
@@ -100,8 +101,13 @@ class PackedDataset(Dataset):
         return out if len(out) > 1 else out[0]
 
     def set_epoch(self, epoch: int) -> None:
-        """Tell epoch-dependent sample kinds (e.g. point-cloud variants) which epoch this is."""
-        self.epoch = epoch
+        """Tell epoch-dependent sample kinds (e.g. point-cloud variants) which epoch this is.
+        Held in shared memory: it reaches DataLoader workers, persistent ones included."""
+        self._epoch.set(epoch)
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch.value
 
     def _read(self, indices: np.ndarray) -> tuple:
         kind = sources.get(self.manifest.kind)

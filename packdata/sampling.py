@@ -8,11 +8,14 @@ same batches on every rank and in every run. :class:`EpochBatchSampler` draws ba
 
 from __future__ import annotations
 
+import multiprocessing as mp
 from collections.abc import Iterable, Iterator, Sequence
+from multiprocessing import sharedctypes
+from typing import Any
 
 import numpy as np
 import torch.distributed as dist
-from torch.utils.data import Sampler
+from torch.utils.data import Sampler, get_worker_info
 
 
 def ddp_rank_world() -> tuple[int, int]:
@@ -20,6 +23,52 @@ def ddp_rank_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+class SharedEpoch:
+    """An epoch number that DataLoader workers see change.
+
+    It lives in shared memory, so :meth:`set` in the training process reaches persistent workers.
+    For objects that advance by themselves on each iteration, every process (the training
+    process, or worker ``i``) counts the iterations it began since the last :meth:`set`, in shared
+    memory too: non-persistent workers, which start each epoch from the training process's copy,
+    still see epoch 0, 1, 2… Plain pickling (``copy.deepcopy``, sending elsewhere) copies it.
+    """
+
+    SLOTS = 256  # the training process and up to 255 DataLoader workers
+
+    def __init__(self, epoch: int = 0) -> None:
+        self._state = sharedctypes.RawArray("q", self.SLOTS + 1)
+        self._state[0] = epoch
+
+    def set(self, epoch: int) -> None:
+        """Start from ``epoch``: the next iteration of every process runs it."""
+        self._state[1:] = [0] * self.SLOTS
+        self._state[0] = epoch
+
+    @property
+    def value(self) -> int:
+        """The epoch last :meth:`set`."""
+        return self._state[0]
+
+    def begin_iteration(self) -> int:
+        """The epoch this process's iteration runs; its next iteration runs the one after."""
+        info = get_worker_info()
+        slot = 1 if info is None else 2 + info.id % (self.SLOTS - 1)
+        epoch = self._state[0] + self._state[slot]
+        self._state[slot] += 1
+        return epoch
+
+    def __getstate__(self) -> dict[str, Any]:
+        if mp.context.get_spawning_popen() is not None:  # handed to a new worker: share
+            return {"shared": self._state}
+        return {"copy": list(self._state)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "shared" in state:
+            self._state = state["shared"]
+        else:
+            self._state = sharedctypes.RawArray("q", state["copy"])
 
 
 class _SeededSampler(Sampler[list[int]]):

@@ -1,8 +1,9 @@
 """Streaming access: an IterableDataset that reads a dataset front to back, shard by shard.
 
 For sequential storage (tar shards, later object storage) where random access is expensive:
-shards are dealt out to DDP ranks and DataLoader workers, read in large sequential chunks, and
-mixed through a shuffle buffer.
+each epoch lays the shards end to end in a shuffled order, gives every DDP rank an equal run of
+that sequence and every DataLoader worker an equal part of its rank's run, reads each part in
+large sequential chunks and mixes the samples through a shuffle buffer.
 """
 
 from __future__ import annotations
@@ -15,16 +16,20 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packdata.dataset import PackedDataset, Transform
-from packdata.sampling import ddp_rank_world
+from packdata.sampling import SharedEpoch, ddp_rank_world
+
+Span = tuple[int, int]  # sample indices [start, stop)
 
 
 class StreamingDataset(IterableDataset):
     """Iterate a packed dataset in shard order with a shuffle buffer.
 
-    Every epoch (``set_epoch``, or advancing on each ``iter``) reshuffles the shard order from
-    ``seed + epoch``; with ``shuffle_buffer`` > 1 samples are drawn at random from a buffer of that
-    many. A dataset with one shard (LMDB, HDF5) is cut into ``chunk``-sized spans instead, so
-    workers and ranks still split it.
+    Every epoch reshuffles the shard order from ``(seed, epoch)``; the epoch advances by one on
+    each iteration, in DataLoader workers too, or is set with :meth:`set_epoch`. A dataset with
+    one shard (LMDB, HDF5) is cut into ``chunk``-sized spans instead. Each DDP rank gets the same
+    number of samples: the epoch's sequence is wrapped round to divide evenly, or cut short with
+    ``drop_last``. With ``shuffle_buffer`` > 1 samples are drawn at random from a buffer of that
+    many.
     """
 
     def __init__(
@@ -34,50 +39,64 @@ class StreamingDataset(IterableDataset):
         shuffle_buffer: int = 10_000,
         seed: int = 0,
         chunk: int = 1024,
+        drop_last: bool = False,
         transform: Transform | None = None,
     ) -> None:
         self.dataset = PackedDataset(path, transform=transform)
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed
         self.chunk = chunk
-        self.epoch = 0
-        self._next_epoch = 0
+        self.drop_last = drop_last
+        self._epoch = SharedEpoch()
         shards = self.dataset.manifest.extra.get("shards")
-        counts = [s["count"] for s in shards] if shards else [self.dataset.manifest.count]
-        bounds = np.concatenate([[0], np.cumsum(counts)])
-        self.spans = [
-            (int(a), int(min(a + chunk, b))) if not shards else (int(a), int(b))
-            for a, b in zip(bounds[:-1], bounds[1:])
-            for a in (range(a, b, chunk) if not shards else [a])
-        ]
+        if shards:
+            bounds = np.cumsum([0] + [s["count"] for s in shards]).tolist()
+            self.spans: list[Span] = list(zip(bounds[:-1], bounds[1:]))
+        else:
+            count = self.dataset.manifest.count
+            self.spans = [(a, min(a + chunk, count)) for a in range(0, count, chunk)]
 
     def set_epoch(self, epoch: int) -> None:
-        self._next_epoch = epoch
+        """The epoch the next iteration runs (reaches DataLoader workers, persistent or not)."""
+        self._epoch.set(epoch)
 
-    def _my_spans(self) -> list[tuple[int, int]]:
+    def __len__(self) -> int:
+        """Samples this DDP rank yields per epoch (over all its DataLoader workers)."""
+        _, world = ddp_rank_world()
+        count = len(self.dataset)
+        return count // world if self.drop_last else -(-count // world)
+
+    def spans_for(self, epoch: int, rank: int, world: int, worker: int = 0,
+                  workers: int = 1) -> list[Span]:
+        """What one worker of one rank reads in ``epoch``: runs of sample indices, in order."""
+        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.spans))
+        sequence = [self.spans[i] for i in order]
+        count = len(self.dataset)
+        per_rank = count // world if self.drop_last else -(-count // world)
+        first = rank * per_rank
+        lo = first + per_rank * worker // workers
+        hi = first + per_rank * (worker + 1) // workers
+        return _positions(sequence, lo, hi)
+
+    def _samples(self, epoch: int) -> Iterator[Any]:
         rank, world = ddp_rank_world()
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.spans))
-        share = order[rank * workers + worker :: world * workers]
-        return [self.spans[i] for i in share]
-
-    def _samples(self) -> Iterator[Any]:
-        for a, b in self._my_spans():
+        for a, b in self.spans_for(epoch, rank, world, worker, workers):
             for start in range(a, b, self.chunk):
                 indices = np.arange(start, min(start + self.chunk, b))
                 yield from self.dataset.__getitems__(indices)
 
     def __iter__(self) -> Iterator[Any]:
-        self.epoch = self._next_epoch
-        self._next_epoch += 1
+        epoch = self._epoch.begin_iteration()
         if self.shuffle_buffer <= 1:
-            yield from self._samples()
+            yield from self._samples(epoch)
             return
         info = get_worker_info()
-        rng = np.random.default_rng([self.seed, self.epoch, info.id if info else 0])
+        rank, _ = ddp_rank_world()
+        rng = np.random.default_rng([self.seed, epoch, rank, info.id if info else 0])
         buffer: list[Any] = []
-        for sample in self._samples():
+        for sample in self._samples(epoch):
             if len(buffer) < self.shuffle_buffer:
                 buffer.append(sample)
                 continue
@@ -86,3 +105,17 @@ class StreamingDataset(IterableDataset):
             buffer[j] = sample
         rng.shuffle(buffer)
         yield from buffer
+
+
+def _positions(sequence: list[Span], lo: int, hi: int) -> list[Span]:
+    """Positions ``[lo, hi)`` of the spans laid end to end — repeated from the start when ``hi``
+    runs past the end — as spans of sample indices."""
+    out: list[Span] = []
+    offset = 0
+    while offset < hi:
+        for a, b in sequence:
+            start, stop = max(lo - offset, 0), min(hi - offset, b - a)
+            if start < stop:
+                out.append((a + start, a + stop))
+            offset += b - a
+    return out

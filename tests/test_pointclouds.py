@@ -128,6 +128,16 @@ def test_epochs_serve_different_variants(fps_h5):
     assert np.array_equal(served[K], served[0])
 
 
+def test_set_epoch_reaches_persistent_workers(fps_h5):
+    ds = packdata.open(fps_h5)
+    stored = raw_records(fps_h5)["points"]
+    batches = packdata.loader(ds, 2, shuffle=False, num_workers=2, persistent_workers=True)
+    for epoch in range(K):
+        ds.set_epoch(epoch)
+        points = next(iter(batches))[0].numpy()
+        assert np.array_equal(points[0], stored[0, epoch % K])
+
+
 def test_random_variant_order_is_seeded(tmp_path, tree_folder):
     path = convert(tree_folder, tmp_path / "r.h5", sampling="random", variants=4,
                    variant_order="random").path

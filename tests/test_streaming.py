@@ -26,3 +26,37 @@ def test_stream_over_single_file_container_is_chunked(packed):
     stream = packdata.StreamingDataset(packed["hdf5"], shuffle_buffer=1, chunk=32)
     assert len(stream.spans) == 4
     assert len(list(stream)) == 120
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_each_epoch_reshuffles_in_workers(packed, persistent):
+    """Workers hold copies of the dataset: the epoch must still advance (and set_epoch reach them)."""
+    stream = packdata.StreamingDataset(packed["lmdb"], shuffle_buffer=40, seed=1, chunk=16)
+    lookup = labels_and_pixels(packdata.open(packed["lmdb"]))
+    dl = DataLoader(stream, batch_size=16, num_workers=2, persistent_workers=persistent)
+
+    def epoch() -> list[int]:
+        return [lookup[img.contiguous().numpy().tobytes()] for images, _ in dl for img in images]
+
+    first, second = epoch(), epoch()
+    assert sorted(first) == sorted(second) == list(range(120))
+    assert first != second
+    stream.set_epoch(0)
+    assert epoch() == first
+
+
+@pytest.mark.parametrize("container", ["tar", "hdf5"])
+@pytest.mark.parametrize("world", [2, 3, 4, 7])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_and_workers_get_equal_shares_covering_the_epoch(packed, container, world,
+                                                               drop_last):
+    stream = packdata.StreamingDataset(packed[container], chunk=32, drop_last=drop_last)
+    shares = [[i for worker in range(2) for a, b in stream.spans_for(3, rank, world, worker, 2)
+               for i in range(a, b)] for rank in range(world)]
+    per_rank = 120 // world if drop_last else -(-120 // world)
+    assert all(len(share) == per_rank for share in shares)
+    served = [i for share in shares for i in share]
+    if drop_last:
+        assert len(set(served)) == len(served)  # nothing twice
+    else:
+        assert set(served) == set(range(120))  # everything, a few wrapped round twice
