@@ -7,6 +7,7 @@ stream, then the augmentation on the device. On the CPU, a plain pass-through.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -50,11 +51,18 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 def map_tensors(batch: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """Apply ``fn`` to every tensor in a batch of nested tuples, lists and dicts."""
+    """Apply ``fn`` to every tensor in a batch of nested tuples (named ones too), lists, dicts and
+    dataclasses (e.g. :class:`~packdata.collate.PackedBatch`)."""
     if isinstance(batch, torch.Tensor):
         return fn(batch)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(map_tensors(b, fn) for b in batch))
     if isinstance(batch, (tuple, list)):
         return type(batch)(map_tensors(b, fn) for b in batch)
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return dataclasses.replace(batch, **{
+            f.name: map_tensors(getattr(batch, f.name), fn)
+            for f in dataclasses.fields(batch) if f.init})
     if isinstance(batch, dict):
         return {k: map_tensors(v, fn) for k, v in batch.items()}
     return batch

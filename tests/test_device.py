@@ -47,6 +47,21 @@ def test_batches_of_any_structure():
         augment_images({"points": torch.zeros(1)}, lambda x: x)
 
 
+
+def test_packed_text_batches_and_namedtuples_are_moved_whole():
+    from collections import namedtuple
+
+    from packdata.collate import pack_sequences
+
+    packed = pack_sequences([torch.arange(5), torch.arange(7)], block_size=4)
+    moved = map_tensors(packed, lambda t: t.to("meta"))
+    assert type(moved) is type(packed)
+    assert {moved.input_ids.device.type, moved.segment_ids.device.type,
+            moved.position_ids.device.type} == {"meta"}
+    Pair = namedtuple("Pair", "images labels")
+    pair = map_tensors(Pair(torch.zeros(2), torch.ones(2)), lambda t: t + 1)
+    assert isinstance(pair, Pair) and pair.labels.tolist() == [2.0, 2.0]
+
 @no_cuda
 def test_asking_for_a_missing_gpu_is_a_clear_error():
     with pytest.raises(DeviceError, match="device='cpu'") as info:
