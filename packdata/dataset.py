@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 from packdata import containers, sources
 from packdata.containers.base import Reader
@@ -28,9 +28,9 @@ class PackedDataset(Dataset):
     """A packdata dataset of any container (found from the path) and any sample kind.
 
     Samples are what the kind defines, e.g. ``(image, label)`` with ``image`` a uint8 C×H×W
-    tensor. ``transform`` is applied to the first element of each sample on single-sample access
-    (``ds[i]`` and the stock DataLoader path); ``batch_transform`` to the first element of each
-    batch on batched access (``ds[[...]]``, :func:`packdata.loader`).
+    tensor. ``transform`` is applied to the first element of every sample, however it is read
+    (a batch with one is collated from transformed samples); ``batch_transform`` to the first
+    element of each batch on batched access (``ds[[...]]``, :func:`packdata.loader`).
     File handles open lazily in each process, so the dataset can be handed to DataLoader workers.
     """
 
@@ -94,8 +94,13 @@ class PackedDataset(Dataset):
 
     def get_batch(self, indices: Sequence[int] | np.ndarray) -> Any:
         """The samples ``indices`` as one batch: a tuple of batched tensors (or lists, for
-        variable-length fields); a lone tensor when samples have one part."""
-        out = self._read(np.asarray(indices, dtype=np.int64))
+        variable-length fields); a lone tensor when samples have one part. With a per-sample
+        ``transform``, each sample is transformed and the batch collated as DataLoader would."""
+        if self.transform is not None:
+            out = default_collate(self.__getitems__(indices))
+            out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        else:
+            out = self._read(self._indices(indices))
         if self.batch_transform is not None:
             out = (self.batch_transform(out[0]), *out[1:])
         return out if len(out) > 1 else out[0]
@@ -123,18 +128,35 @@ class PackedDataset(Dataset):
             sample = (self.transform(sample[0]), *sample[1:])
         return sample if len(sample) > 1 else sample[0]
 
-    def __getitem__(self, index: int | Sequence[int] | np.ndarray) -> Any:
-        if isinstance(index, (int, np.integer)):
+    def __getitem__(self, index: int | slice | Sequence[int] | np.ndarray | torch.Tensor) -> Any:
+        if isinstance(index, slice):
+            index = range(*index.indices(len(self)))
+        if np.ndim(index) == 0:  # an int, or a 0-d array or tensor: one sample
             batch = tuple(
                 part.contiguous() if isinstance(part, torch.Tensor) else part
-                for part in self._read(np.asarray([index], dtype=np.int64))
+                for part in self._read(self._indices([index]))
             )
             return self._sample(batch, 0)
         return self.get_batch(index)
 
     def __getitems__(self, indices: Sequence[int]) -> list:
-        batch = self._read(np.asarray(indices, dtype=np.int64))
+        batch = self._read(self._indices(indices))
         return [self._sample(batch, j) for j in range(len(indices))]
+
+    @staticmethod
+    def _indices(indices: Any) -> np.ndarray:
+        """Sample indices as int64, or a clear error for anything but a flat list of integers
+        (floats and booleans would silently read the wrong samples)."""
+        if isinstance(indices, torch.Tensor):
+            indices = indices.cpu().numpy()
+        array = np.asarray(indices)
+        if array.size == 0:
+            return array.astype(np.int64).reshape(0)
+        if array.dtype.kind not in "iu":
+            raise TypeError(f"sample indices must be integers, got {array.dtype} ({indices!r:.60})")
+        if array.ndim != 1:
+            raise IndexError(f"expected one index or a flat list of them, got shape {array.shape}")
+        return array.astype(np.int64, copy=False)
 
     def __repr__(self) -> str:
         m = self.manifest

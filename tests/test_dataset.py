@@ -42,8 +42,30 @@ def test_transforms(packed):
     image, _ = ds[0]
     assert image.dtype == torch.float32 and float(image.max()) <= 1.0
     raw = packdata.open(packed["hdf5"])
-    batch, _ = ds[[0, 1]]
-    assert torch.equal(batch[0], raw[0][0].flip(-1))
+    batch, _ = ds[[0, 1]]  # each sample transformed, then the batch
+    assert torch.equal(batch[0], (raw[0][0].float() / 255).flip(-1))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_applies_a_per_sample_transform(packed, workers):
+    ds = packdata.open(packed["lmdb"], transform=lambda x: x.float().mean(0, keepdim=True))
+    images, labels = next(iter(packdata.loader(ds, 8, shuffle=False, num_workers=workers)))
+    raw = packdata.open(packed["lmdb"])
+    assert images.shape == (8, 1, 32, 32) and labels.tolist() == raw[range(8)][1].tolist()
+    assert torch.equal(images[3], raw[3][0].float().mean(0, keepdim=True))
+
+
+def test_indexing_like_numpy_and_clear_errors(packed):
+    ds = packdata.open(packed["lmdb"])
+    images, labels = ds[list(range(10))]
+    assert torch.equal(ds[torch.tensor(3)][0], images[3])  # 0-d index: one sample
+    assert torch.equal(ds[2:8:3][0], images[[2, 5]])
+    assert torch.equal(ds[torch.tensor([4, 1])][1], labels[[4, 1]])
+    assert ds[[]][0].shape == (0, 3, 32, 32)
+    for bad, error in ((3.7, TypeError), ([True, False], TypeError),
+                       ([[0, 1], [2, 3]], IndexError), ([len(ds)], IndexError)):
+        with pytest.raises(error):
+            ds[bad]
 
 
 def test_dataset_pickles_without_open_handles(packed, container):

@@ -73,3 +73,8 @@ def test_loader_takes_a_bucketing_sampler_and_a_collate(packed_text, workers):
     assert sorted(seen) == list(range(len(ds)))
     with pytest.raises(ValueError, match="exactly one of batch_size or a batch sampler"):
         packdata.loader(ds, 8, sampler=sampler)
+
+
+def test_empty_batch_of_encoded_images(keep_lmdb):
+    images, labels = packdata.open(keep_lmdb)[[]]
+    assert images.shape[0] == 0 and images.dtype == torch.uint8 and labels.shape == (0,)

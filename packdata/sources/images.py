@@ -133,7 +133,9 @@ def to_torch(
     images = batch["image"]
     if manifest.fields["image"].codec == "image":
         mode = manifest.options.get("mode", "RGB")
-        images = np.stack([decode_image(b, mode) for b in images])
+        decoded = [decode_image(b, mode) for b in images]
+        images = (np.stack(decoded) if decoded
+                  else np.zeros((0, 0, 0, Image.getmodebands(mode)), np.uint8))
     x = torch.from_numpy(images)
     x = x.unsqueeze(-1) if x.ndim == 3 else x
     x = x.permute(0, 3, 1, 2)
