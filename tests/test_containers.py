@@ -163,6 +163,48 @@ def test_truncated_hdf5_is_a_named_error(tmp_path, packed):
         packdata.open(damaged)
 
 
+@pytest.mark.parametrize("keep", [40_000, 0])
+def test_truncated_lmdb_is_a_named_error_not_a_crash(tmp_path, packed, keep):
+    """LMDB maps its file: reading a page past a truncated end would be SIGBUS, not an error."""
+    copy = shutil.copytree(packed["lmdb"], tmp_path / "t.lmdb")
+    data = (copy / "data.mdb").read_bytes()
+    (copy / "data.mdb").write_bytes(data[:keep])
+    with pytest.raises(packdata.DatasetError, match="t.lmdb"):
+        packdata.open(copy)[0]
+
+
+def test_lmdb_missing_record_is_a_named_error(tmp_path, packed):
+    copy = shutil.copytree(packed["lmdb"], tmp_path / "t.lmdb")
+    with lmdb.open(str(copy), subdir=True) as env, env.begin(write=True) as txn:
+        txn.delete(b"%010d" % 7)
+    with pytest.raises(packdata.DatasetError, match="record 7 is missing"):
+        packdata.open(copy)[[5, 6, 7]]
+
+
+def test_hdf5_missing_field_is_a_named_error(tmp_path, packed):
+    copy = tmp_path / "d.h5"
+    shutil.copy(packed["hdf5"], copy)
+    with h5py.File(copy, "r+") as f:
+        del f["label"]
+    with pytest.raises(packdata.DatasetError, match="no dataset 'label'"):
+        packdata.open(copy)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "missing key", "short"])
+def test_damaged_tar_index_is_a_named_error(tmp_path, packed, damage):
+    copy = shutil.copytree(packed["tar"], tmp_path / "t")
+    with np.load(copy / "index.npz") as z:
+        index = {k: z[k] for k in z.files}
+    if damage == "garbage":
+        (copy / "index.npz").write_bytes(b"not an index")
+    else:
+        index = ({k: v for k, v in index.items() if k != "image.offset"} if damage == "missing key"
+                 else {k: v[:-5] for k, v in index.items()})
+        np.savez(copy / "index.npz", **index)
+    with pytest.raises(packdata.DatasetError, match="index.npz.*damaged"):
+        packdata.open(copy)
+
+
 def test_manifest_of_another_version_is_refused(tmp_path, packed):
     copy = shutil.copytree(packed["tar"], tmp_path / "t")
     manifest = json.loads((copy / "manifest.json").read_text())

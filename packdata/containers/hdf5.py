@@ -85,6 +85,11 @@ class HDF5Reader(Reader):
                 raise DatasetError(f"{self.path}: HDF5 file has no packdata manifest")
             self.manifest = Manifest.from_json(f[MANIFEST][()], str(self.path))
             for name, field in self.manifest.fields.items():
+                if field.variable:
+                    _check_rows(f, self.path, name, None)
+                    _check_rows(f, self.path, _offsets_name(name), self.manifest.count + 1)
+                else:
+                    _check_rows(f, self.path, name, self.manifest.count)
                 ds = f[name]
                 offset = ds.id.get_offset()
                 if offset is None:  # empty dataset: nothing allocated on disk
@@ -137,3 +142,13 @@ class HDF5Reader(Reader):
 
 WRITER = HDF5Writer
 READER = HDF5Reader
+
+
+def _check_rows(f: h5py.File, path: Path, name: str, rows: int | None) -> None:
+    """A damaged file raises DatasetError here, before h5py's KeyError or a wrong sample."""
+    if name not in f:
+        raise DatasetError(f"{path}: no dataset '{name}'; the dataset is damaged")
+    shape = f[name].shape
+    if rows is not None and (not shape or shape[0] != rows):
+        raise DatasetError(f"{path}: '{name}' has shape {shape}, expected {rows} rows; "
+                           "the dataset is damaged")

@@ -94,9 +94,19 @@ def shared_env(path: Path) -> lmdb.Environment:
         return entry[1]
     if entry is not None:
         entry[1].close()
-    env = lmdb.open(
-        str(path), readonly=True, lock=False, readahead=False, subdir=True, max_readers=1024
-    )
+    try:
+        env = lmdb.open(
+            str(path), readonly=True, lock=False, readahead=False, subdir=True, max_readers=1024
+        )
+    except lmdb.Error as exc:
+        raise DatasetError(f"{path}: LMDB cannot be opened ({exc}); the dataset is damaged") from None
+    # LMDB maps the file and trusts its page count: reading past the end of a truncated file
+    # would kill the process with SIGBUS instead of raising
+    needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    if st.st_size < needed:
+        env.close()
+        raise DatasetError(f"{path}: truncated (data.mdb holds {st.st_size} bytes, its pages need "
+                           f"{needed}); the dataset is damaged")
     _envs[key] = (pid, env)
     return env
 
@@ -141,6 +151,10 @@ class LMDBReader(Reader):
         with self.env.begin(buffers=True) as txn:
             get = txn.get
             values = [get(k) for k in keys]
+            if None in values:
+                missing = idx[values.index(None)]
+                raise DatasetError(f"{self.path}: record {missing} is missing; the dataset is "
+                                   "damaged")
             if self.manifest.variable_fields:
                 return self._split_variable(values)
             # all records have the same size: one join makes the whole batch one (writable) array

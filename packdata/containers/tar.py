@@ -192,8 +192,7 @@ class TarReader(Reader):
         if not (self.path / MANIFEST).is_file():
             raise DatasetError(f"{self.path}: no {MANIFEST}; not a packdata tar dataset")
         self.manifest = Manifest.from_json((self.path / MANIFEST).read_text(), str(self.path))
-        with np.load(self.path / INDEX, allow_pickle=False) as z:
-            self.index = {k: z[k] for k in z.files}
+        self.index = _load_index(self.path / INDEX, self.manifest)
         shards = self.manifest.extra["shards"]
         self.shard_names = [s["name"] for s in shards]
         self.shard_start = np.concatenate([[0], np.cumsum([s["count"] for s in shards])])
@@ -316,3 +315,23 @@ def shard_paths(path: Path) -> list[Path]:
 
 WRITER = TarWriter
 READER = TarReader
+
+
+def _load_index(path: Path, manifest: Manifest) -> dict[str, np.ndarray]:
+    """The per-record index of a tar dataset, checked against the manifest: one entry per record
+    for every field (the shard, offset and size of its member; or its value, for scalars)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            index = {k: z[k] for k in z.files}
+    except Exception as exc:  # numpy's messages (e.g. "contains pickled data") mislead here
+        raise DatasetError(f"{path}: the record index cannot be read ({exc.__class__.__name__}); "
+                           "the dataset is damaged") from None
+    wanted = [f"{name}.{part}" for name in manifest.fields
+              for part in ("shard", "offset", "nbytes")]
+    for key in wanted:
+        if key not in index:
+            raise DatasetError(f"{path}: the record index has no '{key}'; the dataset is damaged")
+        if len(index[key]) != manifest.count:
+            raise DatasetError(f"{path}: '{key}' indexes {len(index[key])} records, the manifest "
+                               f"{manifest.count}; the dataset is damaged")
+    return index
