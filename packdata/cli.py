@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 from rich.table import Table
 
@@ -49,7 +50,7 @@ OnError = _choices("OnError", ON_ERROR)
 
 
 def _fail(exc: Exception) -> None:
-    console.print(f"[red]error:[/red] {exc}", highlight=False)
+    console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
     raise typer.Exit(2)
 
 
@@ -155,7 +156,7 @@ def convert(
             "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
             TimeRemainingColumn(), console=console, transient=True,
         ) as bar:
-            task = bar.add_task(f"converting {src}", total=None)
+            task = bar.add_task(escape(f"converting {src}"), total=None)
             result = run_convert(
                 source, dst, container=format.value if format else None,
                 container_options={"shard_size": shard_size} if shard_size else None,
@@ -165,12 +166,13 @@ def convert(
     except (PackdataError, OSError, ValueError) as exc:
         _fail(exc)
     except KeyboardInterrupt:
-        console.print(f"[red]interrupted:[/red] nothing was written to {dst}", highlight=False)
+        console.print(f"[red]interrupted:[/red] nothing was written to {escape(str(dst))}",
+                      highlight=False)
         raise typer.Exit(130) from None
     m = result.manifest
     console.print(
         f"wrote {result.path}: {m.count} {m.kind} samples ({m.container}) in "
-        f"{result.seconds:.1f} s", highlight=False,
+        f"{result.seconds:.1f} s", highlight=False, markup=False,
     )
     if m.skipped:
         console.print(f"[yellow]skipped {len(m.skipped)} inputs:[/yellow]")
@@ -198,32 +200,36 @@ def inspect(
     if as_json:
         print(json.dumps(info, indent=2))
         return
-    table = Table(title=str(dataset), show_header=False)
-    table.add_row("container", info["container"])
-    table.add_row("kind", info["kind"])
-    table.add_row("samples", f"{info['count']:,}")
+    table = Table(title=escape(str(dataset)), show_header=False)
+
+    def add_row(key: str, value: str) -> None:  # values hold paths and lists: no markup
+        table.add_row(escape(key), escape(value))
+
+    add_row("container", info["container"])
+    add_row("kind", info["kind"])
+    add_row("samples", f"{info['count']:,}")
     for name, f in info["fields"].items():
         shape = "×".join("N" if s is None else str(s) for s in f["shape"]) or "scalar"
         codec = f" ({f['codec']})" if f.get("codec") else ""
-        table.add_row(f"field {name}", f"{f['dtype']} {shape}{codec}")
+        add_row(f"field {name}", f"{f['dtype']} {shape}{codec}")
     for name, stats in info.get("lengths", {}).items():
-        table.add_row(f"{name} lengths", ", ".join(f"{k} {v:,}" for k, v in stats.items()))
+        add_row(f"{name} lengths", ", ".join(f"{k} {v:,}" for k, v in stats.items()))
     if "padding" in info:
         p = info["padding"]
-        table.add_row(f"padding (batches of {p['batch_size']})",
+        add_row(f"padding (batches of {p['batch_size']})",
                       f"random {p['random']:.1%}, length-bucketed {p['bucketed']:.1%}")
     if info["classes"]:
-        table.add_row("classes", f"{len(info['classes'])}: " + ", ".join(info["classes"][:10]))
-    table.add_row("size on disk", f"{info['bytes_on_disk'] / 2**20:,.1f} MiB")
-    table.add_row("source", json.dumps(info["source"]))
-    table.add_row("options", json.dumps(info["options"]))
+        add_row("classes", f"{len(info['classes'])}: " + ", ".join(info["classes"][:10]))
+    add_row("size on disk", f"{info['bytes_on_disk'] / 2**20:,.1f} MiB")
+    add_row("source", json.dumps(info["source"]))
+    add_row("options", json.dumps(info["options"]))
     if info["skipped"]:
-        table.add_row("skipped inputs", str(info["skipped"]))
+        add_row("skipped inputs", str(info["skipped"]))
     for k, v in info["extra"].items():
-        table.add_row(k, json.dumps(v)[:200])
+        add_row(k, json.dumps(v)[:200])
     Console().print(table)
     if preview:
-        console.print(f"preview written to {preview}")
+        console.print(f"preview written to {preview}", markup=False)
 
 
 @app.command()
@@ -239,7 +245,7 @@ def demo(
     from packdata.demo import print_table, run_demo
 
     results = run_demo(count=count, workdir=workdir, min_seconds=seconds,
-                       log=lambda m: console.print(m, highlight=False))
+                       log=lambda m: console.print(m, highlight=False, markup=False))
     print_table(results, Console())
     if as_json:
         as_json.write_text(json.dumps(results, indent=2))
@@ -297,7 +303,8 @@ def bench(
                                  workers=workers)
         result = run_bench(dataset, settings, sweep=sweep, sweep_seconds=sweep_seconds,
                            profile_dir=profile, compare=compare,
-                           log=lambda m: console.print(m, highlight=False, style="dim"))
+                           log=lambda m: console.print(m, highlight=False, markup=False,
+                                                         style="dim"))
         report.print_report(result, Console())
         if as_json:
             report.write_json(result, as_json)

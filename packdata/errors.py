@@ -43,6 +43,10 @@ class MissingExtraError(PackdataError, ImportError):
         super().__init__(
             f"{purpose} needs the '{module}' package: pip install \"packdata[{extra}]\""
         )
+        self.module, self.extra, self.purpose = module, extra, purpose
+
+    def __reduce__(self):  # workers send these back to the parent
+        return type(self), (self.module, self.extra, self.purpose)
 
 
 def require(module: str, extra: str, purpose: str):

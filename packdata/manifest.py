@@ -100,7 +100,7 @@ class Manifest:
     def to_json(self) -> str:
         d = asdict(self)
         d["fields"] = {k: f.to_dict() for k, f in self.fields.items()}
-        return json.dumps({"packdata": d}, separators=(",", ":"))
+        return json.dumps({"packdata": d}, separators=(",", ":"), allow_nan=False)  # strict JSON
 
     @classmethod
     def from_json(cls, text: str | bytes, where: str) -> Manifest:

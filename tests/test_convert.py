@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import pickle
@@ -62,6 +63,9 @@ def test_bad_images_skipped_and_recorded(tmp_path, bad_folder, target):
     ds = packdata.open(result.path)
     assert len(ds) == 18 and ds.manifest.skipped == result.skipped
     assert names[3].removesuffix(".png") not in ds.keys
+    again = packdata.convert(packdata.open_source(bad_folder), tmp_path / f"again-{target}",
+                             on_error="skip", workers=1)
+    assert again.skipped == result.skipped  # same output for the same input, reasons included
 
 
 def test_missing_label_is_a_clear_error(tmp_path, png_folder):
@@ -122,6 +126,19 @@ def test_labels_files(tmp_path, png_folder):
     with pytest.raises(PackdataError, match="dict of file name"):
         packdata.convert(packdata.open_source(folder, labels=tmp_path / "evil.pkl"),
                          tmp_path / "e.h5")
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (pickle.dumps(collections.OrderedDict(a=1)), "dict of file name"),
+    (b"cnonexistent_mod\nX\n.", "cannot read labels .ModuleNotFoundError"),  # a missing class
+    (pickle.dumps({"a.png": -1}), "must be ≥ 0; 'a.png' has -1"),
+])
+def test_bad_labels_pickles_are_clear_errors(tmp_path, content, message):
+    from packdata.sources.labels import load_labels
+
+    (tmp_path / "labels.pkl").write_bytes(content)
+    with pytest.raises(PackdataError, match=message):
+        load_labels(tmp_path / "labels.pkl")
 
 
 def test_class_folders(tmp_path, png_folder):

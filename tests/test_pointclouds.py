@@ -214,6 +214,13 @@ def test_nonfinite_points_dropped_and_counted(tmp_path):
     assert np.isfinite(raw_records(result.path)["points"]).all()
 
 
+def test_float16_overflow_is_an_error_not_infinities(tmp_path, tree_folder):
+    """Map coordinates (hundreds of thousands of metres) do not fit float16 unnormalised."""
+    with pytest.raises(SampleError, match="overflow float16.*--normalize"):
+        convert(tree_folder, tmp_path / "f.h5", dtype="float16")
+    assert not (tmp_path / "f.h5").exists()
+
+
 def test_normalize_and_float16(tmp_path, tree_folder):
     result = convert(tree_folder, tmp_path / "n.h5", normalize="unit_sphere", dtype="float16")
     rec = raw_records(result.path)

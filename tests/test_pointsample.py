@@ -78,5 +78,8 @@ def test_spec_validation():
         SampleSpec(method="grid")
     with pytest.raises(ValueError, match="needs sampling 'voxel'"):
         SampleSpec(method="fps", voxel_size=0.5)
+    for bad in (float("inf"), float("nan"), 0.0):
+        with pytest.raises(ValueError, match="finite and > 0"):
+            SampleSpec(method="voxel", voxel_size=bad)
     with pytest.raises(ValueError, match="must be >= 1"):
         SampleSpec(points=0)

@@ -16,6 +16,7 @@ padded (``fewer="pad"``, with a mask). Non-finite coordinates are dropped before
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,8 +48,8 @@ class SampleSpec:
                 raise ValueError(f"{name} '{value}': expected one of {', '.join(allowed)}")
         if self.points < 1 or self.variants < 1:
             raise ValueError(f"points ({self.points}) and variants ({self.variants}) must be >= 1")
-        if self.voxel_size is not None and (self.method != "voxel" or not self.voxel_size > 0):
-            raise ValueError("voxel_size must be > 0 and needs sampling 'voxel'")
+        if self.voxel_size is not None and (self.method != "voxel" or not 0 < self.voxel_size < math.inf):
+            raise ValueError("voxel_size must be finite and > 0, and needs sampling 'voxel'")
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from packdata.errors import PackdataError, SampleError
 from packdata.manifest import Field, Manifest
@@ -93,6 +93,8 @@ class ImageSource(Source):
                     if self.resize and im.size != self.resize:
                         im = im.resize(self.resize, Image.Resampling.BILINEAR)
                     image = np.asarray(im)
+        except UnidentifiedImageError:  # Pillow's message names an object address: not stable
+            raise SampleError(str(item.path), "not an image format Pillow recognises") from None
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
             raise SampleError(str(item.path), f"cannot decode image ({exc})") from None
         record = {"image": image}

@@ -44,13 +44,18 @@ def load_labels(path: Path) -> tuple[dict[str, int], list[str] | None]:
             data = {r[0]: int(r[1]) for r in rows}
         else:
             raise PackdataError(f"{path}: labels must be .json, .csv or .pkl")
-    except (OSError, ValueError, IndexError, pickle.UnpicklingError, EOFError) as exc:
-        raise PackdataError(f"{path}: cannot read labels ({exc})") from exc
-    if not isinstance(data, dict) or not all(
-        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
-        for k, v in data.items()
+    except PackdataError:
+        raise
+    except Exception as exc:  # unpickling can raise anything (missing classes, modules…)
+        raise PackdataError(f"{path}: cannot read labels ({type(exc).__name__}: {exc})") from None
+    if type(data) is not dict or not all(
+        isinstance(k, str) and type(v) is int for k, v in data.items()
     ):
         raise PackdataError(f"{path}: expected a dict of file name (str) → class index (int)")
+    negative = next((k for k, v in data.items() if v < 0), None)
+    if negative is not None:
+        raise PackdataError(f"{path}: class indices must be ≥ 0; '{negative}' has "
+                            f"{data[negative]}")
     return data, classes
 
 

@@ -125,7 +125,12 @@ class PointCloudSource(Source):
             if "point_labels" in record:
                 record["point_labels"][~chosen.mask] = -1  # the usual ignore index
             record["mask"] = chosen.mask
-        record["points"] = points.astype(self.spec.dtype)
+        with np.errstate(over="ignore"):  # reported below, naming the file
+            record["points"] = stored = points.astype(self.spec.dtype)
+        if not np.isfinite(stored).all():  # e.g. map coordinates beyond float16's ±65504
+            raise SampleError(str(item.path), f"values overflow {self.spec.dtype} (largest "
+                              f"magnitude {np.abs(points).max():.6g}); use --normalize center "
+                              "or unit_sphere, or a wider --dtype")
         if self.spec.normalize != "none":
             record["center"] = centre.astype(np.float64)
             record["scale"] = np.asarray(scale, dtype=np.float64)
