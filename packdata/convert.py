@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import itertools
 import multiprocessing as mp
 import os
 import shutil
@@ -17,6 +18,8 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,27 +79,64 @@ def _load_block_with(source: Source, items: list[Item]) -> list[Loaded]:
 def _records(
     source: Source, blocks: list[list[Item]], workers: int
 ) -> Iterator[tuple[Item, Loaded]]:
-    """Load items in order; at most ``2 × workers`` blocks are in flight, bounding memory."""
+    """Load items in order; at most ``2 × workers`` blocks are in flight, bounding memory.
+
+    A worker that dies (killed, out of memory, a crash in a native decoder) or sends back what
+    cannot be unpickled breaks the pool: that is an error naming the block, never a hang.
+    """
     if workers <= 1:
         for block in blocks:
             yield from zip(block, _load_block_with(source, block))
         return
-    with mp.get_context("fork").Pool(workers, _init_worker, (source,)) as pool:
-        pending: deque = deque()
-        todo = iter(blocks)
-        for block in todo:
-            pending.append((block, pool.apply_async(_load_block, (block,))))
-            if len(pending) >= 2 * workers:
-                break
+    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"),
+                               initializer=_init_worker, initargs=(source,))
+    pending: deque = deque()
+    todo = iter(blocks)
+    block: list[Item] = []
+    try:
+        for block in itertools.islice(todo, 2 * workers):
+            pending.append((block, pool.submit(_load_block, block)))
         while pending:
-            block, result = pending.popleft()
+            block, future = pending.popleft()
+            loaded = future.result()
             nxt = next(todo, None)
             if nxt is not None:
-                pending.append((nxt, pool.apply_async(_load_block, (nxt,))))
-            yield from zip(block, result.get())
+                pending.append((nxt, pool.submit(_load_block, nxt)))
+            yield from zip(block, loaded)
+        pool.shutdown(wait=True)
+    except BrokenProcessPool:  # the culprit is in this block or one queued after it
+        raise PackdataError("a conversion worker stopped unexpectedly (killed, out of memory, or "
+                            f"crashed in a decoder) while loading inputs from {block[0].path} "
+                            "on") from None
+    finally:
+        _stop(pool)
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """End the workers now: on an error or Ctrl-C, the rest of their work is not wanted."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    # no public way to stop running tasks before Python 3.14 (terminate_workers)
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join()
+
+
+def _check_unique_keys(items: list[Item]) -> None:
+    """Samples are found by key (the file's path without suffix): two inputs may not share one."""
+    first: dict[str, Item] = {}
+    for item in items:
+        other = first.setdefault(item.key, item)
+        if other is not item:
+            raise PackdataError(f"{other.path} and {item.path} would both be sample "
+                                f"'{item.key}' (keys are paths without suffix); rename one")
 
 
 def _check_destination(dst: Path, src: Path, overwrite: bool) -> None:
+    if dst.is_symlink():  # replacing it would replace the link, not what it points to
+        raise PackdataError(f"{dst} is a symbolic link; give the path it points to")
     src_abs, dst_abs = src.resolve(), dst.resolve()
     if dst_abs == src_abs or src_abs in dst_abs.parents or dst_abs in src_abs.parents:
         raise PackdataError(f"{dst}: the output must lie outside the source {src} (and not hold it)")
@@ -188,6 +228,7 @@ def convert(
     items = source.items()
     if not items:
         raise PackdataError(f"{source.root}: no {source.kind} inputs found")
+    _check_unique_keys(items)
     blocks = source.blocks(items)
     workers = max(1, min(workers or os.cpu_count() or 1, len(blocks)))
 
@@ -203,10 +244,10 @@ def convert(
             for done, (item, loaded) in enumerate(_records(source, blocks, workers), 1):
                 pairs = _pairs(item, loaded)  # one input may make several records (chunks)
                 if writer is None and pairs and not isinstance(pairs, SampleError):
-                    fields = source.fields(pairs[0][1])
+                    fields, first = source.fields(pairs[0][1]), item
                     writer = module.WRITER(tmp, fields, len(items), options)
                 if not isinstance(pairs, SampleError):
-                    pairs = _checked(pairs, fields, item, source)
+                    pairs = _checked(pairs, fields, item, source, first)
                 if isinstance(pairs, SampleError):
                     if on_error == "fail" and not isinstance(pairs, SkippedSample):
                         raise pairs
@@ -250,8 +291,9 @@ def _pairs(item: Item, loaded: Loaded) -> list[tuple[str, dict]] | SampleError:
     return [(item.key, loaded)]
 
 
-def _checked(pairs, fields, item: Item, source: Source):
-    """The pairs, or a SampleError naming the file when a record does not match the fields."""
+def _checked(pairs, fields, item: Item, source: Source, first: Item):
+    """The pairs, or a SampleError naming the file when a record does not match the fields (set
+    by the ``first`` input converted)."""
     for _, record in pairs:
         for name, field in fields.items():
             if name not in record:
@@ -259,6 +301,7 @@ def _checked(pairs, fields, item: Item, source: Source):
             try:
                 field.check(name, record[name])
             except ValueError as exc:
-                hint = f" (records must share a shape: {source.shape_hint})" if source.shape_hint else ""
-                return SampleError(str(item.path), f"{exc}{hint}")
+                hint = f"; {source.shape_hint}" if source.shape_hint else ""
+                return SampleError(str(item.path), f"{exc} (records must match the first input, "
+                                                   f"{first.path}{hint})")
     return pairs

@@ -102,6 +102,15 @@ class Manifest:
         d["fields"] = {k: f.to_dict() for k, f in self.fields.items()}
         return json.dumps({"packdata": d}, separators=(",", ":"), allow_nan=False)  # strict JSON
 
+    @staticmethod
+    def is_packdata(text: str | bytes) -> bool:
+        """Whether ``text`` is a packdata manifest (of any version): what makes a file or folder
+        a packdata dataset, e.g. one ``--overwrite`` may replace."""
+        try:
+            return isinstance(json.loads(text).get("packdata"), dict)
+        except (ValueError, AttributeError, TypeError):
+            return False
+
     @classmethod
     def from_json(cls, text: str | bytes, where: str) -> Manifest:
         try:

@@ -6,12 +6,14 @@ import collections
 import json
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import packdata
@@ -87,6 +89,54 @@ def test_destination_exists(tmp_path, png_folder, packed):
     out = packdata.convert(source, tmp_path / "d.lmdb").path
     again = packdata.convert(source, out, overwrite=True)
     assert len(packdata.open(again.path)) == 120
+
+
+def test_overwrite_spares_look_alikes_and_refuses_links(tmp_path, png_folder, packed):
+    import h5py
+
+    source = packdata.open_source(png_folder)
+    user = tmp_path / "user.h5"  # an HDF5 file of the user's that has a 'manifest' of its own
+    with h5py.File(user, "w") as f:
+        f["manifest"] = "my notes"
+        f["precious"] = np.arange(3)
+    user_dir = tmp_path / "user-dir"  # looks like tar output, is not
+    user_dir.mkdir()
+    (user_dir / "manifest.json").write_text('{"mine": true}')
+    (user_dir / "index.npz").write_bytes(b"x")
+    for existing in (user, user_dir):
+        with pytest.raises(OutputExistsError, match="not a packdata dataset"):
+            packdata.convert(source, existing, overwrite=True)
+    with h5py.File(user) as f:
+        assert sorted(f) == ["manifest", "precious"]
+    assert (user_dir / "manifest.json").exists()
+    link = tmp_path / "link.lmdb"
+    link.symlink_to(packed["lmdb"], target_is_directory=True)
+    with pytest.raises(PackdataError, match="symbolic link"):
+        packdata.convert(source, link, overwrite=True)
+    assert link.is_symlink() and len(packdata.open(packed["lmdb"])) == 120
+
+
+def test_inputs_sharing_a_key_are_refused(tmp_path):
+    folder = copy_sample(tmp_path / "dup", count=10)
+    first = sorted(folder.glob("*.png"))[0]
+    shutil.copy(first, first.with_suffix(".jpg"))
+    with pytest.raises(PackdataError, match=f"would both be sample '{first.stem}'"):
+        packdata.convert(packdata.open_source(folder, labels=folder / "labels.json"),
+                         tmp_path / "o.h5")
+
+
+def test_keys_that_collide_as_tar_members_are_refused(tmp_path):
+    folder = copy_sample(tmp_path / "dots", count=10)
+    names = sorted(folder.glob("*.png"))
+    labels = json.loads((folder / "labels.json").read_text())
+    for src, new in ((names[0], "a.b.png"), (names[1], "a_b.png")):
+        src.rename(folder / new)
+        labels["labels"][new] = labels["labels"].pop(src.name)
+    (folder / "labels.json").write_text(json.dumps(labels))
+    with pytest.raises(PackdataError, match="'a.b' and 'a_b' both make tar members"):
+        packdata.convert(packdata.open_source(folder), tmp_path / "out-tar", container="tar")
+    assert len(packdata.open(packdata.convert(packdata.open_source(folder),
+                                              tmp_path / "o.h5").path)) == 10
 
 
 def test_output_inside_source_is_refused(tmp_path):
@@ -165,6 +215,33 @@ def test_interrupted_conversion_leaves_nothing(tmp_path, png_folder, target):
     with pytest.raises(KeyboardInterrupt):
         packdata.convert(_Interrupting(png_folder), tmp_path / target, workers=1)
     assert [p.name for p in tmp_path.iterdir()] == []
+
+
+class _Dying(ImageSource):
+    """A worker killed mid-conversion (as by the OOM killer or a crash in a decoder)."""
+
+    def blocks(self, items):
+        return [items[i : i + 8] for i in range(0, len(items), 8)]
+
+    def load(self, item):
+        if item.key.endswith("0007"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().load(item)
+
+
+def test_dead_worker_is_an_error_naming_its_files_not_a_hang(tmp_path, png_folder):
+    def hung(*_):
+        raise TimeoutError("the conversion hung after its worker died")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(120)
+    try:
+        with pytest.raises(PackdataError, match="worker stopped unexpectedly .* from .*airplane_0000"):
+            packdata.convert(_Dying(png_folder), tmp_path / "d.h5", workers=2)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_killed_conversion_leaves_nothing_that_opens(tmp_path, png_folder):

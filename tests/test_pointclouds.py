@@ -248,9 +248,9 @@ def test_ply_xyz_npy_sources_match_las(tmp_path):
     with open(folder / "text.ply", "w") as f:
         f.write(header.format("ascii 1.0"))
         np.savetxt(f, table, fmt="%.3f %.3f %.3f %d")
-    np.savetxt(folder / "cloud.xyz", table, fmt="%.3f", header="X Y Z Intensity", comments="//")
-    np.savetxt(folder / "cloud.txt", table, fmt="%.3f", delimiter=",")  # 4 unnamed columns
-    np.save(folder / "cloud.npy", table)
+    np.savetxt(folder / "spaced.xyz", table, fmt="%.3f", header="X Y Z Intensity", comments="//")
+    np.savetxt(folder / "commas.txt", table, fmt="%.3f", delimiter=",")  # 4 unnamed columns
+    np.save(folder / "array.npy", table)
     for path in sorted(folder.iterdir()):
         got = pointfiles.select(pointfiles.read_columns(path, ["x", "y", "z", "intensity"]),
                                 ["xyz", "intensity"], path)

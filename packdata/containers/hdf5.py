@@ -113,7 +113,8 @@ class HDF5Reader(Reader):
             return False
         try:
             with h5py.File(path, "r") as f:
-                return MANIFEST in f
+                return (MANIFEST in f and isinstance(f[MANIFEST], h5py.Dataset)
+                        and f[MANIFEST].shape == () and Manifest.is_packdata(f[MANIFEST][()]))
         except OSError as exc:  # h5py's message for a damaged file, with ours in front
             raise DatasetError(f"{path}: HDF5 file cannot be opened ({exc})") from None
 

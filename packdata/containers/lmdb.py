@@ -138,7 +138,8 @@ class LMDBReader(Reader):
         if not (path / "data.mdb").is_file():
             return False
         with shared_env(path).begin() as txn:
-            return txn.get(MANIFEST_KEY) is not None
+            raw = txn.get(MANIFEST_KEY)
+            return raw is not None and Manifest.is_packdata(raw)
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         return apply_select(self._read(indices), select)  # LMDB copies whole values anyway

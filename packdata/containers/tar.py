@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from packdata.containers.base import Batch, Reader, Select, Writer, map_file
-from packdata.errors import DatasetError
+from packdata.errors import DatasetError, PackdataError
 from packdata.manifest import Field, Manifest
 
 NAME = "tar"
@@ -123,6 +123,7 @@ class TarWriter(Writer):
             f"{n}.{col}": [] for n in fields for col in ("shard", "offset", "nbytes")
         }
         self.values = {n: [] for n, f in fields.items() if f.shape == ()}
+        self.member_keys: dict[str, str] = {}  # member name stem → record key
 
     def _shard(self) -> Any:
         full = self.file is not None and (
@@ -145,8 +146,12 @@ class TarWriter(Writer):
             self.file = None
 
     def append(self, key: str, record: dict[str, np.ndarray]) -> None:
+        member_key = key.replace(".", "_")  # webdataset splits member names at the first dot
+        other = self.member_keys.setdefault(member_key, key)
+        if other != key:
+            raise PackdataError(f"keys '{other}' and '{key}' both make tar members named "
+                                f"'{member_key}.*'; rename one of the inputs")
         out = self._shard()
-        member_key = key.replace(".", "_")
         for name, field in self.fields.items():
             value = record[name]
             suffix = member_suffix(name, field, value)
@@ -206,7 +211,8 @@ class TarReader(Reader):
 
     @staticmethod
     def detect(path: Path) -> bool:
-        return path.is_dir() and (path / MANIFEST).is_file() and (path / INDEX).is_file()
+        return (path.is_dir() and (path / MANIFEST).is_file() and (path / INDEX).is_file()
+                and Manifest.is_packdata((path / MANIFEST).read_bytes()))
 
     def _map(self, shard: int) -> np.ndarray:
         if shard not in self._maps:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from packdata.errors import MissingExtraError, PackdataError, SampleError
+from packdata.errors import MissingExtraError, PackdataError, SampleError, require
 from packdata.manifest import Field, Manifest
 from packdata.prep.pointsample import SampleSpec, finite_rows, normalization, presample
 from packdata.sources import labels as labelling
@@ -94,10 +94,18 @@ class PointCloudSource(Source):
         self._reset_counts()
         root = self.root if self.root.is_dir() else self.root.parent
         files = self._files()
+        # missing extras fail here, once, rather than in every worker
         if any(f.lower().endswith(".laz") for f in files) and not pointfiles.laz_backend_available():
             raise MissingExtraError("lazrs", "lidar", "reading LAZ files")
+        if any(f.lower().endswith(pointfiles.LAS_SUFFIXES) for f in files):
+            require("laspy", "lidar", "reading LAS/LAZ files")
         labels, self.classes = labelling.assign(files, self.labels_path)
         return [Item(os.path.splitext(f)[0], root / f, label) for f, label in zip(files, labels)]
+
+    def blocks(self, items: list[Item]) -> list[list[Item]]:
+        """One cloud per worker task: a cloud costs milliseconds to seconds to read and sample,
+        so spreading them evenly over the workers beats batching them."""
+        return [[item] for item in items]
 
     def load(self, item: Item) -> dict[str, np.ndarray]:
         if item.label == labelling.MISSING:
