@@ -54,6 +54,17 @@ def test_skip_lists_bad_inputs(tmp_path, png_folder):
     assert "broken.png" in result.output
 
 
+def test_error_messages_keep_brackets_in_paths(tmp_path, png_folder):
+    """Rich markup must not eat '[red]' from a file name, nor '[lidar]' from an install hint."""
+    folder = tmp_path / "f"
+    folder.mkdir()
+    for p in sorted(png_folder.glob("*.png"))[:3]:
+        (folder / p.name).write_bytes(p.read_bytes())
+    (folder / "photo[red].png").write_bytes(b"\x89PNG garbage")
+    result = runner.invoke(app, ["convert", str(folder), str(tmp_path / "o.h5")])
+    assert result.exit_code == 2 and "photo[red].png" in result.output
+
+
 def test_help_teaches():
     result = runner.invoke(app, ["convert", "--help"])
     assert result.exit_code == 0
