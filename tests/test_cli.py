@@ -43,12 +43,18 @@ def test_cli_errors_are_one_line_not_tracebacks(tmp_path, png_folder):
     assert result.exit_code == 2 and "--resize needs --encoding raw" in result.output
 
 
-def test_skip_lists_bad_inputs(tmp_path, png_folder):
+def folder_with_a_broken_png(tmp_path: Path, png_folder: Path, name: str) -> Path:
+    """Five real PNGs and one that is not."""
     folder = tmp_path / "f"
     folder.mkdir()
     for p in sorted(png_folder.glob("*.png"))[:5]:
         (folder / p.name).write_bytes(p.read_bytes())
-    (folder / "broken.png").write_bytes(b"\x89PNG garbage")
+    (folder / name).write_bytes(b"\x89PNG garbage")
+    return folder
+
+
+def test_skip_lists_bad_inputs(tmp_path, png_folder):
+    folder = folder_with_a_broken_png(tmp_path, png_folder, "broken.png")
     result = runner.invoke(app, ["convert", str(folder), str(tmp_path / "o"), "--on-error", "skip"])
     assert result.exit_code == 0 and "skipped 1 inputs" in result.output
     assert "broken.png" in result.output
@@ -56,11 +62,7 @@ def test_skip_lists_bad_inputs(tmp_path, png_folder):
 
 def test_error_messages_keep_brackets_in_paths(tmp_path, png_folder):
     """Rich markup must not eat '[red]' from a file name, nor '[lidar]' from an install hint."""
-    folder = tmp_path / "f"
-    folder.mkdir()
-    for p in sorted(png_folder.glob("*.png"))[:3]:
-        (folder / p.name).write_bytes(p.read_bytes())
-    (folder / "photo[red].png").write_bytes(b"\x89PNG garbage")
+    folder = folder_with_a_broken_png(tmp_path, png_folder, "photo[red].png")
     result = runner.invoke(app, ["convert", str(folder), str(tmp_path / "o.h5")])
     assert result.exit_code == 2 and "photo[red].png" in result.output
 
