@@ -153,6 +153,25 @@ def test_ids_that_do_not_fit_the_dtype(tmp_path, peps_dir, gpt2_json):
     ds = packdata.open(packdata.convert(packdata.open_source(peps_dir, dtype="uint8"),
                                         tmp_path / "b.h5").path)  # bytes fit, without BOS/EOS
     assert ds.manifest.fields["tokens"].dtype == "uint8"
+    with pytest.raises(TokenizerError, match="token id 25[67] does not fit uint8"):  # BOS/EOS
+        packdata.convert(packdata.open_source(peps_dir, dtype="uint8", add_bos=True,
+                                              add_eos=True), tmp_path / "c.h5")
+
+
+def test_documents_that_tokenise_to_nothing_are_skipped(tmp_path):
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1}, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True)  # drops control characters
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tok.json"))
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text("hello")
+    (tmp_path / "in" / "b.txt").write_text("\x01\x02\x03")
+    result = packdata.convert(packdata.open_source(tmp_path / "in", tokenizer=tmp_path / "tok.json"),
+                              tmp_path / "o.h5", on_error="skip")
+    assert packdata.open(result.path).keys == ["a.txt"]
+    assert [s["reason"] for s in result.skipped] == ["empty document (no tokens)"]
 
 
 def test_option_errors(peps_dir, gpt2_tiktoken):

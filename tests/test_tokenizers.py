@@ -88,6 +88,13 @@ def test_missing_or_invalid_files_say_what_was_expected(tmp_path, gpt2_tiktoken)
     (tmp_path / "empty.tiktoken").write_text("")
     with pytest.raises(TokenizerError, match="no ranks"):
         load_tokenizer(tmp_path / "empty.tiktoken")
+    lines = gpt2_tiktoken.read_text().splitlines()
+    (tmp_path / "dup.tiktoken").write_text("\n".join(lines[:300] + [lines[300].split()[0] + " 0"]))
+    with pytest.raises(TokenizerError, match="dup.tiktoken: two tokens share a rank"):
+        load_tokenizer(tmp_path / "dup.tiktoken")
+    (tmp_path / "few.tiktoken").write_text("\n".join(lines[100:300]))  # 100 bytes unranked
+    with pytest.raises(TokenizerError, match="few.tiktoken: 100 of the 256 single bytes"):
+        load_tokenizer(tmp_path / "few.tiktoken")
 
 
 def test_special_token_override(gpt2_json):

@@ -60,7 +60,7 @@ class Tokenizer(ABC):
         """What the manifest records: kind, file and its SHA-256, vocabulary size, special ids."""
         return {
             "kind": self.kind,
-            "path": str(self.path) if self.path else None,
+            "path": str(self.path.resolve()) if self.path else None,  # reloadable from anywhere
             "sha256": file_hash(self.path) if self.path else None,
             "vocab_size": self.vocab_size,
             "special": {"bos": self.bos_id, "eos": self.eos_id, "pad": self.pad_id},
@@ -199,6 +199,13 @@ def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
             ) from None
     if not ranks:
         raise TokenizerError(f"{path}: no ranks; expected a tiktoken BPE file")
+    # tiktoken's Rust core panics (an uncatchable-looking traceback) on either of these
+    if len(set(ranks.values())) != len(ranks):
+        raise TokenizerError(f"{path}: two tokens share a rank; expected a tiktoken BPE file")
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        raise TokenizerError(f"{path}: {len(missing)} of the 256 single bytes have no rank (e.g. "
+                             f"{bytes([missing[0]])!r}); byte-level BPE needs them all")
     return ranks
 
 

@@ -207,13 +207,15 @@ class TextSource(Source):
         return value[self.text_field]
 
     def _records(self, item: TextItem, ids: np.ndarray) -> Loaded:
-        limit = np.iinfo(self.dtype).max
-        if ids.size and int(ids.max()) > limit:
+        if not ids.size:  # the tokeniser's normaliser dropped every character
+            return SkippedSample(item.origin, "empty document (no tokens)")
+        bos, eos = self.specials
+        largest = int(max([ids.max(), *bos, *eos]))
+        if largest > np.iinfo(self.dtype).max:
             raise TokenizerError(
-                f"{item.origin}: token id {int(ids.max())} does not fit {self.dtype} (the "
+                f"{item.origin}: token id {largest} does not fit {self.dtype} (the "
                 f"tokeniser's vocabulary is {self.tokenizer.vocab_size}); use dtype='uint32'"
             )
-        bos, eos = self.specials
         if self.max_length is None:
             chunks = [np.concatenate([bos, ids, eos])]
         elif self.split:  # BOS/EOS mark the document's ends, so the first and last chunk get them
