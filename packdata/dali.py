@@ -102,9 +102,12 @@ def _augment(images: Any, size: tuple[int, int], padding: int, mirror: float,
     if padding:  # a slice starting outside the image pads it with zeros on every side
         images = fn.slice(images, start=[-padding, -padding], shape=[h + 2 * padding, w + 2 * padding],
                           axis_names="HW", out_of_bounds_policy="pad", fill_values=0)
+    # DALI rounds a 0–1 crop position to a pixel; drawing from the exact offsets 0…2·padding
+    # keeps every offset equally likely (a continuous draw halves the odds of both ends)
+    offsets = [k / (2 * padding) for k in range(2 * padding + 1)] if padding else [0.0]
     return fn.crop_mirror_normalize(
-        images, crop=(h, w), crop_pos_x=fn.random.uniform(range=(0.0, 1.0)),
-        crop_pos_y=fn.random.uniform(range=(0.0, 1.0)),
+        images, crop=(h, w), crop_pos_x=fn.random.uniform(values=offsets),
+        crop_pos_y=fn.random.uniform(values=offsets),
         mirror=fn.random.coin_flip(probability=mirror) if mirror else 0,
         mean=[m * 255 for m in mean], std=[s * 255 for s in std],
         dtype=types.FLOAT, output_layout="CHW")

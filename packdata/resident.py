@@ -71,6 +71,10 @@ class ResidentLoader:
                  device: str | torch.device | None = "cpu", shuffle: bool = True,
                  drop_last: bool = False, seed: int = 0, augment: Augment | None = None,
                  memory_limit: int | None = None, max_fraction: float = 0.8) -> None:
+        if dataset.transform is not None:  # it would be frozen into memory or skipped
+            raise PackdataError(
+                f"{dataset.path}: resident mode serves whole batches from memory and cannot run "
+                "a per-sample transform; use batch_transform= or augment= instead")
         self.dataset = dataset
         self.device = resolve_device(device)
         self.augment = augment

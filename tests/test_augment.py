@@ -224,3 +224,25 @@ def test_seeded_pipeline_draws_differently_in_each_dataloader_worker(packed):
     first, second = run()
     assert not torch.equal(first, second)
     assert all(torch.equal(a, b) for a, b in zip(run(), (first, second)))
+
+
+def test_positive_hue_turns_red_towards_yellow_as_torchvision_does():
+    red = torch.zeros(4, 3, 8, 8)
+    red[:, 0] = 1.0
+    for backend in ("torch", "kornia"):
+        out = Compose([ColorJitter(hue=(0.1, 0.1))], seed=0, backend=backend)(red)
+        green, blue = out[:, 1].mean(), out[:, 2].mean()
+        assert green > blue + 0.2 and blue < 0.05, backend  # before the fix: magenta
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+def test_pipeline_returns_float32_for_any_float_input(images, dtype):
+    out = cifar_recipe(seed=0, backend="torch")(images.to(dtype) / 255)
+    assert out.dtype == torch.float32 and out.shape == images.shape
+
+
+def test_fill_and_erase_values_are_in_the_inputs_units_for_both_backends(images):
+    ops = [RandomCrop(32, padding=8, fill=255), RandomErasing(1.0, scale=(0.3, 0.3), value=255)]
+    for backend in ("torch", "kornia"):
+        out = Compose(ops, seed=0, backend=backend)(images)  # uint8: 255 is white, 1.0 out
+        assert out.max() <= 1.0 and (out == 1.0).float().mean() > 0.2, backend

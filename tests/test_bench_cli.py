@@ -53,3 +53,18 @@ def test_model_that_does_not_fit(packed, tmp_path):
 def test_cuda_without_gpu(packed):
     line = one_line_error(runner.invoke(app, ["bench", str(packed["lmdb"]), "--device", "cuda"]))
     assert "no CUDA GPU is visible" in line and "--device cpu" in line
+
+
+def test_bench_on_token_ids_counts_documents(peps_dir, gpt2_json, tmp_path):
+    """Text batches reach the transformer as padded (ids, mask); samples are documents."""
+    import packdata
+
+    chunks = packdata.convert(packdata.open_source(peps_dir, tokenizer=gpt2_json, max_length=64,
+                                                   split=True), tmp_path / "c.h5").path
+    out = tmp_path / "t.json"
+    result = runner.invoke(app, ["bench", str(chunks), "--steps", "3", "--warmup", "1",
+                                 "--batch-size", "4", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    run = json.loads(out.read_text())["runs"][0]
+    assert run["input"]["kind"] == "text"
+    assert run["io"]["samples"] == run["train"]["samples"] == run["loop"]["samples"] == 12

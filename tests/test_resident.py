@@ -57,3 +57,9 @@ def test_size_estimate_and_the_error_when_it_does_not_fit(packed, keep_tar):
     loaded = ResidentLoader(packdata.open(keep_tar), 50, shuffle=False)
     assert loaded.nbytes == resident_bytes(ds)
     assert torch.equal(next(iter(loaded))[0], ds[list(range(50))][0])
+
+
+def test_a_per_sample_transform_is_refused_not_skipped(packed):
+    ds = packdata.open(packed["lmdb"], transform=lambda x: x.float())
+    with pytest.raises(packdata.PackdataError, match="per-sample transform"):
+        ResidentLoader(ds, 16)

@@ -104,6 +104,11 @@ class BatchAugment:
         """The equivalent ``kornia.augmentation`` module, or None to use :meth:`apply` there too."""
         return None
 
+    def scaled(self, factor: float) -> BatchAugment:
+        """This augmentation with its pixel values (a fill colour, an erase value) multiplied by
+        ``factor``: the kornia backend runs on 0–1 floats, where a uint8 batch's 255 is 1."""
+        return self
+
     def applied(self, n: int, generator: torch.Generator | None,
                 device: torch.device) -> torch.Tensor:
         """Bool mask: which of ``n`` samples this augmentation transforms."""

@@ -70,7 +70,7 @@ class Compose:
         self.backend = resolve_backend(backend)
         self.seed = seed
         self._generators = DeviceGenerators(seed)
-        self._kornia: dict[torch.device, list] = {}
+        self._kornia: dict[tuple[torch.device, float], tuple[list, list]] = {}
 
     def manual_seed(self, seed: int) -> Compose:
         """Restart the random sequence from ``seed``."""
@@ -84,6 +84,8 @@ class Compose:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         check_images(x, "Compose")
+        if x.is_floating_point() and x.dtype != torch.float32:  # float32 out, whatever came in
+            x = x.float()
         generator = self.generator(x.device)
         if self.backend == "kornia":
             return self._kornia_call(x, generator)
@@ -92,22 +94,25 @@ class Compose:
         return to_float(x)
 
     def _kornia_call(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-        if x.device not in self._kornia:
-            self._kornia[x.device] = [
-                m.to(x.device) if (m := op.kornia_module()) is not None else None for op in self.ops]
-        modules = self._kornia[x.device]
-        x = to_float(x)  # kornia works on 0–1 floats
+        factor = 1 / 255 if x.dtype == torch.uint8 else 1.0  # kornia works on 0–1 floats
+        if (x.device, factor) not in self._kornia:
+            ops = [op.scaled(factor) for op in self.ops]
+            self._kornia[x.device, factor] = ops, [
+                m.to(x.device) if (m := op.kornia_module()) is not None else None for op in ops]
+        ops, modules = self._kornia[x.device, factor]
+        x = to_float(x)
         if generator is None:
-            return self._run_kornia(x, modules, None)
+            return self._run_kornia(x, ops, modules, None)
         # one seed per call from our generator, so kornia's draws replay with the pipeline's seed
         seed = int(torch.randint(2**62, (1,), generator=generator, device=generator.device))
         devices = [x.device.index or 0] if x.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices, device_type=x.device.type):
             torch.manual_seed(seed)
-            return self._run_kornia(x, modules, generator)
+            return self._run_kornia(x, ops, modules, generator)
 
-    def _run_kornia(self, x: torch.Tensor, modules: list, generator: torch.Generator | None):
-        for op, module in zip(self.ops, modules):
+    def _run_kornia(self, x: torch.Tensor, ops: list[BatchAugment], modules: list,
+                    generator: torch.Generator | None) -> torch.Tensor:
+        for op, module in zip(ops, modules):
             x = op(x, generator=generator) if module is None else module(x)
         return x
 

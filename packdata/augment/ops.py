@@ -9,6 +9,7 @@ colour ops and :class:`Normalize` return float32.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 
@@ -68,7 +69,7 @@ class RandomCrop(BatchAugment):
         return {"top": top, "left": left}
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
-        if x.device.type == "cpu":
+        if x.device.type == "cpu" and x.dtype != torch.bfloat16:  # numpy has no bfloat16
             return self._apply_numpy(x, params)
         n, c, height, width = x.shape
         h, w, pad = *self.size, self.padding
@@ -99,6 +100,11 @@ class RandomCrop(BatchAugment):
 
         return K.RandomCrop(self.size, padding=self.padding, fill=self.fill, p=self.p)
 
+    def scaled(self, factor: float) -> RandomCrop:
+        op = copy.copy(self)
+        op.fill = self.fill * factor
+        return op
+
 
 class RandomHorizontalFlip(BatchAugment):
     """Mirror each image left–right with probability ``p``."""
@@ -111,7 +117,8 @@ class RandomHorizontalFlip(BatchAugment):
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
         flip = params["flip"]
-        if x.device.type == "cpu":  # flip only the chosen half (nonzero() would sync a GPU)
+        if x.device.type == "cpu" and x.dtype != torch.bfloat16:  # only the chosen half
+            # (on a GPU nonzero() would sync)
             chosen = flip.nonzero().squeeze(1).numpy()
             # B×H×W×C is a view for channels-last input; each image row is then W·C contiguous
             # values, and one take() with a precomputed column order beats a ::-1 copy of
@@ -218,7 +225,7 @@ class ColorJitter(BatchAugment):
                 s = params["saturation"][:, None, None]
                 a, b = eye * s + (1 - s) * gray.expand(n, 3, 3), torch.zeros_like(t)
             else:
-                theta = params["hue"] * (2 * math.pi)
+                theta = -params["hue"] * (2 * math.pi)  # so that a positive hue turns red towards yellow
                 cos, sin = torch.cos(theta), torch.sin(theta)
                 rot = torch.zeros(n, 3, 3, device=dev)
                 rot[:, 0, 0], rot[:, 1, 1], rot[:, 2, 2] = 1, cos, cos
@@ -286,6 +293,11 @@ class RandomErasing(BatchAugment):
         import kornia.augmentation as K
 
         return K.RandomErasing(self.scale, self.ratio, value=self.value, p=self.p)
+
+    def scaled(self, factor: float) -> RandomErasing:
+        op = copy.copy(self)
+        op.value = self.value * factor
+        return op
 
 
 class Cutout(RandomErasing):

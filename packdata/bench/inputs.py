@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 import packdata
 from packdata import containers, sources
 from packdata.bench.baselines import PerFileImageDataset
+from packdata.collate import PadCollate
 from packdata.errors import DatasetError, PackdataError
 
 FOLDER = "folder"
@@ -64,7 +65,10 @@ class BenchInput:
         kwargs = options.dataloader_kwargs()
         if self.format == FOLDER:
             return DataLoader(self.dataset, batch_size=batch_size, shuffle=True, **kwargs)
-        return packdata.loader(self.dataset, batch_size, seed=seed, **kwargs)  # type: ignore[arg-type]
+        # token ids of varying length become (ids, mask) B×T, what the transformer takes
+        collate = PadCollate() if self.kind == "text" else None
+        return packdata.loader(self.dataset, batch_size, seed=seed, collate=collate,  # type: ignore[arg-type]
+                               **kwargs)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "path": str(self.path), "format": self.format,

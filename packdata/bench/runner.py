@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -45,8 +46,8 @@ class BenchSettings:
         for name in ("batch_size", "steps"):
             if getattr(self, name) < 1:
                 raise BenchError(f"{name} must be ≥ 1, got {getattr(self, name)}")
-        if self.warmup < 0 or self.workers < 0 or self.max_seconds <= 0:
-            raise BenchError("warmup and workers must be ≥ 0 and max_seconds > 0")
+        if self.warmup < 0 or self.workers < 0 or not 0 < self.max_seconds < math.inf:
+            raise BenchError("warmup and workers must be ≥ 0 and max_seconds finite and > 0")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
