@@ -56,26 +56,26 @@ def npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
     return buf.getvalue()
 
 
+# The constant parts of a POSIX ustar header for a regular file (mode 0644, owner 0, time 0)
+_MODE_OWNER = b"0000644\x000000000\x000000000\x00"  # mode, uid, gid
+_MTIME = b"00000000000\x00"
+_TAIL = b"0" + bytes(100) + b"ustar\x0000" + bytes(247)  # type, link name, magic, the rest
+_CONSTANT_SUM = sum(_MODE_OWNER) + sum(_MTIME) + sum(b" " * 8) + sum(_TAIL)
+
+
 def ustar_header(name: str, size: int) -> bytes:
-    """A POSIX ustar header for a regular file (mode 0644, owner 0, time 0): written by hand,
-    since building a TarInfo per member costs more than the rest of a conversion's main loop."""
+    """A POSIX ustar header for a regular file (mode 0644, owner 0, time 0): assembled from
+    constant parts, since building a TarInfo per member costs more than the rest of a
+    conversion's main loop."""
     encoded = name.encode()
     if len(encoded) > 100 or size >= 8**11:
         info = tarfile.TarInfo(name)
         info.size = size
         return info.tobuf(tarfile.PAX_FORMAT)
-    header = bytearray(512)
-    header[0 : len(encoded)] = encoded
-    header[100:108] = b"0000644\0"
-    header[108:116] = b"0000000\0"
-    header[116:124] = b"0000000\0"
-    header[124:136] = b"%011o\0" % size
-    header[136:148] = b"00000000000\0"
-    header[148:156] = b"        "
-    header[156:157] = b"0"
-    header[257:265] = b"ustar\x0000"
-    header[148:156] = b"%06o\0 " % sum(header)
-    return bytes(header)
+    size_field = b"%011o\x00" % size
+    checksum = _CONSTANT_SUM + sum(encoded) + sum(size_field)  # the checksum field counts as spaces
+    return b"".join((encoded, bytes(100 - len(encoded)), _MODE_OWNER, size_field, _MTIME,
+                     b"%06o\x00 " % checksum, _TAIL))
 
 
 def parse_shard_size(text: str | int) -> tuple[int | None, int | None]:
@@ -123,6 +123,8 @@ class TarWriter(Writer):
             f"{n}.{col}": [] for n in fields for col in ("shard", "offset", "nbytes")
         }
         self.values = {n: [] for n, f in fields.items() if f.shape == ()}
+        self.columns = {n: tuple(self.index[f"{n}.{col}"] for col in ("shard", "offset", "nbytes"))
+                        for n in fields}  # the index lists each record appends to
         self.member_keys: dict[str, str] = {}  # member name stem → record key
 
     def _shard(self) -> Any:
@@ -166,9 +168,10 @@ class TarWriter(Writer):
             out.write(header + payload + bytes(-len(payload) % 512))
             data_start = self.offset + len(header)
             self.offset = data_start + len(payload) + (-len(payload) % 512)
-            self.index[f"{name}.shard"].append(len(self.shards) - 1)
-            self.index[f"{name}.offset"].append(data_start + skip)
-            self.index[f"{name}.nbytes"].append(len(payload) - skip)
+            shards, offsets, sizes = self.columns[name]
+            shards.append(len(self.shards) - 1)
+            offsets.append(data_start + skip)
+            sizes.append(len(payload) - skip)
             if name in self.values:
                 self.values[name].append(value)
         self.shards[-1]["count"] += 1
