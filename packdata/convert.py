@@ -114,9 +114,10 @@ def _records(
 
 def _stop(pool: ProcessPoolExecutor) -> None:
     """End the workers now: on an error or Ctrl-C, the rest of their work is not wanted."""
-    pool.shutdown(wait=False, cancel_futures=True)
-    # no public way to stop running tasks before Python 3.14 (terminate_workers)
+    # no public way to stop running tasks before Python 3.14 (terminate_workers); read the
+    # processes first: shutdown() forgets them
     processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         if process.is_alive():
             process.terminate()

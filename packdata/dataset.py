@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset
 
 from packdata import containers, sources
 from packdata.containers.base import Reader
@@ -96,11 +96,11 @@ class PackedDataset(Dataset):
         """The samples ``indices`` as one batch: a tuple of batched tensors (or lists, for
         variable-length fields); a lone tensor when samples have one part. With a per-sample
         ``transform``, each sample is transformed and the batch collated as DataLoader would."""
-        if self.transform is not None:
-            out = default_collate(self.__getitems__(indices))
-            out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        idx = self._indices(indices)
+        if self.transform is not None and len(idx):
+            out = _batch_of(self.__getitems__(idx))
         else:
-            out = self._read(self._indices(indices))
+            out = self._read(idx)
         if self.batch_transform is not None:
             out = (self.batch_transform(out[0]), *out[1:])
         return out if len(out) > 1 else out[0]
@@ -161,6 +161,17 @@ class PackedDataset(Dataset):
     def __repr__(self) -> str:
         m = self.manifest
         return f"{type(self).__name__}('{self.path}', {m.count} {m.kind} samples, {m.container})"
+
+
+def _batch_of(samples: list) -> tuple:
+    """Samples back into batch parts as ``_read`` gives them: a part is stacked where every
+    sample's has the same shape, a list otherwise (variable-length token ids)."""
+    parts = zip(*(s if isinstance(s, tuple) else (s,) for s in samples))
+    return tuple(
+        torch.stack(part) if all(isinstance(x, torch.Tensor) for x in part)
+        and len({x.shape for x in part}) == 1 else list(part)
+        for part in parts
+    )
 
 
 class LMDBDataset(PackedDataset):

@@ -61,7 +61,9 @@ class StreamingDataset(IterableDataset):
         self._epoch.set(epoch)
 
     def __len__(self) -> int:
-        """Samples this DDP rank yields per epoch (over all its DataLoader workers)."""
+        """Samples this DDP rank yields per epoch (over all its DataLoader workers). Not batches:
+        with workers each batches its own part, so a DataLoader may yield up to
+        ``num_workers - 1`` more (partial) batches than ``len(loader)`` says."""
         _, world = ddp_rank_world()
         count = len(self.dataset)
         return count // world if self.drop_last else -(-count // world)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import json
+import multiprocessing
 import os
 import pickle
 import shutil
@@ -50,8 +51,9 @@ def bad_folder(tmp_path, png_folder) -> Path:
 def test_bad_image_fails_naming_the_file(tmp_path, bad_folder):
     bad = sorted(p.name for p in bad_folder.glob("*.png"))[3]
     with pytest.raises(SampleError, match=bad) as info:
-        packdata.convert(packdata.open_source(bad_folder), tmp_path / "out.lmdb")
+        packdata.convert(_SmallBlocks(bad_folder), tmp_path / "out.lmdb", workers=2)
     assert "cannot decode image" in str(info.value)
+    assert multiprocessing.active_children() == []  # the workers were stopped, not left running
     assert not (tmp_path / "out.lmdb").exists()
     assert list(tmp_path.glob(".out.lmdb*")) == []
 
@@ -217,11 +219,15 @@ def test_interrupted_conversion_leaves_nothing(tmp_path, png_folder, target):
     assert [p.name for p in tmp_path.iterdir()] == []
 
 
-class _Dying(ImageSource):
-    """A worker killed mid-conversion (as by the OOM killer or a crash in a decoder)."""
+class _SmallBlocks(ImageSource):
+    """Tasks of 4 images, so that a small folder keeps several worker tasks in flight."""
 
     def blocks(self, items):
-        return [items[i : i + 8] for i in range(0, len(items), 8)]
+        return [items[i : i + 4] for i in range(0, len(items), 4)]
+
+
+class _Dying(_SmallBlocks):
+    """A worker killed mid-conversion (as by the OOM killer or a crash in a decoder)."""
 
     def load(self, item):
         if item.key.endswith("0007"):
@@ -236,7 +242,7 @@ def test_dead_worker_is_an_error_naming_its_files_not_a_hang(tmp_path, png_folde
     previous = signal.signal(signal.SIGALRM, hung)
     signal.alarm(120)
     try:
-        with pytest.raises(PackdataError, match="worker stopped unexpectedly .* from .*airplane_0000"):
+        with pytest.raises(PackdataError, match="worker stopped unexpectedly .* from .*airplane_000[04]"):
             packdata.convert(_Dying(png_folder), tmp_path / "d.h5", workers=2)
     finally:
         signal.alarm(0)

@@ -224,3 +224,11 @@ def test_cli_convert_and_inspect(tmp_path, peps_dir, gpt2_json):
                                  "--tokenizer", str(tmp_path / "missing.json")])
     assert result.exit_code == 2 and "tokeniser file not found" in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_per_sample_transform_keeps_variable_length_batches(packed_text):
+    ds = packdata.open(packed_text["hdf5"], transform=lambda ids: ids.long())
+    batch = ds[[0, 1]]
+    assert isinstance(batch, list) and [len(x) for x in batch] == [len(ds[0]), len(ds[1])]
+    assert batch[0].dtype == torch.int64
+    assert ds[[]] == []
