@@ -25,6 +25,12 @@ def ddp_rank_world() -> tuple[int, int]:
     return 0, 1
 
 
+def per_rank(count: int, world_size: int, drop_last: bool) -> int:
+    """Samples each of ``world_size`` ranks gets of ``count``: all of them, the last few wrapped
+    round to make equal shares, or with ``drop_last`` the remainder left out."""
+    return count // world_size if drop_last else -(-count // world_size)
+
+
 class SharedEpoch:
     """An epoch number that DataLoader workers see change.
 
@@ -131,12 +137,8 @@ class EpochBatchSampler(_SeededSampler):
         """This rank's indices for ``epoch``, in order."""
         order = self.rng(epoch).permutation(self.size) if self.shuffle else np.arange(self.size)
         if self.world_size > 1:
-            per_rank = -(-self.size // self.world_size)
-            if self.drop_last:
-                per_rank = self.size // self.world_size
-                order = order[: per_rank * self.world_size]
-            else:
-                order = np.resize(order, per_rank * self.world_size)  # wrap to even shares
+            share = per_rank(self.size, self.world_size, self.drop_last)
+            order = np.resize(order, share * self.world_size)  # cut short, or wrapped round
             order = order[self.rank :: self.world_size]
         return order
 
@@ -147,7 +149,7 @@ class EpochBatchSampler(_SeededSampler):
             yield order[start : start + self.batch_size].tolist()
 
     def __len__(self) -> int:
-        n = self.size // self.world_size if self.drop_last else -(-self.size // self.world_size)
+        n = per_rank(self.size, self.world_size, self.drop_last)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
 

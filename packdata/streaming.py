@@ -16,7 +16,7 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packdata.dataset import PackedDataset, Transform
-from packdata.sampling import SharedEpoch, ddp_rank_world
+from packdata.sampling import SharedEpoch, ddp_rank_world, per_rank
 
 Span = tuple[int, int]  # sample indices [start, stop)
 
@@ -65,19 +65,16 @@ class StreamingDataset(IterableDataset):
         with workers each batches its own part, so a DataLoader may yield up to
         ``num_workers - 1`` more (partial) batches than ``len(loader)`` says."""
         _, world = ddp_rank_world()
-        count = len(self.dataset)
-        return count // world if self.drop_last else -(-count // world)
+        return per_rank(len(self.dataset), world, self.drop_last)
 
     def spans_for(self, epoch: int, rank: int, world: int, worker: int = 0,
                   workers: int = 1) -> list[Span]:
         """What one worker of one rank reads in ``epoch``: runs of sample indices, in order."""
         order = np.random.default_rng([self.seed, epoch]).permutation(len(self.spans))
         sequence = [self.spans[i] for i in order]
-        count = len(self.dataset)
-        per_rank = count // world if self.drop_last else -(-count // world)
-        first = rank * per_rank
-        lo = first + per_rank * worker // workers
-        hi = first + per_rank * (worker + 1) // workers
+        share = per_rank(len(self.dataset), world, self.drop_last)
+        lo = rank * share + share * worker // workers
+        hi = rank * share + share * (worker + 1) // workers
         return _positions(sequence, lo, hi)
 
     def _samples(self, epoch: int) -> Iterator[Any]:
