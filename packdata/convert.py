@@ -103,26 +103,15 @@ def _records(
             if nxt is not None:
                 pending.append((nxt, pool.submit(_load_block, nxt)))
             yield from zip(block, loaded)
-        pool.shutdown(wait=True)
     except BrokenProcessPool:  # the culprit is in this block or one queued after it
         raise PackdataError("a conversion worker stopped unexpectedly (killed, out of memory, or "
                             f"crashed in a decoder) while loading inputs from {block[0].path} "
                             "on") from None
     finally:
-        _stop(pool)
-
-
-def _stop(pool: ProcessPoolExecutor) -> None:
-    """End the workers now: on an error or Ctrl-C, the rest of their work is not wanted."""
-    # no public way to stop running tasks before Python 3.14 (terminate_workers); read the
-    # processes first: shutdown() forgets them
-    processes = list((getattr(pool, "_processes", None) or {}).values())
-    pool.shutdown(wait=False, cancel_futures=True)
-    for process in processes:
-        if process.is_alive():
-            process.terminate()
-    for process in processes:
-        process.join()
+        # queued blocks are dropped, the ones being loaded finish: killing a worker instead
+        # could cut a result off mid-send and leave the pool's reader thread (and so the
+        # interpreter's exit) waiting for the rest forever
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _check_unique_keys(items: list[Item]) -> None:

@@ -88,5 +88,8 @@ def test_device_names_and_settings():
         resolve_device("gpu0")
     with pytest.raises(BenchError, match="batch_size"):
         BenchSettings(batch_size=0)
+    for seconds in (0.0, float("nan"), float("inf")):  # nan would end every measurement at once
+        with pytest.raises(BenchError, match="max_seconds finite"):
+            BenchSettings(max_seconds=seconds)
     nested = to_device((torch.ones(2), [torch.zeros(1)], {"a": torch.ones(1)}, "key"), CPU)
     assert nested[3] == "key" and isinstance(nested[1], list)

@@ -115,3 +115,11 @@ def test_reload_from_manifest_description_checks_the_file(tmp_path, gpt2_json, g
             from_description(desc)
     assert isinstance(from_description(ByteTokenizer().describe()), ByteTokenizer)
     assert token_dtype(65536) == "uint16" and token_dtype(65537) == "uint32"
+
+
+def test_description_reloads_from_another_directory(tmp_path, gpt2_json, monkeypatch):
+    (tmp_path / "tokenizer.json").write_bytes(gpt2_json.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    desc = load_tokenizer("tokenizer.json").describe()  # given relative, as on a command line
+    monkeypatch.chdir(tmp_path.parent)
+    assert from_description(desc).encode_batch(["Hello"])[0].tolist() == [15496]
