@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -10,13 +12,14 @@ from packdata.bench.models import build_model
 from packdata.bench.runner import (
     BenchSettings,
     Trainer,
+    bench_device,
     first_batch,
     measure_io,
     measure_loop,
     measure_train,
-    resolve_device,
     to_device,
 )
+from packdata.device import DeviceError
 from packdata.errors import BenchError
 
 CPU = torch.device("cpu")
@@ -78,14 +81,18 @@ def test_model_that_does_not_accept_the_batch(packed):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
 def test_cuda_without_gpu_is_a_clear_error():
-    with pytest.raises(BenchError, match="no CUDA GPU is visible"):
-        resolve_device("cuda")
-    assert resolve_device("auto") == CPU
+    with pytest.raises(DeviceError, match="'cuda' was asked for but"):
+        bench_device("cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a CPU bench is a normal choice: no warning
+        assert bench_device("auto") == CPU
 
 
 def test_device_names_and_settings():
-    with pytest.raises(BenchError, match="expected auto, cpu, cuda"):
-        resolve_device("gpu0")
+    with pytest.raises(DeviceError, match="'gpu0': not a device name"):
+        bench_device("gpu0")
+    with pytest.raises(BenchError, match="runs on cpu or cuda"):
+        bench_device("meta")
     with pytest.raises(BenchError, match="batch_size"):
         BenchSettings(batch_size=0)
     for seconds in (0.0, float("nan"), float("inf")):  # nan would end every measurement at once

@@ -24,7 +24,8 @@ from torch import nn
 
 from packdata.bench.inputs import BenchInput, LoaderOptions, endless
 from packdata.bench.models import describe_batch, loss_of, prepare_inputs, split_batch
-from packdata.bench.timer import StepTimer, _len_of, device_sync
+from packdata.bench.timer import StepTimer, batch_size_of, device_sync
+from packdata.device import map_tensors, resolve_device
 from packdata.errors import BenchError
 
 
@@ -53,33 +54,20 @@ class BenchSettings:
         return asdict(self)
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto`` → cuda when a GPU is visible, else cpu; ``cuda`` without a GPU is an error."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise BenchError(f"device '{name}': expected auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-        raise BenchError(f"--device {name}: no CUDA GPU is visible to torch {torch.__version__} "
-                         f"({build}); use --device cpu or auto")
+def bench_device(name: str) -> torch.device:
+    """``auto`` → cuda when a GPU is visible, else cpu (quietly: a CPU bench is a normal choice);
+    a device that is not present is :func:`packdata.device.resolve_device`'s error."""
+    if name == "auto" and not torch.cuda.is_available():
+        return torch.device("cpu")
+    device = resolve_device(name)
     if device.type not in ("cpu", "cuda"):
         raise BenchError(f"device '{name}': the bench runs on cpu or cuda")
     return device
 
 
 def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
-    """Every tensor of ``batch`` on ``device`` (the one place the bench copies to the device;
-    a prefetching device loader can take its place)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(to_device(x, device, non_blocking) for x in batch)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device, non_blocking) for k, v in batch.items()}
-    return batch
+    """Every tensor of ``batch`` on ``device`` (the one place the bench copies to the device)."""
+    return map_tensors(batch, lambda t: t.to(device, non_blocking=non_blocking))
 
 
 class Trainer:
@@ -164,7 +152,7 @@ def measure_io(inp: BenchInput, settings: BenchSettings, options: LoaderOptions,
         start = time.perf_counter()
         deadline = start + settings.max_seconds
         while steps < settings.steps and (steps == 0 or time.perf_counter() < deadline):
-            samples += _len_of(next(batches))
+            samples += batch_size_of(next(batches))
             steps += 1
         sync()  # non_blocking copies still in flight belong to the measured time
         return _result(samples, steps, time.perf_counter() - start)
@@ -179,7 +167,7 @@ def measure_train(trainer: Trainer, batch: Any, settings: BenchSettings) -> dict
     for _ in range(settings.warmup):
         trainer(batch)
     sync()
-    size = _len_of(batch)
+    size = batch_size_of(batch)
     steps = 0
     start = time.perf_counter()
     deadline = start + settings.max_seconds

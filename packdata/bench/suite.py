@@ -19,11 +19,11 @@ from packdata.bench.profile import profile_loop
 from packdata.bench.runner import (
     BenchSettings,
     Trainer,
+    bench_device,
     first_batch,
     measure_io,
     measure_loop,
     measure_train,
-    resolve_device,
 )
 from packdata.bench.sweep import default_grid, run_sweep
 from packdata.bench.verdict import Facts, advice, verdict
@@ -96,7 +96,7 @@ def run_bench(
     (:func:`packdata.bench.sweep.default_grid`); ``sweep_seconds`` bounds each configuration."""
     settings = settings or BenchSettings()
     started = time.perf_counter()
-    device = resolve_device(settings.device)
+    device = bench_device(settings.device)
     main = open_input(path)
     if compare and main.format != FOLDER:
         raise BenchError(f"--compare converts an image folder into every container; {path} is "

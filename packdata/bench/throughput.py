@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from packdata.bench.timer import batch_size_of
+
 
 def touch(batch: Any) -> int:
     """Read one element of every sample so that lazily produced data is really produced."""
@@ -15,11 +17,6 @@ def touch(batch: Any) -> int:
     if isinstance(x, torch.Tensor):
         return int(x[(slice(None),) + (0,) * (x.ndim - 1)].sum())  # no copy of the batch
     return sum(int(t[(0,) * t.ndim]) for t in x)
-
-
-def batch_size_of(batch: Any) -> int:
-    x = batch[0] if isinstance(batch, (tuple, list)) else batch
-    return len(x)
 
 
 def sample_rate(

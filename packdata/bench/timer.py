@@ -23,8 +23,14 @@ import torch
 T = TypeVar("T")
 
 
-def _len_of(batch: Any) -> int:
-    x = batch[0] if isinstance(batch, (tuple, list)) else batch
+def batch_size_of(batch: Any) -> int:
+    """Samples in a batch: the length of its first part (``(images, labels)``: the images; a
+    dict: its first entry); 1 for something without a length."""
+    x = batch
+    if isinstance(x, dict) and x:
+        x = next(iter(x.values()))
+    elif isinstance(x, (tuple, list)) and x:
+        x = x[0]
     try:
         return len(x)
     except TypeError:
@@ -95,7 +101,7 @@ class StepTimer:
             self.train_total += train
         self._t1, self._t2 = t3, None  # the next wait for data starts now
 
-    def iterate(self, batches: Iterable[T], size: Callable[[T], int] = _len_of) -> Iterator[T]:
+    def iterate(self, batches: Iterable[T], size: Callable[[T], int] = batch_size_of) -> Iterator[T]:
         """Yield from ``batches``, timing each wait for a batch and each step on it (the step
         is the time until the loop asks for the next batch)."""
         self.start()
