@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 import torch
@@ -68,3 +69,47 @@ def test_bench_on_token_ids_counts_documents(peps_dir, gpt2_json, tmp_path):
     run = json.loads(out.read_text())["runs"][0]
     assert run["input"]["kind"] == "text"
     assert run["io"]["samples"] == run["train"]["samples"] == run["loop"]["samples"] == 12
+
+
+def test_whole_documents_stay_within_max_seconds(packed_text, tmp_path):
+    """PEPs tokenised whole (up to ~30,000 tokens): --max-seconds bounds every measurement,
+    warm-up included, and the built-in transformer's cap is said before measuring."""
+    out = tmp_path / "w.json"
+    start = time.perf_counter()
+    result = runner.invoke(app, ["bench", str(packed_text["hdf5"]), "--batch-size", "4",
+                                 "--steps", "1000", "--warmup", "1000", "--max-seconds", "1",
+                                 "--json", str(out)])
+    elapsed = time.perf_counter() - start
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert re.search(r"warning: the first batch's documents run to [\d,]+ tokens; the built-in "
+                     r"transformer trains on the first 512 of each", text)
+    doc = json.loads(out.read_text())
+    run = doc["runs"][0]
+    assert run["train"]["steps"] < 1000 and run["loop"]["steps"] < 1000  # stopped by the clock
+    assert elapsed < 3 * (1 + 1.5) + 5  # three measurements of 1 s plus a step each, start-up
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--target-gpu", "TPU"], "--target-gpu 'TPU': unknown; known GPUs: A100, H100, H200, L4, "
+                              "V100, RTX 4090"),
+    (["--target-gpu", "H100", "--mfu", "0"], "--mfu 0.0: expected a share of the peak in (0, 1]"),
+    (["--target-gpu", "H100", "--mfu", "40"], "--mfu 40.0: expected a share"),
+    (["--target-gpu", "H100", "--target-flops", "1e15"], "not both"),
+])
+def test_bad_target_is_one_line_before_measuring(packed, args, message):
+    assert message in one_line_error(runner.invoke(app, ["bench", str(packed["lmdb"]), *args]))
+
+
+def test_target_gpu_in_the_verdict_and_json(packed, tmp_path):
+    out = tmp_path / "t.json"
+    result = runner.invoke(app, ["bench", str(packed["lmdb"]), *FAST, "--augment", "cifar",
+                                 "--target-gpu", "rtx 4090", "--amp", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert re.search(r"An RTX 4090 at 40% MFU \(bf16\) would consume about [\d,]+ samples/s of "
+                     r"this small-cnn; your I/O delivers [\d,]+", text)
+    assert "GFLOP per sample per training step" in text
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["augment"] == "cifar"
+    assert doc["runs"][0]["target"]["target"]["peak_flops"] == 165.2e12

@@ -32,7 +32,8 @@ def test_result_and_its_json_have_the_documented_schema(result, tmp_path):
     write_json(result, path)
     doc = json.loads(path.read_text())
     assert schema_errors(doc) == []
-    assert doc["schema"] == 1 and len(doc["sweep"]["rows"]) == 2
+    assert doc["schema"] == 2 and len(doc["sweep"]["rows"]) == 2
+    assert doc["flops"]["per_sample"] > 0 and doc["flops"]["achieved_per_s"] > 0
     assert doc["runs"][0]["input"]["format"] == "lmdb"
     del doc["runs"][0]["loop"]["load_ms"]
     del doc["profile"]["parts_ms"]["other"]
@@ -57,7 +58,9 @@ def test_terminal_report(result):
     print_report(result, console)
     text = console.export_text()
     assert result["runs"][0]["verdict"][:40] in text.replace("\n", " ")
-    assert "loader sweep: 2 configurations" in text and "best: num_workers=" in text
+    assert "loader sweep: 2 configurations × 3 runs" in text
+    assert re.search(r"best: num_workers=|no clear winner: ", text)
+    assert "GFLOP per sample per training step" in text
     assert "step-time breakdown" in text and "data loading is" in text
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import pytest
@@ -68,6 +69,40 @@ def test_loop_with_workers_and_a_time_bound(packed):
     loop = measure_loop(inp, trainer, bounded, LoaderOptions(num_workers=1, prefetch_factor=2,
                                                              persistent_workers=True))
     assert 1 <= loop["steps"] < 10_000  # stopped by the clock, crossing epochs on the way
+
+
+class SlowTrainer:
+    """A training step of a fixed length, standing in for a model far slower than the budget."""
+
+    device = CPU
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.calls = seconds, 0
+
+    def __call__(self, batch) -> None:
+        self.calls += 1
+        time.sleep(self.seconds)
+
+
+def test_max_seconds_bounds_the_warm_up_too():
+    """50 warm-up and 50 timed steps of 0.1 s under a 0.5 s bound: warm-up ends after half the
+    bound, the timed steps at the bound; the whole measurement ends within one step of it."""
+    settings = BenchSettings(batch_size=4, steps=50, warmup=50, max_seconds=0.5)
+    trainer = SlowTrainer(0.1)
+    start = time.perf_counter()
+    result = measure_train(trainer, torch.zeros(4, 3), settings)
+    elapsed = time.perf_counter() - start
+    assert 0.5 <= elapsed < 0.5 + 0.1 + 0.4  # the bound, one step, slack for a busy machine
+    assert 2 <= trainer.calls - result["steps"] <= 3  # warm-up: 0.25 s of 0.1 s steps, not 50
+    assert result["steps"] >= 1
+
+
+def test_a_step_longer_than_the_bound_still_runs_once_each():
+    """A single step over the whole bound: one warm-up and one timed step, not --warmup + --steps."""
+    settings = BenchSettings(batch_size=4, steps=50, warmup=5, max_seconds=0.05)
+    trainer = SlowTrainer(0.1)
+    result = measure_train(trainer, torch.zeros(4, 3), settings)
+    assert trainer.calls == 2 and result["steps"] == 1 and result["samples"] == 4
 
 
 def test_model_that_does_not_accept_the_batch(packed):

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
+
 import pytest
+import torch
 
 from packdata.bench.runner import BenchSettings
 from packdata.bench.suite import run_bench
@@ -45,3 +49,68 @@ def test_not_a_dataset_says_what_was_found(tmp_path):
         run_bench(tmp_path, TINY)
     with pytest.raises(DatasetError, match="no such file"):
         run_bench(tmp_path / "missing", TINY)
+
+
+def test_augmentation_runs_on_the_io_side(packed):
+    """A user's augmentation that costs 40 ms a batch: the I/O rate includes it, as the training
+    loop would wait for it; the loop counts it as loading time."""
+    calls = []
+
+    def slow_flip(images: torch.Tensor) -> torch.Tensor:
+        calls.append(images.shape)
+        time.sleep(0.04)
+        return images.flip(-1).float()
+
+    result = run_bench(packed["lmdb"], TINY, augment=slow_flip)
+    run = result["runs"][0]
+    assert result["settings"]["augment"].endswith("slow_flip")
+    assert run["io"]["samples_per_s"] < 20 / 0.04  # never faster than the augmentation allows
+    assert run["loop"]["load_ms"] >= 40
+    # first batch, then I/O alone and the real loop: warm-up and timed steps each
+    assert len(calls) >= 1 + 2 * (1 + 2) and calls[0] == (20, 3, 32, 32)
+    if run["io_over_train"] < 1.1:  # I/O-bound (as expected at ≤ 500 samples/s): say why
+        assert "this I/O rate includes the augmentation" in " ".join(run["advice"])
+
+
+def test_cifar_augmentation_by_name(packed):
+    result = run_bench(packed["hdf5"], TINY, augment="cifar")
+    assert result["settings"]["augment"] == "cifar"
+    assert all(run["io"]["samples"] == 40 for run in result["runs"])
+    with pytest.raises(BenchError, match="--augment 'autoaugment': known: cifar"):
+        run_bench(packed["hdf5"], TINY, augment="autoaugment")
+
+
+def test_cifar_augmentation_is_for_images(packed_text):
+    with pytest.raises(BenchError, match="--augment cifar is for images; this dataset holds "
+                       "text samples"):
+        run_bench(packed_text["hdf5"], TINY, augment="cifar")
+
+
+def test_target_estimate_in_each_run(packed):
+    result = run_bench(packed["tar"], TINY, target_gpu="A100", mfu=0.5)
+    assert result["settings"]["target"] == {"name": "A100", "peak_flops": 19.5e12,
+                                            "precision": "fp32", "mfu": 0.5}
+    run, flops = result["runs"][0], result["flops"]
+    estimate = run["target"]
+    assert estimate["gpu_samples_per_s"] == pytest.approx(0.5 * 19.5e12 / flops["per_sample"])
+    assert estimate["io_samples_per_s"] == run["io"]["samples_per_s"]
+    assert estimate["text"] in run["verdict"] and run["verdict"].count("An A100 at 50% MFU") == 1
+    assert flops["achieved_per_s"] == pytest.approx(
+        flops["per_sample"] * run["train"]["samples_per_s"])
+
+
+def test_target_without_a_flop_count_is_omitted_with_the_reason(packed, tmp_path):
+    (tmp_path / "rnn.py").write_text(
+        "import torch\n"
+        "class Rows(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.rnn = torch.nn.LSTM(32, 8, batch_first=True)\n"
+        "    def forward(self, x):\n"
+        "        return self.rnn(x.flatten(1, 2))[0][:, -1]\n")
+    result = run_bench(packed["lmdb"], dataclasses.replace(TINY, model=f"{tmp_path}/rnn.py:Rows"),
+                       target_gpu="H100")
+    run = result["runs"][0]
+    assert result["flops"]["per_sample"] is None and "rnn" in result["flops"]["reason"]
+    assert run["target"]["reason"] == result["flops"]["reason"]
+    assert "No estimate for H100: the step runs aten." in run["verdict"]

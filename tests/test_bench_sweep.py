@@ -1,13 +1,26 @@
-"""The loader sweep: which configurations, and a table holding every one asked."""
+"""The loader sweep: which configurations, each repeated, and a winner only beyond the noise."""
 
 from __future__ import annotations
 
+import statistics
+
+import pytest
 import torch
+from rich.console import Console
 
 from packdata.bench.inputs import LoaderOptions, open_input
 from packdata.bench.models import build_model
+from packdata.bench.report import print_sweep, sweep_summary
 from packdata.bench.runner import BenchSettings, Trainer, first_batch
-from packdata.bench.sweep import default_grid, describe, grid, run_sweep, worker_counts
+from packdata.bench.sweep import (
+    decide,
+    default_grid,
+    describe,
+    grid,
+    run_sweep,
+    worker_counts,
+)
+from packdata.errors import BenchError
 
 CPU = torch.device("cpu")
 
@@ -30,20 +43,52 @@ def test_grid_drops_settings_that_cannot_matter():
     assert len(set(cuda)) == len(cuda)
 
 
-def test_sweep_table_holds_every_configuration(packed):
+def test_sweep_repeats_every_configuration_within_its_budget(packed):
     inp = open_input(packed["lmdb"])
     settings = BenchSettings(batch_size=32, steps=3, warmup=1)
     batch = first_batch(inp, settings, CPU)
     trainer = Trainer(build_model("small-cnn", "image", batch, 10)[1], CPU)
-    asked = grid([0, 1], prefetch_factor=(2,), persistent_workers=(False, True))
-    assert len(asked) == 3
+    asked = grid([0, 1], prefetch_factor=(2,), persistent_workers=(True,))
+    assert len(asked) == 2
     lines = []
-    result = run_sweep(inp, trainer, settings, asked, seconds_per_config=2, log=lines.append)
+    result = run_sweep(inp, trainer, settings, asked, seconds=1.0, log=lines.append, repeats=2)
     assert [LoaderOptions(**{k: r[k] for k in LoaderOptions().to_dict()})
             for r in result["rows"]] == asked
-    assert all(1 <= r["steps"] <= 3 and r["samples_per_s"] > 0 for r in result["rows"])
-    rates = [r["samples_per_s"] for r in result["rows"]]
-    assert result["best"] == rates.index(max(rates))
-    assert len(lines) == 3 and result["seconds"] > 0
-    assert describe(result["rows"][2]) == \
+    for row in result["rows"]:
+        assert len(row["rates"]) == 2 and row["samples_per_s"] == statistics.median(row["rates"])
+        assert 2 <= row["steps"] <= 2 * 3  # each run: at least one timed step, at most --steps
+        assert row["spread"] == (max(row["rates"]) - min(row["rates"])) / row["samples_per_s"]
+    assert result["repeats"] == 2 and len(lines) == 4
+    # rounds are interleaved: each configuration once, then each again
+    assert [line.split(": ")[1] for line in lines] == [describe(c) for c in asked] * 2
+    assert result["pick"] in result["tied"] or result["pick"] == result["best"]
+    assert describe(result["rows"][1]) == \
         "num_workers=1, prefetch_factor=2, persistent_workers=True"
+    with pytest.raises(BenchError, match="repeats must be ≥ 2"):
+        run_sweep(inp, trainer, settings, asked, repeats=1)
+
+
+def row(workers: int, *rates: float) -> dict:
+    return {**LoaderOptions(num_workers=workers, prefetch_factor=2 if workers else None
+                            ).to_dict(), "rates": list(rates),
+            "samples_per_s": statistics.median(rates), "load_ms": 1.0, "train_ms": 9.0,
+            "load_share": 0.1, "spread": (max(rates) - min(rates)) / statistics.median(rates)}
+
+
+def test_a_winner_only_beyond_the_noise():
+    clear = [row(0, 80, 85, 90), row(1, 100, 104, 110), row(2, 70, 75, 99)]
+    assert decide(clear) == {"best": 1, "tied": [1], "pick": 1}
+    # 102 vs 88 median, but the ranges overlap: a tie, settled on the fewest workers
+    noisy = [row(0, 80, 88, 101), row(1, 95, 102, 110), row(2, 60, 70, 80)]
+    assert decide(noisy) == {"best": None, "tied": [0, 1], "pick": 0}
+    rows = noisy + [row(0, 1, 2, 3)]
+    report = Console(record=True, width=200)
+    print_sweep({"rows": rows, **decide(rows), "repeats": 3, "seconds": 10.0}, report)
+    text = report.export_text()
+    assert "no clear winner: 2 configurations (≈) are within noise of the fastest" in text
+    assert "the cheapest of them: num_workers=0 (88 samples/s)" in text
+    assert "80–101" in text
+    rows = clear
+    assert sweep_summary({"rows": rows, **decide(rows), "repeats": 3}).startswith(
+        "best: num_workers=1, prefetch_factor=2, persistent_workers=False (104 samples/s; its "
+        "slowest of 3 runs beats every other configuration's fastest)")

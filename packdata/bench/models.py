@@ -61,12 +61,20 @@ class BasicBlock(nn.Module):
 
 
 class ResNet18(nn.Module):
-    """ResNet-18 for small images (CIFAR-style: 3×3 stem, stride 1, no max-pool)."""
+    """ResNet-18. ``stem="cifar"`` (the bench's built-in) for small images: a 3×3 stem at
+    stride 1, no max-pool; ``stem="imagenet"`` the original: 7×7 at stride 2, then a max-pool."""
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 3) -> None:
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, stem: str = "cifar") -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False),
-                                  nn.BatchNorm2d(64), nn.ReLU(inplace=True))
+        if stem == "cifar":
+            self.stem = nn.Sequential(nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False),
+                                      nn.BatchNorm2d(64), nn.ReLU(inplace=True))
+        elif stem == "imagenet":
+            self.stem = nn.Sequential(nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False),
+                                      nn.BatchNorm2d(64), nn.ReLU(inplace=True),
+                                      nn.MaxPool2d(3, 2, 1))
+        else:
+            raise BenchError(f"ResNet18 stem '{stem}': expected 'cifar' or 'imagenet'")
         layers, cin = [], 64
         for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
             layers += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
@@ -94,13 +102,21 @@ class PointNet(nn.Module):
         return self.head(self.point_mlp(points).amax(dim=1))
 
 
+#: tokens of each document the built-in transformer reads: attention costs grow with the square
+#: of the length, and a stand-in model over whole 50,000-token documents would take minutes per
+#: step and say nothing about I/O (the loader still delivers, and is timed on, whole documents)
+MAX_MOCK_TOKENS = 512
+
+
 class SmallTransformer(nn.Module):
-    """Token embedding + sinusoidal positions + a 2-layer encoder, masked mean-pooled."""
+    """Token embedding + sinusoidal positions + a 2-layer encoder, masked mean-pooled, over the
+    first ``max_tokens`` tokens of each sequence."""
 
     def __init__(self, num_classes: int = 2, vocab_size: int = 32_768, dim: int = 128,
-                 layers: int = 2, heads: int = 4) -> None:
+                 layers: int = 2, heads: int = 4, max_tokens: int = MAX_MOCK_TOKENS) -> None:
         super().__init__()
         self.vocab_size = vocab_size
+        self.max_tokens = max_tokens
         self.embed = nn.Embedding(vocab_size, dim)
         layer = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True)
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
@@ -114,6 +130,8 @@ class SmallTransformer(nn.Module):
         return table
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        ids = ids[:, : self.max_tokens]
+        mask = None if mask is None else mask[:, : self.max_tokens]
         # clamp: the bench times the work, and an id past the table would only crash it
         x = self.embed(ids.clamp(0, self.vocab_size - 1))
         x = x + self.positions(ids.shape[1], x.shape[-1], x.device).to(x.dtype)

@@ -16,20 +16,24 @@ from packdata.errors import require
 
 #: the JSON document's keys, level by level (docs/bench.md explains each; tests check both)
 SCHEMA: dict[str, tuple[str, ...]] = {
-    "": ("schema", "dataset", "settings", "environment", "runs", "sweep", "profile", "seconds"),
+    "": ("schema", "dataset", "settings", "environment", "flops", "runs", "sweep", "profile",
+         "seconds"),
     "dataset": ("name", "path", "format", "kind", "count", "num_classes"),
     "settings": ("model", "batch_size", "device", "amp", "steps", "warmup", "max_seconds",
-                 "workers", "seed", "loader"),
+                 "workers", "seed", "loader", "augment", "target"),
     "loader": ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers",
                "non_blocking"),
     "environment": ("torch", "python", "cpu_count", "torch_threads", "device_name"),
-    "run": ("input", "io", "train", "loop", "io_over_train", "verdict", "advice"),
+    "run": ("input", "io", "train", "loop", "io_over_train", "verdict", "advice", "target"),
+    "flops": ("per_step", "per_sample", "batch_size", "reason", "achieved_per_s"),
+    "estimate": ("target", "flops_per_sample", "gpu_samples_per_s", "io_samples_per_s",
+                 "wait_share", "text"),
     "rate": ("samples_per_s", "steps", "samples", "seconds"),
     "loop": ("samples_per_s", "steps", "samples", "seconds", "load_ms", "train_ms", "load_share"),
-    "sweep": ("rows", "best", "seconds"),
+    "sweep": ("rows", "best", "tied", "pick", "repeats", "seconds"),
     "sweep_row": ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers",
-                  "non_blocking", "samples_per_s", "steps", "samples", "seconds", "load_ms",
-                  "train_ms", "load_share"),
+                  "non_blocking", "samples_per_s", "rates", "spread", "steps", "samples",
+                  "seconds", "load_ms", "train_ms", "load_share"),
     "profile": ("steps", "step_ms", "parts_ms", "data_loading_share", "sum_ratio", "trace_dir",
                 "trace_files"),
     "parts_ms": PARTS,
@@ -51,12 +55,16 @@ def schema_errors(doc: dict[str, Any]) -> list[str]:
     need(doc.get("settings"), "settings", "settings")
     need((doc.get("settings") or {}).get("loader"), "loader", "settings.loader")
     need(doc.get("environment"), "environment", "environment")
+    need(doc.get("flops"), "flops", "flops")
     for i, run in enumerate(doc.get("runs") or []):
         need(run, "run", f"runs[{i}]")
         need(run.get("input"), "dataset", f"runs[{i}].input")
         need(run.get("io"), "rate", f"runs[{i}].io")
         need(run.get("train"), "rate", f"runs[{i}].train")
         need(run.get("loop"), "loop", f"runs[{i}].loop")
+        estimate = run.get("target")
+        if isinstance(estimate, dict) and "reason" not in estimate:
+            need(estimate, "estimate", f"runs[{i}].target")
     if not doc.get("runs"):
         errors.append("runs: empty")
     if doc.get("sweep") is not None:
@@ -104,6 +112,7 @@ def print_report(result: dict[str, Any], console: Console) -> None:
                       f"{loop['load_ms']:.1f}", f"{loop['train_ms']:.1f}",
                       f"{loop['load_share']:.0%}", f"{run['io_over_train']:.1f}×")
     console.print(table)
+    console.print(flops_line(result), highlight=False)
     for run in result["runs"]:
         prefix = f"[bold]{run['input']['name']}[/bold]: " if len(result["runs"]) > 1 else ""
         console.print(prefix + run["verdict"], highlight=False)
@@ -115,23 +124,46 @@ def print_report(result: dict[str, Any], console: Console) -> None:
         print_profile(result["profile"], console)
 
 
+def flops_line(result: dict[str, Any]) -> str:
+    """The model's FLOPs per sample and the FLOP/s training alone achieved, or why not."""
+    f = result["flops"]
+    if f["per_sample"] is None:
+        return f"FLOPs: not counted: {f['reason']}"
+    rate = f["achieved_per_s"]
+    achieved = f"{rate / 1e12:,.3g} TFLOP/s" if rate >= 1e12 else f"{rate / 1e9:,.3g} GFLOP/s"
+    return (f"FLOPs: {f['per_sample'] / 1e9:,.3g} GFLOP per sample per training step (forward "
+            f"+ backward); training alone achieved {achieved}")
+
+
 def print_sweep(sweep: dict[str, Any], console: Console) -> None:
-    table = Table(title=f"loader sweep: {len(sweep['rows'])} configurations in "
-                  f"{sweep['seconds']:.0f} s")
+    table = Table(title=f"loader sweep: {len(sweep['rows'])} configurations × "
+                  f"{sweep['repeats']} runs in {sweep['seconds']:.0f} s (median samples/s)")
     for col in ("", "workers", "prefetch", "persist", "pin", "non-blk", "load ms", "train ms",
-                "waiting", "samples/s"):
+                "waiting", "samples/s", "range", "spread"):
         table.add_column(col, justify="right")
     for i, r in enumerate(sweep["rows"]):
-        table.add_row("★" if i == sweep["best"] else "", str(r["num_workers"]),
+        mark = "★" if i == sweep["best"] else "≈" if i in sweep["tied"] else ""
+        table.add_row(mark, str(r["num_workers"]),
                       str(r["prefetch_factor"] or "–"), "yes" if r["persistent_workers"] else "no",
                       "yes" if r["pin_memory"] else "no", "yes" if r["non_blocking"] else "no",
                       f"{r['load_ms']:.1f}", f"{r['train_ms']:.1f}", f"{r['load_share']:.0%}",
-                      _rate(r["samples_per_s"]))
+                      _rate(r["samples_per_s"]),
+                      f"{_rate(min(r['rates']))}–{_rate(max(r['rates']))}", f"±{r['spread'] / 2:.0%}")
     console.print(table)
+    console.print(sweep_summary(sweep), highlight=False)
+
+
+def sweep_summary(sweep: dict[str, Any]) -> str:
+    """The sweep's conclusion in one sentence: a clear winner, or a tie and what to use."""
+    rows, n = sweep["rows"], sweep["repeats"]
     if sweep["best"] is not None:
-        best = sweep["rows"][sweep["best"]]
-        console.print(f"best: {describe(best)} ({_rate(best['samples_per_s'])} samples/s)",
-                      highlight=False)
+        best = rows[sweep["best"]]
+        return (f"best: {describe(best)} ({_rate(best['samples_per_s'])} samples/s; its slowest "
+                f"of {n} runs beats every other configuration's fastest)")
+    pick = rows[sweep["pick"]]
+    return (f"no clear winner: {len(sweep['tied'])} configurations (≈) are within noise of the "
+            f"fastest (their ranges over {n} runs overlap); the cheapest of them: "
+            f"{describe(pick)} ({_rate(pick['samples_per_s'])} samples/s)")
 
 
 def print_profile(prof: dict[str, Any], console: Console) -> None:
@@ -183,10 +215,12 @@ def plot(result: dict[str, Any], path: str | Path) -> None:
         ax.barh(ys, [r["load_ms"] for r in rows], label="loading")
         ax.barh(ys, [r["train_ms"] for r in rows], left=[r["load_ms"] for r in rows],
                 label="training")
-        ax.set_yticks(ys, [("★ " if i == sweep["best"] else "") + n for i, n in enumerate(names)])
+        marks = ["★ " if i == sweep["best"] else "≈ " if i in sweep["tied"] else ""
+                 for i in range(len(rows))]
+        ax.set_yticks(ys, [m + n for m, n in zip(marks, names)])
         ax.invert_yaxis()
-        ax.set_xlabel("ms per step")
-        ax.set_title("loader sweep (★ fastest)")
+        ax.set_xlabel("ms per step (median)")
+        ax.set_title("loader sweep (★ clear winner, ≈ within noise of the fastest)")
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=100)

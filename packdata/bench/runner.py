@@ -6,7 +6,9 @@
   timed with :class:`packdata.bench.timer.StepTimer`.
 
 Each measurement skips ``warmup`` steps (worker start-up, cold caches, lazy CUDA init) and then
-runs ``steps`` steps or ``max_seconds``, whichever ends first.
+runs ``steps`` steps; ``max_seconds`` bounds the whole measurement, warm-up included: warm-up
+ends after half of it, the timed steps at the end of it (at least one of each), so a
+measurement takes at most ``max_seconds`` plus one step.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from torch import nn
 from packdata.bench.inputs import BenchInput, LoaderOptions, endless
 from packdata.bench.models import describe_batch, loss_of, prepare_inputs, split_batch
 from packdata.bench.timer import StepTimer, batch_size_of, device_sync
-from packdata.device import map_tensors, resolve_device
+from packdata.device import Augment, augment_images, map_tensors, resolve_device
 from packdata.errors import BenchError
 
 
@@ -39,7 +41,7 @@ class BenchSettings:
     amp: bool = False
     steps: int = 50
     warmup: int = 5
-    max_seconds: float = 20.0  # per measurement, after warm-up
+    max_seconds: float = 20.0  # per measurement, warm-up included
     workers: int = 0
     seed: int = 0
 
@@ -127,31 +129,58 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
 
 
+class Phase:
+    """The clock of one measurement: warm-up gets the first half of ``max_seconds`` (at least
+    one step), timed steps run to the end of it (at least one)."""
+
+    def __init__(self, settings: BenchSettings) -> None:
+        self.settings = settings
+        self.start = time.perf_counter()
+
+    def warming(self, done: int) -> bool:
+        """Whether warm-up step number ``done`` (0-based) should run."""
+        s = self.settings
+        return done < s.warmup and (
+            done == 0 or time.perf_counter() < self.start + s.max_seconds / 2)
+
+    def running(self, done: int) -> bool:
+        """Whether timed step number ``done`` (0-based) should run."""
+        s = self.settings
+        return done < s.steps and (
+            done == 0 or time.perf_counter() < self.start + s.max_seconds)
+
+
 def _result(samples: int, steps: int, seconds: float) -> dict[str, float | int]:
     return {"samples_per_s": samples / seconds if seconds > 0 else float("nan"),
             "steps": steps, "samples": samples, "seconds": seconds}
 
 
 def _device_batches(inp: BenchInput, settings: BenchSettings, options: LoaderOptions,
-                    device: torch.device) -> tuple[Any, Iterator[Any]]:
+                    device: torch.device, augment: Augment | None = None,
+                    ) -> tuple[Any, Iterator[Any]]:
+    """Batches as the training step receives them: loaded, on the device, augmented."""
     loader = inp.loader(settings.batch_size, options, seed=settings.seed)
-    batches = (to_device(b, device, options.non_blocking) for b in endless(loader))
+    batches = (augment_images(to_device(b, device, options.non_blocking), augment)
+               for b in endless(loader))
     return loader, batches
 
 
 def measure_io(inp: BenchInput, settings: BenchSettings, options: LoaderOptions,
-               device: torch.device) -> dict[str, float | int]:
-    """Mock trainer: samples/s of batches moved to the device and dropped."""
+               device: torch.device, augment: Augment | None = None) -> dict[str, float | int]:
+    """Mock trainer: samples/s of batches moved to the device, augmented there by ``augment``
+    (when given) and dropped."""
     sync = device_sync(device)
-    loader, batches = _device_batches(inp, settings, options, device)
+    phase = Phase(settings)
+    loader, batches = _device_batches(inp, settings, options, device, augment)
     try:
-        for _ in range(settings.warmup):
+        warm = 0
+        while phase.warming(warm):
             next(batches)
+            warm += 1
         sync()
         samples = steps = 0
         start = time.perf_counter()
-        deadline = start + settings.max_seconds
-        while steps < settings.steps and (steps == 0 or time.perf_counter() < deadline):
+        while phase.running(steps):
             samples += batch_size_of(next(batches))
             steps += 1
         sync()  # non_blocking copies still in flight belong to the measured time
@@ -164,14 +193,16 @@ def measure_io(inp: BenchInput, settings: BenchSettings, options: LoaderOptions,
 def measure_train(trainer: Trainer, batch: Any, settings: BenchSettings) -> dict[str, float | int]:
     """Mock loader: samples/s of training on one batch kept on the device."""
     sync = device_sync(trainer.device)
-    for _ in range(settings.warmup):
+    phase = Phase(settings)
+    warm = 0
+    while phase.warming(warm):
         trainer(batch)
+        warm += 1
     sync()
     size = batch_size_of(batch)
     steps = 0
     start = time.perf_counter()
-    deadline = start + settings.max_seconds
-    while steps < settings.steps and (steps == 0 or time.perf_counter() < deadline):
+    while phase.running(steps):
         trainer(batch)
         steps += 1
     sync()
@@ -180,18 +211,18 @@ def measure_train(trainer: Trainer, batch: Any, settings: BenchSettings) -> dict
 
 def measure_loop(inp: BenchInput, trainer: Trainer, settings: BenchSettings,
                  options: LoaderOptions, on_step: Callable[[], None] | None = None,
-                 ) -> dict[str, float | int]:
+                 augment: Augment | None = None) -> dict[str, float | int]:
     """The real loop: samples/s, and loading vs training time per step (ms, and the share of
-    the step spent loading), from :class:`StepTimer`."""
+    the step spent loading), from :class:`StepTimer`; the augmentation counts as loading."""
     timer = StepTimer(window=settings.steps, device=trainer.device, skip=settings.warmup)
-    loader, batches = _device_batches(inp, settings, options, trainer.device)
-    deadline = None
+    phase = Phase(settings)
+    loader, batches = _device_batches(inp, settings, options, trainer.device, augment)
     try:
         for batch in timer.iterate(batches):
-            if timer.steps >= settings.steps or (deadline and time.perf_counter() > deadline):
+            if timer.seen < timer.skip and not phase.warming(timer.seen):
+                timer.skip = timer.seen  # warm-up has had its half of the time: count from here
+            if timer.seen >= timer.skip and not phase.running(timer.steps):
                 break
-            if deadline is None and timer.seen >= settings.warmup:
-                deadline = time.perf_counter() + settings.max_seconds
             trainer(batch)
             if on_step is not None:
                 on_step()
@@ -203,7 +234,9 @@ def measure_loop(inp: BenchInput, trainer: Trainer, settings: BenchSettings,
             ("samples_per_s", "steps", "samples", "seconds", "load_ms", "train_ms", "load_share")}
 
 
-def first_batch(inp: BenchInput, settings: BenchSettings, device: torch.device) -> Any:
-    """One batch of the input, on the device (sizes the model and feeds the mock loader)."""
+def first_batch(inp: BenchInput, settings: BenchSettings, device: torch.device,
+                augment: Augment | None = None) -> Any:
+    """One batch of the input, on the device and augmented, as training sees it (sizes the
+    model and feeds the mock loader)."""
     loader = inp.loader(settings.batch_size, LoaderOptions(), seed=settings.seed)
-    return to_device(next(iter(loader)), device)
+    return augment_images(to_device(next(iter(loader)), device), augment)

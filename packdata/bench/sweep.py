@@ -1,9 +1,12 @@
-"""``--sweep``: the real loop under each DataLoader setting, as one table with the best named."""
+"""``--sweep``: the real loop under each DataLoader setting, repeated, as one table: a winner named
+only when it beats the others beyond their spread, otherwise the tie said as one."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
+import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -12,6 +15,8 @@ import torch
 
 from packdata.bench.inputs import BenchInput, LoaderOptions
 from packdata.bench.runner import BenchSettings, Trainer, measure_loop
+from packdata.device import Augment
+from packdata.errors import BenchError
 
 
 def worker_counts(cores: int) -> list[int]:
@@ -55,30 +60,79 @@ def run_sweep(
     trainer: Trainer,
     settings: BenchSettings,
     configs: Sequence[LoaderOptions],
-    seconds_per_config: float = 6.0,
+    seconds: float = 90.0,
     log: Callable[[str], Any] = lambda m: None,
+    repeats: int = 3,
+    augment: Augment | None = None,
 ) -> dict[str, Any]:
-    """The real loop under each configuration (from the same weights each time).
+    """The real loop under each configuration, ``repeats`` times in interleaved rounds (a
+    slowdown of the machine hits every configuration alike), each run from the same weights.
+    ``seconds`` is the budget of the whole sweep, shared equally by the runs (each takes at
+    least one warm-up and one timed step).
 
-    Returns ``{"rows": [{options…, samples_per_s, load_ms, train_ms, load_share, steps}],
-    "best": index of the fastest row, "seconds": wall time of the sweep}``.
+    Returns ``{"rows": [{options…, samples_per_s (median), rates (each run), spread, load_ms,
+    train_ms, load_share (medians), steps, samples, seconds (totals)}], "best", "tied", "pick",
+    "repeats", "seconds"}`` (see :func:`decide`).
     """
+    if repeats < 2:
+        raise BenchError(f"sweep repeats must be ≥ 2 to tell a difference from noise, "
+                         f"got {repeats}")
+    if not configs:
+        raise BenchError("the sweep has no configuration to measure")
     start = time.perf_counter()
-    # two warm-up steps suffice to start the workers (the first batch waits for them); more
-    # would cost every configuration several training steps on a slow device
+    per_run = seconds / (len(configs) * repeats)
+    # two warm-up steps suffice to start the workers (the first batch waits for them)
     bounded = dataclasses.replace(settings, warmup=min(settings.warmup, 2),
-                                  max_seconds=min(settings.max_seconds, seconds_per_config))
+                                  max_seconds=min(settings.max_seconds, per_run))
     initial = trainer.state()
-    rows = []
-    for i, options in enumerate(configs):
-        trainer.restore(initial)
-        result = measure_loop(inp, trainer, bounded, options)
-        rows.append({**options.to_dict(), **result})
-        log(f"sweep {i + 1}/{len(configs)}: {describe(options)}: "
-            f"{result['samples_per_s']:,.0f} samples/s")
+    runs: list[list[dict[str, Any]]] = [[] for _ in configs]
+    for r in range(repeats):
+        for i, options in enumerate(configs):
+            trainer.restore(initial)
+            result = measure_loop(inp, trainer, bounded, options, augment=augment)
+            runs[i].append(result)
+            log(f"sweep round {r + 1}/{repeats}, {i + 1}/{len(configs)}: {describe(options)}: "
+                f"{result['samples_per_s']:,.0f} samples/s")
     trainer.restore(initial)
-    best = max(range(len(rows)), key=lambda i: rows[i]["samples_per_s"]) if rows else None
-    return {"rows": rows, "best": best, "seconds": time.perf_counter() - start}
+    rows = [{**options.to_dict(), **_combine(results)} for options, results in zip(configs, runs)]
+    return {"rows": rows, **decide(rows), "repeats": repeats,
+            "seconds": time.perf_counter() - start}
+
+
+def _combine(results: list[dict[str, Any]]) -> dict[str, Any]:
+    rates = [r["samples_per_s"] for r in results]
+    median = statistics.median(rates)
+    return {
+        "samples_per_s": median,
+        "rates": rates,
+        "spread": (max(rates) - min(rates)) / median if median > 0 else math.nan,
+        **{k: statistics.median(r[k] for r in results)
+           for k in ("load_ms", "train_ms", "load_share")},
+        **{k: sum(r[k] for r in results) for k in ("steps", "samples", "seconds")},
+    }
+
+
+def _cost(row: dict[str, Any]) -> tuple:
+    """Fewer workers, then less prefetching, persistence, pinning: what a tie should settle on."""
+    return (row["num_workers"], row["prefetch_factor"] or 0, row["persistent_workers"],
+            row["pin_memory"], row["non_blocking"])
+
+
+def decide(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Which configuration wins, from each row's ``rates`` over the repeats.
+
+    The fastest by median wins (``best``) only when its slowest run beats every other
+    configuration's fastest; otherwise ``best`` is None and ``tied`` lists the configurations
+    whose range overlaps the fastest's (within noise of it). ``pick`` is the one to use: the
+    winner, or among the tied the cheapest (fewest workers, then no prefetch, persistence or
+    pinning).
+    """
+    fastest = max(range(len(rows)), key=lambda i: rows[i]["samples_per_s"])
+    floor = min(rows[fastest]["rates"])
+    tied = [i for i, row in enumerate(rows) if max(row["rates"]) >= floor]
+    best = fastest if tied == [fastest] else None
+    pick = fastest if best is not None else min(tied, key=lambda i: _cost(rows[i]))
+    return {"best": best, "tied": tied, "pick": pick}
 
 
 def describe(options: LoaderOptions | dict[str, Any]) -> str:

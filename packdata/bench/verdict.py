@@ -28,6 +28,7 @@ class Facts:
     pin_memory: bool = False
     batch_size: int = 256
     amp: bool = False
+    augmented: bool = False  # the I/O side ran the user's augmentation
 
     @property
     def ratio(self) -> float:
@@ -87,9 +88,15 @@ def advice(f: Facts) -> list[str]:
         if f.batch_size < 128:
             tips.append(f"Larger batches (now {f.batch_size}): per-batch costs (sampling, "
                         "worker hand-off, copy launch) spread over more samples.")
-        tips.append("Move augmentation to the GPU: augment whole batches on the device "
-                    "(packdata.augment) rather than per sample in the loader. This bench loads "
-                    "without augmentation, so a pipeline that augments on the CPU is slower still.")
+        if f.augmented:
+            tips.append("Augment whole batches on the GPU (packdata.augment on the device "
+                        "batch) rather than per sample in the loader; this I/O rate includes "
+                        "the augmentation, measured where it ran here.")
+        else:
+            tips.append("Move augmentation to the GPU: augment whole batches on the device "
+                        "(packdata.augment) rather than per sample in the loader. These I/O "
+                        "figures are without augmentation (--augment adds it), so a pipeline "
+                        "that augments on the CPU is slower still.")
         return tips
     if f.load_share is not None and f.load_share > STALL_SHARE:
         tips.append(f"I/O alone is fast enough, yet {f.load_share:.0%} of each real step waits "
