@@ -282,7 +282,7 @@ def bench(
         help="Also time the real loop for num_workers 0…cores × prefetch_factor × "
         "persistent_workers (× pin_memory × non_blocking on CUDA), each several times.")] = False,
     sweep_seconds: Annotated[float, typer.Option(
-        help="Time budget of the whole sweep, shared by every run of every configuration.")] = 90.0,
+        help="Time budget of the whole sweep, shared by every run of every configuration.")] = 60.0,
     sweep_repeats: Annotated[int, typer.Option(
         help="Runs of each sweep configuration (interleaved), to tell a winner from noise.")] = 3,
     target_gpu: Annotated[str | None, typer.Option(

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.autograd import DeviceType
 
+from packdata.augment import cifar_recipe
 from packdata.bench.inputs import LoaderOptions, open_input
 from packdata.bench.models import build_model
 from packdata.bench.profile import PARTS, breakdown, profile_loop
@@ -29,12 +30,12 @@ def test_profile_writes_trace_and_breakdown_sums_to_step(packed, tmp_path):
     batch = first_batch(inp, settings, CPU)
     trainer = Trainer(build_model("small-cnn", "image", batch, 10)[1], CPU)
     result = profile_loop(inp, trainer, settings, LoaderOptions(), tmp_path / "prof",
-                          wait=1, warmup=1, active=3)
+                          wait=1, warmup=1, active=3, augment=cifar_recipe(seed=0))
     assert result["steps"] == 3
     assert result["trace_files"], "no trace written"
     trace = json.loads((tmp_path / "prof" / result["trace_files"][0]).read_text())
     names = {e.get("name") for e in trace["traceEvents"]}
-    assert {"packdata.load", "packdata.to_device", "packdata.train"} <= names
+    assert {"packdata.load", "packdata.to_device", "packdata.augment", "packdata.train"} <= names
     parts = result["parts_ms"]
     assert set(parts) == set(PARTS) and all(v >= 0 for v in parts.values())
     assert sum(parts.values()) == pytest.approx(result["step_ms"], rel=0.05)
@@ -45,7 +46,8 @@ def test_profile_writes_trace_and_breakdown_sums_to_step(packed, tmp_path):
 def test_breakdown_from_fixed_events():
     events = [
         event("ProfilerStep*", 0, 1000), event("packdata.load", 0, 300),
-        event("packdata.to_device", 300, 350), event("packdata.train", 400, 950),
+        event("packdata.to_device", 300, 350), event("packdata.augment", 350, 400),
+        event("packdata.train", 400, 950),
         event("aten::conv2d", 420, 900),  # inside train: not counted twice
         event("ProfilerStep*", 1000, 2000), event("packdata.load", 1000, 1100),
         event("packdata.train", 1100, 2000),
@@ -53,7 +55,8 @@ def test_breakdown_from_fixed_events():
     r = breakdown(events)
     assert r["steps"] == 2 and r["step_ms"] == pytest.approx(1.0)
     assert r["parts_ms"] == pytest.approx({"data_loading": 0.2, "host_to_device": 0.025,
-                                           "compute": 0.725, "other": 0.05})
+                                           "augmentation": 0.025, "compute": 0.725,
+                                           "other": 0.025})
     assert r["sum_ratio"] == pytest.approx(1.0)
     assert r["data_loading_share"] == pytest.approx(0.2)
 

@@ -2,9 +2,10 @@
 Chrome's trace viewer, and the step time broken down by packdata from the profiler's events
 (the TensorBoard profiler plugin that used to do this is deprecated).
 
-Each step runs three labelled ranges, ``packdata.load`` (waiting for the next batch),
-``packdata.to_device`` (host-to-device copy) and ``packdata.train`` (forward, backward,
-optimiser; on CUDA it ends with a synchronisation, so it spans the GPU kernels). ``other`` is
+Each step runs labelled ranges, ``packdata.load`` (waiting for the next batch),
+``packdata.to_device`` (host-to-device copy), ``packdata.augment`` (the ``--augment``
+augmentation on the device, when given) and ``packdata.train`` (forward, backward, optimiser;
+on CUDA each range ends with a synchronisation, so it spans its GPU kernels). ``other`` is
 the part of the step (the profiler's ``ProfilerStep#N`` range) that none of them covers. On CUDA
 the summed duration of the GPU kernels is reported beside the breakdown.
 """
@@ -20,17 +21,18 @@ from torch.profiler import ProfilerActivity, record_function, schedule, tensorbo
 from packdata.bench.inputs import BenchInput, LoaderOptions, endless
 from packdata.bench.runner import BenchSettings, Trainer, to_device
 from packdata.bench.timer import device_sync
+from packdata.device import Augment, augment_images
 from packdata.errors import BenchError
 
 #: range name → breakdown part
 RANGES = {"packdata.load": "data_loading", "packdata.to_device": "host_to_device",
-          "packdata.train": "compute"}
+          "packdata.augment": "augmentation", "packdata.train": "compute"}
 PARTS = (*RANGES.values(), "other")
 
 
 def profile_loop(inp: BenchInput, trainer: Trainer, settings: BenchSettings,
                  options: LoaderOptions, out_dir: str | Path, wait: int = 1, warmup: int = 2,
-                 active: int = 5) -> dict[str, Any]:
+                 active: int = 5, augment: Augment | None = None) -> dict[str, Any]:
     """Profile ``wait + warmup + active`` steps of the real loop; write the trace to ``out_dir``
     and return the breakdown of the active steps (see :func:`breakdown`)."""
     out_dir = Path(out_dir)
@@ -53,6 +55,9 @@ def profile_loop(inp: BenchInput, trainer: Trainer, settings: BenchSettings,
                     batch = next(batches)
                 with record_function("packdata.to_device"):
                     batch = to_device(batch, device, options.non_blocking)
+                    sync()
+                with record_function("packdata.augment"):
+                    batch = augment_images(batch, augment)
                     sync()
                 with record_function("packdata.train"):
                     trainer(batch)

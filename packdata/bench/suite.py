@@ -157,7 +157,7 @@ def run_bench(
     settings: BenchSettings | None = None,
     *,
     sweep: bool = False,
-    sweep_seconds: float = 90.0,
+    sweep_seconds: float = 60.0,
     sweep_grid: Sequence[LoaderOptions] | None = None,
     profile_dir: str | Path | None = None,
     compare: bool = False,
@@ -222,7 +222,8 @@ def run_bench(
         profiled = None
         if profile_dir is not None:
             log(f"profiling the real loop into {profile_dir}")
-            profiled = profile_loop(main, trainer, settings, options, profile_dir)
+            profiled = profile_loop(main, trainer, settings, options, profile_dir,
+                                    augment=augment_fn)
     return {
         "schema": SCHEMA_VERSION,
         "dataset": main.to_dict(),

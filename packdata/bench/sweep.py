@@ -60,7 +60,7 @@ def run_sweep(
     trainer: Trainer,
     settings: BenchSettings,
     configs: Sequence[LoaderOptions],
-    seconds: float = 90.0,
+    seconds: float = 60.0,
     log: Callable[[str], Any] = lambda m: None,
     repeats: int = 3,
     augment: Augment | None = None,
