@@ -9,7 +9,7 @@ import torch
 
 import packdata
 from packdata.bench import timer as timer_module
-from packdata.bench.timer import StepTimer
+from packdata.bench.timer import StepTimer, batch_size_of
 
 
 class Clock:
@@ -80,3 +80,12 @@ def test_manual_marks_and_misuse(clock):
     assert "25% waiting" in repr(t)
     with pytest.raises(ValueError):
         StepTimer(window=0)
+
+
+def test_batch_size_of_every_batch_shape():
+    images, labels = torch.zeros(6, 3, 4, 4), torch.zeros(6)
+    assert batch_size_of(images) == 6
+    assert batch_size_of((images, labels)) == batch_size_of([images, labels]) == 6
+    assert batch_size_of({"image": images, "label": labels}) == 6  # not the number of keys
+    assert batch_size_of(([torch.zeros(5, 3)] * 4, labels[:4])) == 4  # variable-length samples
+    assert batch_size_of(object()) == 1
