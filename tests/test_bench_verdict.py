@@ -71,3 +71,11 @@ def test_cpu_contention_noted_only_below_serial_rate():
 @pytest.mark.parametrize("io,train", [(1, 0), (0, 1)])
 def test_degenerate_rates_do_not_crash(io, train):
     assert isinstance(verdict(Facts(io_rate=io, train_rate=train)), str)
+
+
+def test_advice_says_whether_the_io_figures_include_augmentation():
+    slow = {"io_rate": 500, "train_rate": 1000, "format": "lmdb"}
+    without = " ".join(advice(Facts(**slow)))
+    assert "These I/O figures are without augmentation (--augment adds it)" in without
+    augmented = " ".join(advice(Facts(**slow, augmented=True)))
+    assert "this I/O rate includes the augmentation" in augmented and "--augment" not in augmented
