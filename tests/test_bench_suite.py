@@ -72,10 +72,19 @@ def test_augmentation_runs_on_the_io_side(packed):
         assert "this I/O rate includes the augmentation" in " ".join(run["advice"])
 
 
-def test_cifar_augmentation_by_name(packed):
-    result = run_bench(packed["hdf5"], TINY, augment="cifar")
+def test_cifar_augmentation_by_name_and_the_target_estimate(packed):
+    result = run_bench(packed["tar"], TINY, augment="cifar", target_gpu="A100", mfu=0.5)
     assert result["settings"]["augment"] == "cifar"
-    assert all(run["io"]["samples"] == 40 for run in result["runs"])
+    assert result["settings"]["target"] == {"name": "A100", "peak_flops": 19.5e12,
+                                            "precision": "fp32", "mfu": 0.5}
+    run, flops = result["runs"][0], result["flops"]
+    assert run["io"]["samples"] == 40
+    estimate = run["target"]
+    assert estimate["gpu_samples_per_s"] == pytest.approx(0.5 * 19.5e12 / flops["per_sample"])
+    assert estimate["io_samples_per_s"] == run["io"]["samples_per_s"]
+    assert estimate["text"] in run["verdict"] and run["verdict"].count("An A100 at 50% MFU") == 1
+    assert flops["achieved_per_s"] == pytest.approx(
+        flops["per_sample"] * run["train"]["samples_per_s"])
     with pytest.raises(BenchError, match="--augment 'autoaugment': known: cifar"):
         run_bench(packed["hdf5"], TINY, augment="autoaugment")
 
@@ -84,19 +93,6 @@ def test_cifar_augmentation_is_for_images(packed_text):
     with pytest.raises(BenchError, match="--augment cifar is for images; this dataset holds "
                        "text samples"):
         run_bench(packed_text["hdf5"], TINY, augment="cifar")
-
-
-def test_target_estimate_in_each_run(packed):
-    result = run_bench(packed["tar"], TINY, target_gpu="A100", mfu=0.5)
-    assert result["settings"]["target"] == {"name": "A100", "peak_flops": 19.5e12,
-                                            "precision": "fp32", "mfu": 0.5}
-    run, flops = result["runs"][0], result["flops"]
-    estimate = run["target"]
-    assert estimate["gpu_samples_per_s"] == pytest.approx(0.5 * 19.5e12 / flops["per_sample"])
-    assert estimate["io_samples_per_s"] == run["io"]["samples_per_s"]
-    assert estimate["text"] in run["verdict"] and run["verdict"].count("An A100 at 50% MFU") == 1
-    assert flops["achieved_per_s"] == pytest.approx(
-        flops["per_sample"] * run["train"]["samples_per_s"])
 
 
 def test_target_without_a_flop_count_is_omitted_with_the_reason(packed, tmp_path):
