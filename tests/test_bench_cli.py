@@ -99,8 +99,10 @@ def test_whole_documents_stay_within_max_seconds(packed_text, tmp_path):
     (["--target-gpu", "H100", "--mfu", "0"], "--mfu 0.0: expected a share of the peak in (0, 1]"),
     (["--target-gpu", "H100", "--mfu", "40"], "--mfu 40.0: expected a share"),
     (["--target-gpu", "H100", "--target-flops", "1e15"], "not both"),
+    (["--sweep", "--sweep-repeats", "1"], "sweep repeats must be ≥ 2"),
+    (["--sweep", "--sweep-seconds", "0"], "--sweep-seconds 0.0: expected the sweep's time budget"),
 ])
-def test_bad_target_is_one_line_before_measuring(packed, args, message):
+def test_bad_options_are_one_line_before_measuring(packed, args, message):
     assert message in one_line_error(runner.invoke(app, ["bench", str(packed["lmdb"]), *args]))
 
 

@@ -184,6 +184,9 @@ def run_bench(
     if sweep and sweep_repeats < 2:
         raise BenchError(f"sweep repeats must be ≥ 2 to tell a difference from noise, "
                          f"got {sweep_repeats}")
+    if sweep and not 0 < sweep_seconds < float("inf"):
+        raise BenchError(f"--sweep-seconds {sweep_seconds}: expected the sweep's time budget in "
+                         "seconds, > 0")
     device = bench_device(settings.device)
     main = open_input(path)
     augment_name, augment_fn = resolve_augment(augment, main.kind, settings.seed)
