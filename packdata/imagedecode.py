@@ -15,8 +15,8 @@ Crop and decode are fused: boxes are drawn for the whole batch at once from the 
 (JPEG headers, or the stored sizes), then each image is decoded in a thread pool of this process
 (Pillow releases the GIL while decoding and resampling) at the smallest JPEG DCT scale (1/2, 1/4,
 1/8, libjpeg-turbo via ``Image.draft``) that keeps the box at least as large as the output, only
-the box (plus the filter's margin) of a raw record is touched, and the resampled box is written
-straight into one preallocated batch tensor (pinned when CUDA is present). pillow-simd, when
+the box is resampled, and the result is written straight into one preallocated batch tensor
+(pinned when CUDA is present). pillow-simd, when
 installed in place of Pillow, is used as is.
 """
 
@@ -70,14 +70,18 @@ class ImageDecode:
 
     ``threads``: decode threads (default: the cores this process may use); ``pin_memory``: put
     the batch in pinned memory (default: when CUDA is available); ``seed``: random boxes depend
-    only on (seed, epoch, the batch's indices) when given, fresh entropy otherwise.
+    only on (seed, epoch, the batch's indices) when given, fresh entropy otherwise; ``draft``:
+    decode JPEGs at a reduced DCT scale where the box allows (``False``: always at full size,
+    which makes the result equal decoding in full, cropping and resizing).
     """
 
     flip: float = 0.0
 
     def __init__(self, size: int | Sequence[int], *, threads: int | None = None,
-                 pin_memory: bool | None = None, seed: int | None = None) -> None:
+                 pin_memory: bool | None = None, seed: int | None = None,
+                 draft: bool = True) -> None:
         self.size = _pair(size)
+        self.draft = draft
         self.threads = threads
         self.pin_memory = pin_memory
         self.seed = seed
@@ -87,12 +91,18 @@ class ImageDecode:
         """Per image, the region to resample as float (left, top, right, bottom) in pixels."""
         raise NotImplementedError
 
-    def rng(self, indices: np.ndarray | None, epoch: int) -> np.random.Generator:
+    def plan(self, heights: np.ndarray, widths: np.ndarray, indices: np.ndarray | None = None,
+             epoch: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Each image's box (float left, top, right, bottom) and whether it is mirrored."""
         if self.seed is None:
-            return np.random.default_rng()
-        batch = zlib.crc32(np.ascontiguousarray(indices, dtype=np.int64).tobytes()) if (
-            indices is not None) else 0
-        return np.random.default_rng([self.seed, epoch, batch])
+            rng = np.random.default_rng()
+        else:
+            batch = 0 if indices is None else zlib.crc32(
+                np.ascontiguousarray(indices, dtype=np.int64).tobytes())
+            rng = np.random.default_rng([self.seed, epoch, batch])
+        boxes = self.boxes(np.asarray(heights), np.asarray(widths), rng)
+        flips = rng.random(len(boxes)) < self.flip if self.flip else np.zeros(len(boxes), bool)
+        return boxes, flips
 
     def __call__(self, images: Sequence[np.ndarray] | np.ndarray, *, encoded: bool,
                  sizes: np.ndarray | None = None, mode: str = "RGB",
@@ -118,15 +128,14 @@ class ImageDecode:
             opened = images
             hw = (np.asarray(sizes, np.int64).reshape(n, 2) if sizes is not None
                   else np.array([im.shape[:2] for im in images], np.int64).reshape(n, 2))
-        rng = self.rng(indices, epoch)
-        boxes = self.boxes(hw[:, 0], hw[:, 1], rng)
-        flips = rng.random(n) < self.flip if self.flip else np.zeros(n, bool)
+        boxes, flips = self.plan(hw[:, 0], hw[:, 1], indices, epoch)
         target = out.numpy()
         work = _resample_encoded if encoded else _resample_pixels
+        draft = self.draft
 
         def decode_chunk(chunk: np.ndarray) -> None:
             for j in chunk:
-                work(opened[j], hw[j], boxes[j], flips[j], target[j], mode)
+                work(opened[j], hw[j], boxes[j], flips[j], target[j], mode, draft)
 
         list(run(decode_chunk, chunks))
         return out.permute(0, 3, 1, 2)
@@ -241,12 +250,12 @@ def _store(resized: Image.Image, flip: bool, target: np.ndarray) -> None:
 
 
 def _resample_encoded(im: Image.Image, hw: np.ndarray, box: np.ndarray, flip: bool,
-                      target: np.ndarray, mode: str) -> None:
+                      target: np.ndarray, mode: str, draft: bool = True) -> None:
     """Decode ``im`` at the smallest JPEG scale that keeps ``box`` at least the output's size,
     then resample the box into ``target``."""
     oh, ow = target.shape[:2]
     left, top, right, bottom = box
-    if im.format == "JPEG":
+    if draft and im.format == "JPEG":
         want = (math.ceil(hw[1] * ow / max(right - left, 1)),
                 math.ceil(hw[0] * oh / max(bottom - top, 1)))
         drafted = im.draft(mode if mode in ("RGB", "L") else None, want)
@@ -264,20 +273,13 @@ def _resample_encoded(im: Image.Image, hw: np.ndarray, box: np.ndarray, flip: bo
 
 
 def _resample_pixels(pixels: np.ndarray, hw: np.ndarray, box: np.ndarray, flip: bool,
-                     target: np.ndarray, mode: str) -> None:
-    """Resample ``box`` of raw pixels into ``target``, touching only the box and the margin the
-    filter reads around it (so the result equals resampling the whole image)."""
+                     target: np.ndarray, mode: str, draft: bool = True) -> None:
+    """Resample ``box`` of raw pixels into ``target``. The whole image goes to Pillow, not a cut
+    around the box: box coordinates relative to a cut change Pillow's float filter weights in the
+    last bit (±1 grey levels), and the copy costs little next to the resampling (measured)."""
     oh, ow = target.shape[:2]
-    h, w = int(hw[0]), int(hw[1])
-    image = pixels.reshape(h, w, -1)
-    left, top, right, bottom = box
-    mx = math.ceil(max((right - left) / ow, 1.0)) + 2  # bilinear support, scaled when shrinking
-    my = math.ceil(max((bottom - top) / oh, 1.0)) + 2
-    x0, y0 = max(0, int(left) - mx), max(0, int(top) - my)
-    x1, y1 = min(w, math.ceil(right) + mx), min(h, math.ceil(bottom) + my)
-    region = np.ascontiguousarray(image[y0:y1, x0:x1])
-    im = Image.fromarray(region[:, :, 0] if region.shape[2] == 1 else region)
+    image = pixels.reshape(int(hw[0]), int(hw[1]), -1)
+    im = Image.fromarray(image[:, :, 0] if image.shape[2] == 1 else image)
     if im.mode != mode:
         im = im.convert(mode)
-    resized = im.resize((ow, oh), BILINEAR, box=(left - x0, top - y0, right - x0, bottom - y0))
-    _store(resized, flip, target)
+    _store(im.resize((ow, oh), BILINEAR, box=tuple(box)), flip, target)
