@@ -143,7 +143,8 @@ class ImageSource(Source):
             "source": {"path": str(self.root), "layout": self.layout,
                        "labels": str(self.labels_path) if self.labels_path else None},
             "options": {"encoding": self.encoding, "mode": self.mode,
-                        "resize": list(self.resize) if self.resize else None},
+                        "resize": list(self.resize) if self.resize else None,
+                        "max_size": self.max_size},
         }
 
 
