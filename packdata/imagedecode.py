@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
+from torch.utils.data import get_worker_info
 
 from packdata.errors import DatasetError
 
@@ -74,7 +75,8 @@ class ImageDecode:
     """A batched decode stage (subclasses say where the box of each image lies).
 
     ``threads``: decode threads (default: the cores this process may use); ``pin_memory``: put
-    the batch in pinned memory (default: when CUDA is available); ``seed``: random boxes depend
+    the batch in pinned memory (default: when CUDA is available, outside DataLoader workers);
+    ``seed``: random boxes depend
     only on (seed, epoch, the batch's indices) when given, fresh entropy otherwise; ``draft``:
     decode JPEGs at a reduced DCT scale where the box allows (``False``: always at full size,
     which makes the result equal decoding in full, cropping and resizing).
@@ -118,7 +120,9 @@ class ImageDecode:
         arrays, or rows (H·W)×C with ``sizes`` giving each record's (H, W)."""
         n, (oh, ow) = len(images), self.size
         channels = len(mode) if mode in ("L", "RGB", "RGBA", "CMYK") else Image.getmodebands(mode)
-        pin = torch.cuda.is_available() if self.pin_memory is None else self.pin_memory
+        pin = self.pin_memory
+        if pin is None:  # not in DataLoader workers: CUDA must not start there (their pin
+            pin = torch.cuda.is_available() and get_worker_info() is None  # thread pins)
         out = torch.empty((n, oh, ow, channels), dtype=torch.uint8, pin_memory=pin)
         if n == 0:
             return out.permute(0, 3, 1, 2)

@@ -125,6 +125,8 @@ def test_decode_stage_gives_fixed_size_batches_on_every_path(tmp_path, photo_fol
     # the same indices, the same seeded crops, whichever path reads them
     first = next(iter(DataLoader(ds, batch_size=4, shuffle=False)))[0]
     assert torch.equal(first, ds[[0, 1, 2, 3]][0])
+    in_workers = DataLoader(ds, batch_size=4, num_workers=2)  # a thread pool in each worker
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(in_workers, DataLoader(ds, batch_size=4)))
     evaluation = packdata.open(path, decode=packdata.CenterCrop(24, resize=28))
     assert torch.equal(evaluation[[0, 5]][0], evaluation[[0, 5]][0])  # no randomness
 
