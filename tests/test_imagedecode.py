@@ -85,9 +85,9 @@ def test_fused_decode_equals_decode_crop_resize(stage):
     stage.draft = False
     assert torch.equal(stage(as_arrays(encoded), encoded=True, indices=indices, epoch=2), expected)
     stage.draft = True
-    # Pillow's resize (torchvision's path for PIL images) agrees within a grey level or so
+    # Pillow's resize (torchvision's path for PIL images) agrees within one grey level
     diff = (reference(decoded, boxes, flips, stage.size, pillow=True).int() - raw.int()).abs()
-    assert diff.float().mean() < 0.5 and diff.max() <= 8
+    assert diff.float().mean() < 0.05 and diff.max() <= 1  # measured: 0.002-0.016 and 1
 
 def test_draft_scaled_jpeg_decode_stays_close_to_the_full_decode():
     """Boxes at least twice the output decode at 1/2, 1/4 or 1/8 scale (libjpeg-turbo's DCT
