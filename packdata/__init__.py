@@ -19,6 +19,7 @@ from packdata.errors import (
     PackdataError,
     SampleError,
 )
+from packdata.imagedecode import CenterCrop, ImageDecode, RandomResizedCrop, Resize
 from packdata.loading import loader
 from packdata.manifest import Field, Manifest
 from packdata.resident import ResidentLoader
@@ -29,8 +30,9 @@ from packdata.streaming import StreamingDataset
 __version__ = "0.1.0"
 
 __all__ = [
-    "ConvertResult", "DatasetError", "DeviceLoader", "EpochBatchSampler", "Field", "HDF5Dataset",
-    "LMDBDataset", "LengthBucketBatchSampler", "Manifest", "MissingExtraError", "OutputExistsError",
-    "PackCollate", "PackdataError", "PackedDataset", "PadCollate", "ResidentLoader", "SampleError",
-    "StepTimer", "StreamingDataset", "TarDataset", "convert", "loader", "open", "open_source",
+    "CenterCrop", "ConvertResult", "DatasetError", "DeviceLoader", "EpochBatchSampler", "Field",
+    "HDF5Dataset", "ImageDecode", "LMDBDataset", "LengthBucketBatchSampler", "Manifest",
+    "MissingExtraError", "OutputExistsError", "PackCollate", "PackdataError", "PackedDataset",
+    "PadCollate", "RandomResizedCrop", "Resize", "ResidentLoader", "SampleError", "StepTimer",
+    "StreamingDataset", "TarDataset", "convert", "loader", "open", "open_source",
 ]

@@ -71,6 +71,10 @@ def convert(
         "stores the original file bytes (smaller, for large JPEGs).")] = Encoding["raw"],
     resize: Annotated[str | None, typer.Option(
         help="Images: resize to N×N or WxH pixels at conversion (needs --encoding raw).")] = None,
+    max_size: Annotated[int | None, typer.Option(
+        help="Images: store images of any size, scaling down those whose shorter side exceeds "
+        "N to a shorter side of N (aspect kept; needs --encoding raw). Crop them at load with "
+        "packdata.open(DST, decode=packdata.RandomResizedCrop(224)).")] = None,
     labels: Annotated[Path | None, typer.Option(
         help="Labels file: .json, .csv or .pkl mapping file name → class index. Found "
         "automatically as SRC/labels.*; class sub-folders need none. A .pkl is unpickled: "
@@ -138,7 +142,8 @@ def convert(
     from packdata.convert import convert as run_convert
     from packdata.sources import open_source
 
-    options = {"labels": labels, "encoding": encoding.value, "resize": resize}
+    options = {"labels": labels, "encoding": encoding.value, "resize": resize,
+               "max_size": max_size}
     defaults: dict = {"encoding": "raw"}
     options.update(tokenizer=tokenizer, text_field=text_field, per_line=per_line, add_bos=add_bos,
                    add_eos=add_eos, max_length=max_length, split=split,

@@ -12,7 +12,9 @@ dataset, decode and augment in a DALI pipeline, and hand torch tensors to the tr
 
 Both apply the CIFAR recipe in DALI (random crop with zero padding, mirror, normalise) and yield
 ``(images float32 B×C×H×W, labels int64 B)`` through DALI's PyTorch plugin. ``device_id=None``
-builds a CPU-only pipeline (what CI runs).
+builds a CPU-only pipeline (what CI runs). For images of any size, :func:`tar_loader` takes
+``crop=packdata.RandomResizedCrop(224)`` (decoded with ``fn.decoders.image_random_crop``, which
+decodes only the crop's region) or ``crop=packdata.CenterCrop(224, resize=256)`` instead.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 from packdata.augment.ops import CIFAR10_MEAN, CIFAR10_STD
 from packdata.dataset import PackedDataset
 from packdata.errors import DatasetError, require
+from packdata.imagedecode import CenterCrop, ImageDecode, RandomResizedCrop
 
 LABEL_DIGITS = 20  # .cls members are decimal text: padded to this many bytes, parsed in torch
 
@@ -95,8 +98,9 @@ def npy_header_size(path: str | Path) -> int:
 
 
 def _augment(images: Any, size: tuple[int, int], padding: int, mirror: float,
-             mean: Sequence[float], std: Sequence[float]) -> Any:
-    """Zero padding, random crop, mirror and normalise in DALI (HWC uint8 → CHW float)."""
+             mean: Sequence[float], std: Sequence[float], dtype: str = "float32") -> Any:
+    """Zero padding, random crop, mirror and normalise in DALI (HWC uint8 → CHW float, or
+    CHW uint8 with ``dtype="uint8"`` and mean 0, std 1/255)."""
     fn, types = _dali().fn, _dali().types
     h, w = size
     if padding:  # a slice starting outside the image pads it with zeros on every side
@@ -104,13 +108,13 @@ def _augment(images: Any, size: tuple[int, int], padding: int, mirror: float,
                           axis_names="HW", out_of_bounds_policy="pad", fill_values=0)
     # DALI rounds a 0–1 crop position to a pixel; drawing from the exact offsets 0…2·padding
     # keeps every offset equally likely (a continuous draw halves the odds of both ends)
-    offsets = [k / (2 * padding) for k in range(2 * padding + 1)] if padding else [0.0]
+    offsets = [k / (2 * padding) for k in range(2 * padding + 1)] if padding else [0.5]
     return fn.crop_mirror_normalize(
         images, crop=(h, w), crop_pos_x=fn.random.uniform(values=offsets),
         crop_pos_y=fn.random.uniform(values=offsets),
         mirror=fn.random.coin_flip(probability=mirror) if mirror else 0,
         mean=[m * 255 for m in mean], std=[s * 255 for s in std],
-        dtype=types.FLOAT, output_layout="CHW")
+        dtype=types.UINT8 if dtype == "uint8" else types.FLOAT, output_layout="CHW")
 
 
 class DaliLoader:
@@ -166,9 +170,14 @@ def tar_loader(path: str | Path, batch_size: int, *, device: str = "auto",
                device_id: int | None = None, shuffle: bool = True, seed: int = 0,
                size: int | tuple[int, int] | None = None, padding: int = 4, mirror: float = 0.5,
                mean: Sequence[float] = CIFAR10_MEAN, std: Sequence[float] = CIFAR10_STD,
-               num_threads: int = 2, index_dir: str | Path | None = None) -> DaliLoader:
+               num_threads: int = 2, index_dir: str | Path | None = None,
+               crop: ImageDecode | None = None, dtype: str = "float32") -> DaliLoader:
     """A DALI loader over the tar shards at ``path``: read, decode (GPU when ``device="gpu"``),
-    crop with ``padding`` to ``size`` (default: the stored size), mirror, normalise."""
+    crop with ``padding`` to ``size`` (default: the stored size), mirror, normalise.
+
+    ``crop`` replaces padding, size and mirror for images of any size: a
+    :class:`~packdata.RandomResizedCrop` (its size, scale, ratio and flip; DALI's own draw of the
+    box) or a :class:`~packdata.CenterCrop`. ``dtype="uint8"`` skips normalisation."""
     dali = _dali()
     fn, types = dali.fn, dali.types
     device, device_id = _device(device, device_id)
@@ -180,7 +189,19 @@ def tar_loader(path: str | Path, batch_size: int, *, device: str = "auto",
     manifest = json.loads((Path(path) / "manifest.json").read_text())["packdata"]
     stored = manifest["fields"]["image"]["shape"]
     raw = manifest["fields"]["image"].get("codec") != "image"
+    if raw and stored[0] is None:
+        raise DatasetError(f"{path}: raw images of any size (--max-size) are not readable by "
+                           "DALI's tar reader; convert with --encoding keep, or read them with "
+                           "packdata.open(path, decode=...)")
+    if crop is not None and not isinstance(crop, (RandomResizedCrop, CenterCrop)):
+        raise ValueError(f"crop {crop!r}: DALI offers RandomResizedCrop or CenterCrop")
+    if dtype not in ("float32", "uint8"):
+        raise ValueError(f"dtype '{dtype}': expected 'float32' or 'uint8'")
     header = npy_header_size(path) if raw else 0
+    if crop is not None:
+        size, padding, mirror = crop.size, 0, crop.flip
+    if dtype == "uint8":
+        mean, std = (0.0, 0.0, 0.0), (1 / 255, 1 / 255, 1 / 255)
     if size is None:
         if not raw:
             raise ValueError("give size= for keep-encoded images (their size is not in the manifest)")
@@ -193,15 +214,26 @@ def tar_loader(path: str | Path, batch_size: int, *, device: str = "auto",
         images, labels = fn.readers.webdataset(
             paths=shards, index_paths=index_paths, ext=[ext, "cls"], random_shuffle=shuffle,
             seed=seed, name="reader", missing_component_behavior="error")
+        decoder = "mixed" if device == "gpu" else "cpu"
         if raw:  # skip the .npy header, then the bytes are the H×W×C pixels
             images = fn.slice(images, start=[header], shape=[int(np.prod(stored))], axes=[0])
             images = fn.reshape(images, shape=stored, layout="HWC")
             images = images.gpu() if device == "gpu" else images
+        elif isinstance(crop, RandomResizedCrop):  # decodes only the crop's region
+            images = fn.decoders.image_random_crop(
+                images, device=decoder, output_type=types.RGB, random_area=list(crop.scale),
+                random_aspect_ratio=list(crop.ratio), num_attempts=10)
         else:
-            images = fn.decoders.image(images, device="mixed" if device == "gpu" else "cpu",
-                                       output_type=types.RGB)
+            images = fn.decoders.image(images, device=decoder, output_type=types.RGB)
+        if raw and isinstance(crop, RandomResizedCrop):
+            images = fn.random_resized_crop(images, size=list(size), random_area=list(crop.scale),
+                                            random_aspect_ratio=list(crop.ratio), num_attempts=10)
+        elif isinstance(crop, RandomResizedCrop):
+            images = fn.resize(images, resize_x=size[1], resize_y=size[0])
+        elif isinstance(crop, CenterCrop):
+            images = fn.resize(images, resize_shorter=crop.resize)
         labels = fn.pad(labels, axes=[0], shape=[LABEL_DIGITS], fill_value=0)
-        return _augment(images, size, padding, mirror, mean, std), labels
+        return _augment(images, size, padding, mirror, mean, std, dtype), labels
 
     pipe = pipeline()
     pipe.build()

@@ -7,6 +7,7 @@ the batch the same way and hands the stock collate a list of per-sample views.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ from torch.utils.data import Dataset
 
 from packdata import containers, sources
 from packdata.containers.base import Reader
+from packdata.errors import DatasetError
 from packdata.manifest import Manifest
 from packdata.sampling import SharedEpoch
 
@@ -31,6 +33,8 @@ class PackedDataset(Dataset):
     tensor. ``transform`` is applied to the first element of every sample, however it is read
     (a batch with one is collated from transformed samples); ``batch_transform`` to the first
     element of each batch on batched access (``ds[[...]]``, :func:`packdata.loader`).
+    ``decode`` (images) is a batched decode stage, e.g. ``packdata.RandomResizedCrop(224)``,
+    that turns images of any size into one fixed-size batch (see :mod:`packdata.imagedecode`).
     File handles open lazily in each process, so the dataset can be handed to DataLoader workers.
     """
 
@@ -41,6 +45,7 @@ class PackedDataset(Dataset):
         path: str | Path,
         transform: Transform | None = None,
         batch_transform: Transform | None = None,
+        decode: Any = None,
     ) -> None:
         self.path = Path(path)
         if self.container is None:
@@ -52,6 +57,11 @@ class PackedDataset(Dataset):
         reader.close()  # handles must not cross a fork; each process opens its own
         self.transform = transform
         self.batch_transform = batch_transform
+        self.decode = decode
+        if decode is not None and "decode" not in inspect.signature(
+                sources.get(self.manifest.kind).to_torch).parameters:
+            raise DatasetError(f"{self.path}: decode= applies to image datasets, not "
+                               f"{self.manifest.kind}")
         self._epoch = SharedEpoch()
         self._reader: Reader | None = None
         self._pid = -1
@@ -120,7 +130,8 @@ class PackedDataset(Dataset):
         batch = self.reader.read(
             indices, select(self.manifest, indices, self.epoch) if select else None
         )
-        return kind.to_torch(batch, self.manifest, indices=indices, epoch=self.epoch)
+        extra = {"decode": self.decode} if self.decode is not None else {}
+        return kind.to_torch(batch, self.manifest, indices=indices, epoch=self.epoch, **extra)
 
     def _sample(self, batch: tuple, j: int) -> Any:
         sample = tuple(part[j] for part in batch)
@@ -196,8 +207,9 @@ def open_dataset(
     path: str | Path,
     transform: Transform | None = None,
     batch_transform: Transform | None = None,
+    decode: Any = None,
 ) -> PackedDataset:
     """Open any packdata dataset; the container is recognised from what is at ``path``."""
     name = containers.for_existing(path).NAME
     cls = next((c for c in PackedDataset.__subclasses__() if c.container == name), PackedDataset)
-    return cls(path, transform=transform, batch_transform=batch_transform)
+    return cls(path, transform=transform, batch_transform=batch_transform, decode=decode)

@@ -27,7 +27,10 @@ def cpu_count() -> int:
 def default_num_workers(dataset: PackedDataset) -> int:
     """0 when batches are raw records (handing a batch between processes costs more than
     reading it), all cores (at most 8) when records need per-sample decoding (``keep``-encoded
-    images) or the dataset has a per-sample ``transform``."""
+    images) or the dataset has a per-sample ``transform``; 0 with a batched decode stage
+    (``decode=``), which decodes in a thread pool of this process."""
+    if getattr(dataset, "decode", None) is not None:
+        return 0
     decodes = any(f.codec for f in dataset.manifest.fields.values())
     return min(cpu_count(), 8) if decodes or dataset.transform is not None else 0
 

@@ -1,7 +1,16 @@
 """Image sources: a flat folder plus a labels file, class sub-folders (ImageFolder), or no labels.
 
-Records: ``image`` — decoded uint8 H×W×C pixels (``encoding="raw"``) or the original file bytes
-(``encoding="keep"``) — and ``label`` (int64) when labels are known.
+Records: ``image`` and ``label`` (int64) when labels are known. ``image`` is one of
+
+- decoded uint8 H×W×C pixels, every image the same size (``encoding="raw"``, optionally
+  ``resize``);
+- decoded pixels of any size (``encoding="raw"`` with ``max_size``: the shorter side scaled down to
+  at most ``max_size``, aspect kept): rows of (H·W)×C pixels in one variable-length field, plus
+  ``image_size`` (int32 H, W);
+- the original file bytes (``encoding="keep"``).
+
+Batches of images of different sizes need a decode stage (:mod:`packdata.imagedecode`), passed
+as ``packdata.open(path, decode=...)``; it crops and resizes them to one size while decoding.
 """
 
 from __future__ import annotations
@@ -15,7 +24,8 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from packdata.errors import PackdataError, SampleError
+from packdata.errors import DatasetError, PackdataError, SampleError
+from packdata.imagedecode import ImageDecode
 from packdata.manifest import Field, Manifest
 from packdata.sources import labels as labelling
 from packdata.sources.base import Item, Source, list_files
@@ -43,7 +53,9 @@ class ImageSource(Source):
     """Images under ``root``: class sub-folders, or a flat folder with an optional labels file."""
 
     kind = KIND
-    shape_hint = "resize at conversion (--resize 32x32) or keep the file bytes (--encoding keep)"
+    shape_hint = ("store images of any size with --max-size N (aspect kept, shorter side <= N) "
+                  "or --encoding keep, and crop them at load (packdata.open(path, "
+                  "decode=packdata.RandomResizedCrop(224))); --resize WxH squashes all to one size")
 
     def __init__(
         self,
@@ -52,6 +64,7 @@ class ImageSource(Source):
         encoding: str = "raw",
         resize: str | tuple[int, int] | None = None,
         mode: str = "RGB",
+        max_size: int | None = None,
     ) -> None:
         self.root = Path(root)
         if encoding not in ENCODINGS:
@@ -59,6 +72,10 @@ class ImageSource(Source):
         self.resize = parse_size(resize)
         if encoding == "keep" and self.resize:
             raise PackdataError("--resize needs --encoding raw: 'keep' stores the file unchanged")
+        if max_size is not None and (int(max_size) <= 0 or encoding != "raw" or self.resize):
+            raise PackdataError("--max-size needs a positive size, --encoding raw and no --resize "
+                                "(it keeps each image's aspect; 'keep' stores the file unchanged)")
+        self.max_size = None if max_size is None else int(max_size)
         self.encoding = encoding
         self.mode = mode
         self.labels_path = Path(labels) if labels else labelling.find_labels_file(self.root)
@@ -92,23 +109,31 @@ class ImageSource(Source):
                     im = im.convert(self.mode) if im.mode != self.mode else im
                     if self.resize and im.size != self.resize:
                         im = im.resize(self.resize, Image.Resampling.BILINEAR)
+                    elif self.max_size and min(im.size) > self.max_size:
+                        im = im.resize(limited_size(im.size, self.max_size),
+                                       Image.Resampling.BILINEAR)
                     image = np.asarray(im)
         except UnidentifiedImageError:  # Pillow's message names an object address: not stable
             raise SampleError(str(item.path), "not an image format Pillow recognises") from None
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
             raise SampleError(str(item.path), f"cannot decode image ({exc})") from None
         record = {"image": image}
+        if self.max_size:  # any size: pixel rows plus the image's height and width
+            record = {"image": image.reshape(image.shape[0] * image.shape[1], -1),
+                      "image_size": np.array(image.shape[:2], dtype=np.int32)}
         if item.label is not None:
             record["label"] = np.asarray(item.label, dtype=np.int64)
         return record
 
     def fields(self, record: dict[str, np.ndarray]) -> dict[str, Field]:
         image = record["image"]
-        fields = {
-            "image": Field("uint8", (None,), codec="image")
-            if self.encoding == "keep"
-            else Field("uint8", tuple(image.shape))
-        }
+        if self.encoding == "keep":
+            fields = {"image": Field("uint8", (None,), codec="image")}
+        elif self.max_size:
+            fields = {"image": Field("uint8", (None, image.shape[1])),
+                      "image_size": Field("int32", (2,))}
+        else:
+            fields = {"image": Field("uint8", tuple(image.shape))}
         if "label" in record:
             fields["label"] = Field("int64", ())
         return fields
@@ -118,8 +143,16 @@ class ImageSource(Source):
             "source": {"path": str(self.root), "layout": self.layout,
                        "labels": str(self.labels_path) if self.labels_path else None},
             "options": {"encoding": self.encoding, "mode": self.mode,
-                        "resize": list(self.resize) if self.resize else None},
+                        "resize": list(self.resize) if self.resize else None,
+                        "max_size": self.max_size},
         }
+
+
+def limited_size(size: tuple[int, int], max_size: int) -> tuple[int, int]:
+    """(W, H) scaled so that the shorter side is ``max_size``, aspect kept (rounded, >= 1)."""
+    w, h = size
+    scale = max_size / min(w, h)
+    return max(1, round(w * scale)), max(1, round(h * scale))
 
 
 def decode_image(data: np.ndarray, mode: str = "RGB") -> np.ndarray:
@@ -129,21 +162,46 @@ def decode_image(data: np.ndarray, mode: str = "RGB") -> np.ndarray:
 
 
 def to_torch(
-    batch: dict, manifest: Manifest, *, indices: np.ndarray, epoch: int
+    batch: dict, manifest: Manifest, *, indices: np.ndarray, epoch: int,
+    decode: ImageDecode | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    """``(images, labels)`` as uint8 B×C×H×W (channels-last memory, no copy) and int64 B."""
+    """``(images, labels)`` as uint8 B×C×H×W (channels-last memory, no copy) and int64 B.
+
+    With a ``decode`` stage, images of any storage are decoded, cropped and resized by it into
+    one batch; without one, the batch's images must all have the same size."""
     images = batch["image"]
-    if manifest.fields["image"].codec == "image":
-        mode = manifest.options.get("mode", "RGB")
-        decoded = [decode_image(b, mode) for b in images]
-        images = (np.stack(decoded) if decoded
-                  else np.zeros((0, 0, 0, Image.getmodebands(mode)), np.uint8))
-    x = torch.from_numpy(images)
-    x = x.unsqueeze(-1) if x.ndim == 3 else x
-    x = x.permute(0, 3, 1, 2)
+    mode = manifest.options.get("mode", "RGB")
+    encoded = manifest.fields["image"].codec == "image"
+    sizes = batch.get("image_size")
+    if decode is not None:
+        x = decode(images, encoded=encoded, sizes=sizes, mode=mode, indices=indices, epoch=epoch)
+    else:
+        if encoded:
+            images = [decode_image(b, mode) for b in images]
+        elif sizes is not None:
+            images = [rows.reshape(int(h), int(w), -1) for rows, (h, w) in zip(images, sizes)]
+        if isinstance(images, list):
+            images = _stack(images, Image.getmodebands(mode))
+        x = torch.from_numpy(images)
+        x = x.unsqueeze(-1) if x.ndim == 3 else x
+        x = x.permute(0, 3, 1, 2)
     if "label" in batch:
         return x, torch.from_numpy(np.asarray(batch["label"]))
     return (x,)
+
+
+def _stack(images: list[np.ndarray], channels: int) -> np.ndarray:
+    if not images:
+        return np.zeros((0, 0, 0, channels), np.uint8)
+    shapes = sorted({im.shape[:2] for im in images})
+    if len(shapes) > 1:
+        seen = ", ".join(f"{h}x{w}" for h, w in shapes[:3]) + (" ..." if len(shapes) > 3 else "")
+        raise DatasetError(
+            f"this batch holds images of {len(shapes)} different sizes (HxW {seen}); give a "
+            "decode stage that makes them one size: packdata.open(path, "
+            "decode=packdata.RandomResizedCrop(224)) for training, or "
+            "decode=packdata.CenterCrop(224, resize=256) for evaluation")
+    return np.stack(images)
 
 
 SOURCE = ImageSource

@@ -1,0 +1,147 @@
+"""Images of any size: raw (``max_size``) and ``keep`` storage round-trip pixel-exact in every
+container and batch through a decode stage. Crops of the real photographs in tests/fixtures/images
+(see SOURCE.md there), saved as JPEG and PNG files of several sizes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+from typer.testing import CliRunner
+
+import packdata
+from packdata.cli import app
+from packdata.loading import default_num_workers
+from packdata.sources.images import limited_size
+
+FIXTURES = Path(__file__).parent / "fixtures" / "images"
+CONTAINERS = {"lmdb": "d.lmdb", "hdf5": "d.h5", "tar": "d-tar"}
+
+
+@pytest.fixture(scope="module")
+def photo_folder(tmp_path_factory) -> Path:
+    """Two class folders of 7 crops each, 50–450 pixels a side, alternating JPEG and PNG."""
+    root = tmp_path_factory.mktemp("photos")
+    rng = np.random.default_rng(0)
+    for name in ("chelsea", "coffee"):
+        photo = Image.open(FIXTURES / f"{name}.jpg").convert("RGB")
+        (root / name).mkdir()
+        for k in range(7):
+            w, h = int(rng.integers(50, photo.width)), int(rng.integers(50, photo.height))
+            x, y = int(rng.integers(0, photo.width - w + 1)), int(rng.integers(0, photo.height - h + 1))
+            photo.crop((x, y, x + w, y + h)).save(root / name / f"{k}.{('jpg', 'png')[k % 2]}",
+                                                  quality=90)
+    return root
+
+
+def file_of(root: Path, key: str) -> Path:
+    return next(root.glob(f"{key}.*"))
+
+
+def pixels(path: Path) -> np.ndarray:
+    with Image.open(path) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+def convert(folder: Path, out: Path, **options) -> Path:
+    opts = {"shard_size": "5"} if out.suffix == "" else None
+    return packdata.convert(packdata.open_source(folder, **options), out, workers=1,
+                            container_options=opts).path
+
+
+@pytest.mark.parametrize("container", list(CONTAINERS))
+def test_raw_and_keep_storage_of_any_size_round_trip_pixel_exact(tmp_path, photo_folder,
+                                                                 container):
+    raw = packdata.open(convert(photo_folder, tmp_path / f"raw-{CONTAINERS[container]}",
+                                max_size=1000))
+    keep = packdata.open(convert(photo_folder, tmp_path / f"keep-{CONTAINERS[container]}",
+                                 encoding="keep"))
+    assert raw.manifest.fields["image"].shape == (None, 3)
+    assert raw.manifest.fields["image_size"].shape == (2,)
+    assert len(raw) == len(keep) == 14
+    sizes = set()
+    for i, key in enumerate(raw.keys):
+        expected = torch.from_numpy(pixels(file_of(photo_folder, key)).copy()).permute(2, 0, 1)
+        sizes.add(tuple(expected.shape))
+        for ds in (raw, keep):
+            image, label = ds[i]
+            assert torch.equal(image, expected), (ds, key)
+            assert label == ds.classes.index(key.split("/")[0])
+    assert len(sizes) == 14  # every image a different size
+
+
+def test_max_size_limits_the_shorter_side_keeping_the_aspect(tmp_path, photo_folder):
+    ds = packdata.open(convert(photo_folder, tmp_path / "small.h5", max_size=100))
+    assert ds.manifest.options["max_size"] == 100
+    shrunk = 0
+    for i, key in enumerate(ds.keys):
+        with Image.open(file_of(photo_folder, key)) as im:
+            original = im.convert("RGB")
+        image = ds[i][0]
+        if min(original.size) > 100:
+            expected = np.asarray(original.resize(limited_size(original.size, 100),
+                                                  Image.Resampling.BILINEAR))
+            assert min(image.shape[1:]) == 100
+            assert abs(image.shape[2] / image.shape[1] - original.width / original.height) < 0.02
+            shrunk += 1
+        else:
+            expected = np.asarray(original)  # never enlarged
+        assert torch.equal(image, torch.from_numpy(expected.copy()).permute(2, 0, 1))
+        assert ds.reader.read([i])["image_size"][0].tolist() == list(image.shape[1:])
+    assert 0 < shrunk < len(ds)
+
+
+def test_mixed_sizes_without_a_decode_stage_say_how_to_batch_them(tmp_path, photo_folder):
+    for options in ({"max_size": 256}, {"encoding": "keep"}):
+        ds = packdata.open(convert(photo_folder, tmp_path / f"{len(options)}{options}.h5",
+                                   **options))
+        with pytest.raises(packdata.DatasetError, match=r"different sizes.*decode=packdata"):
+            ds[[0, 1, 2]]
+    # raw storage of one size points at --max-size (aspect kept), not only at --resize
+    with pytest.raises(packdata.SampleError, match=r"expected shape.*--max-size N"):
+        convert(photo_folder, tmp_path / "fixed.h5")
+    with pytest.raises(packdata.PackdataError, match="--max-size needs"):
+        packdata.open_source(photo_folder, encoding="keep", max_size=64)
+
+
+def test_decode_stage_gives_fixed_size_batches_on_every_path(tmp_path, photo_folder):
+    path = convert(photo_folder, tmp_path / "k.lmdb", encoding="keep")
+    ds = packdata.open(path, decode=packdata.RandomResizedCrop(32, seed=0))
+    images, labels = ds[list(range(14))]
+    assert images.shape == (14, 3, 32, 32) and images.dtype == torch.uint8
+    assert labels.tolist() == [0] * 7 + [1] * 7
+    assert ds[3][0].shape == (3, 32, 32)
+    assert default_num_workers(ds) == 0  # the decode stage has its own threads, in process
+    for batches in (DataLoader(ds, batch_size=4, shuffle=True), packdata.loader(ds, 4)):
+        seen = []
+        for x, y in batches:
+            assert x.shape == (len(y), 3, 32, 32) and x.dtype == torch.uint8
+            seen += y.tolist()
+        assert sorted(seen) == [0] * 7 + [1] * 7
+    # the same indices, the same seeded crops, whichever path reads them
+    first = next(iter(DataLoader(ds, batch_size=4, shuffle=False)))[0]
+    assert torch.equal(first, ds[[0, 1, 2, 3]][0])
+    in_workers = DataLoader(ds, batch_size=4, num_workers=2)  # a thread pool in each worker
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(in_workers, DataLoader(ds, batch_size=4)))
+    evaluation = packdata.open(path, decode=packdata.CenterCrop(24, resize=28))
+    assert torch.equal(evaluation[[0, 5]][0], evaluation[[0, 5]][0])  # no randomness
+
+
+def test_decode_is_refused_for_other_kinds(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("some text")
+    path = packdata.convert(packdata.open_source(tmp_path / "docs"), tmp_path / "t.h5").path
+    with pytest.raises(packdata.DatasetError, match="decode= applies to image datasets"):
+        packdata.open(path, decode=packdata.RandomResizedCrop(8))
+
+
+def test_cli_max_size(tmp_path, photo_folder):
+    out = tmp_path / "cli.h5"
+    result = CliRunner().invoke(app, ["convert", str(photo_folder), str(out), "--workers", "1",
+                                      "--max-size", "64"])
+    assert result.exit_code == 0, result.output
+    assert max(min(packdata.open(out)[i][0].shape[1:]) for i in range(14)) == 64
