@@ -1,8 +1,8 @@
 """ImageNet-style JPEGs of any size: random-resized crop to 224 + flip (training) and Resize 256 +
 CenterCrop 224 (evaluation), batch 256, uint8 out, two threads or two workers per row.
 
-    python tools/make_imagenet_like.py /tmp/inet --count 10000
-    python bench/bench_jpeg.py /tmp/inet --count 5000 --rounds 3
+    python tools/make_imagenet_like.py ./imagenet-like --count 10000
+    python bench/bench_jpeg.py ./imagenet-like --count 5000 --rounds 3
 
 Rows, all over the same first ``--count`` files, in one run with interleaved rounds:
 
