@@ -250,6 +250,21 @@ def test_dead_worker_is_an_error_naming_its_files_not_a_hang(tmp_path, png_folde
     assert list(tmp_path.iterdir()) == []
 
 
+class _UnpicklableFailure(_SmallBlocks):
+    """A source whose error cannot travel back from a worker (it holds a lambda)."""
+
+    def load_block(self, items):
+        exc = PackdataError("the tokeniser does not fit")
+        exc.hook = lambda: None
+        raise exc
+
+
+def test_what_leaves_a_worker_always_pickles(tmp_path, png_folder):
+    with pytest.raises(PackdataError, match="airplane_0000.png: PackdataError: the tokeniser"):
+        packdata.convert(_UnpicklableFailure(png_folder), tmp_path / "u.h5", workers=2)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_killed_conversion_leaves_nothing_that_opens(tmp_path, png_folder):
     """SIGTERM mid-conversion: the process cleans up; nothing at DST opens as a dataset."""
     big = tmp_path / "big"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -278,6 +279,37 @@ def test_bad_las_files(tmp_path):
     skipped = {Path(s["path"]).name: s["reason"] for s in result.skipped}
     assert sorted(skipped) == ["b_truncated.las", "c_header.las", "d_truncated.laz", "e_short.las"]
     assert "truncated: the header says 4040 points" in skipped["e_short.las"]
+    assert packdata.open(result.path).keys == ["a_good"]
+
+
+def panicking_laz(data: bytes) -> bytes:
+    """A real LAZ damaged the way lazrs does not check: its LASzip record made to say
+    variable-size chunks, and its chunk table to say there are none."""
+    out = bytearray(data)
+    vlr = out.find(b"laszip encoded") - 2 + 54  # VLR header: 54 bytes from its reserved field
+    struct.pack_into("<I", out, vlr + 12, 0xFFFFFFFF)  # chunk size: variable
+    point_data = struct.unpack_from("<I", out, 96)[0]  # LAS header: offset to point data
+    table = struct.unpack_from("<q", out, point_data)[0]  # LAZ: chunk table offset comes first
+    struct.pack_into("<I", out, table + 4, 0)  # chunk table: version, then chunk count
+    return bytes(out)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_decoder_panic_is_that_files_error(tmp_path, workers):
+    """lazrs panics (pyo3's PanicException, a BaseException) on some damaged LAZ files: that is
+    the file's SampleError, or a counted skip, in the parent and in workers alike."""
+    folder = tmp_path / "p"
+    folder.mkdir()
+    shutil.copy(FIXTURES / "simple.laz", folder / "a_good.laz")
+    (folder / "b_panics.laz").write_bytes(panicking_laz((FIXTURES / "simple.laz").read_bytes()))
+    with pytest.raises(BaseException) as raised:
+        laspy.read(folder / "b_panics.laz", laz_backend=laspy.LazBackend.Lazrs)
+    assert not isinstance(raised.value, Exception)  # it does panic, past `except Exception`
+    source = packdata.open_source(folder, points=256)
+    with pytest.raises(SampleError, match="b_panics.laz: cannot read point cloud .*Panic"):
+        packdata.convert(source, tmp_path / "o.h5", workers=workers)
+    result = packdata.convert(source, tmp_path / "o.h5", workers=workers, on_error="skip")
+    assert [Path(s["path"]).name for s in result.skipped] == ["b_panics.laz"]
     assert packdata.open(result.path).keys == ["a_good"]
 
 

@@ -80,16 +80,27 @@ def relative_key(path: Path, root: Path) -> str:
     return path.relative_to(root).with_suffix("").as_posix()
 
 
+#: what a failure while loading one input never is: the user's or the interpreter's own stop.
+#: Anything else a decoder raises is that input's failure, BaseException subclasses included
+#: (lazrs panics as pyo3's PanicException, which derives from BaseException).
+STOPS = (KeyboardInterrupt, SystemExit, GeneratorExit)
+
+
 def safe_load(source: Source, item: Item) -> Loaded:
     """``source.load(item)``, with any failure returned as a SampleError naming the file."""
     try:
         return source.load(item)
     except SampleError as exc:
         return exc
-    except PackdataError:  # not about one input (a tokeniser that does not fit): stop converting
+    except (PackdataError, *STOPS):  # not about one input (e.g. a tokeniser that does not fit)
         raise
-    except Exception as exc:  # a library failing on bad input: name the file, keep the reason
-        return SampleError(str(item.path), f"{type(exc).__name__}: {exc}")
+    except BaseException as exc:  # a library failing on bad input: name the file, keep the reason
+        return SampleError(str(item.path), reason_of(exc))
+
+
+def reason_of(exc: BaseException) -> str:
+    """A library's failure as one line: its type and message (plain strings, so it pickles)."""
+    return f"{type(exc).__name__}: {exc}"
 
 
 def list_files(root: Path, suffixes: tuple[str, ...]) -> list[str]:

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from packdata.errors import MissingExtraError, SampleError, require
+from packdata.sources.base import STOPS, reason_of
 
 LAS_SUFFIXES = (".las", ".laz")
 TEXT_SUFFIXES = (".xyz", ".txt")
@@ -48,10 +49,10 @@ def read_columns(path: Path, wanted: list[str]) -> dict[str, np.ndarray]:
             return _read_text(path)
         if suffix == ".npy":
             return _read_npy(path)
-    except (SampleError, MissingExtraError):
+    except (SampleError, MissingExtraError, *STOPS):
         raise
-    except Exception as exc:  # laspy, lazrs and numpy raise many types on damaged files
-        raise SampleError(str(path), f"cannot read point cloud ({type(exc).__name__}: {exc})") from None
+    except BaseException as exc:  # laspy, lazrs (panics too) and numpy raise many types
+        raise SampleError(str(path), f"cannot read point cloud ({reason_of(exc)})") from None
     raise SampleError(str(path), f"unsupported point-cloud suffix '{suffix}'")
 
 
