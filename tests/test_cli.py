@@ -6,7 +6,9 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from PIL import Image
+from typer.main import get_command
 from typer.testing import CliRunner
 
 from packdata.cli import app
@@ -51,6 +53,29 @@ def folder_with_a_broken_png(tmp_path: Path, png_folder: Path, name: str) -> Pat
         (folder / p.name).write_bytes(p.read_bytes())
     (folder / name).write_bytes(b"\x89PNG garbage")
     return folder
+
+
+def test_convert_flags_are_the_kinds_options(tmp_path, png_folder):
+    """Every kind's OPTIONS is a `packdata convert` flag, and a flag reaches the source."""
+    from packdata import sources
+    from packdata.sources.options import Option
+
+    declared = {o.flag for k in sources.KINDS for o in sources.get(k).OPTIONS}
+    command = get_command(app).commands["convert"]
+    flags = {f for p in command.params for f in p.opts}
+    assert declared <= flags, declared - flags
+    assert {"--mode", "--labels", "--dtype"} <= declared  # e.g. mode was once library-only
+    out = tmp_path / "grey.h5"
+    result = runner.invoke(app, ["convert", str(png_folder), str(out), "--mode", "L",
+                                 "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(runner.invoke(app, ["inspect", str(out), "--json"]).stdout)[
+        "fields"]["image"]["shape"] == [32, 32]
+    result = runner.invoke(app, ["convert", str(png_folder), str(tmp_path / "t.h5"), "--per-line"])
+    assert result.exit_code == 2 and "'per_line' does not apply to image" in result.output
+    assert Option("n", int, 1, "").check(2) == 2
+    with pytest.raises(ValueError, match="n '2': expected int"):  # OptionError is a ValueError
+        Option("n", int, 1, "").check("2")
 
 
 def test_skip_lists_bad_inputs(tmp_path, png_folder):

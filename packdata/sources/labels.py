@@ -9,9 +9,14 @@ import pickle
 from pathlib import Path
 
 from packdata.errors import PackdataError
+from packdata.sources.options import Option
 
 LABEL_FILES = ("labels.json", "labels.csv", "labels.pkl")
 MISSING = -1  # a file with no entry in the labels file; the source's load() reports it
+#: the option of every kind that takes per-sample labels
+LABELS = Option("labels", Path, None, "Labels file: .json, .csv or .pkl mapping file name → "
+                "class index. Found automatically as SRC/labels.*; class sub-folders need none. "
+                "A .pkl is unpickled: use only one you trust.")
 
 
 def load_labels(path: Path) -> tuple[dict[str, int], list[str] | None]:

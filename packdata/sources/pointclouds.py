@@ -23,16 +23,46 @@ from typing import Any
 import numpy as np
 import torch
 
-from packdata.errors import MissingExtraError, PackdataError, SampleError, require
+from packdata.errors import MissingExtraError, OptionError, PackdataError, SampleError, require
 from packdata.manifest import Field, Manifest
-from packdata.prep.pointsample import SampleSpec, finite_rows, normalization, presample
+from packdata.prep.pointsample import (
+    DTYPES,
+    FEWER,
+    METHODS,
+    NORMALIZE,
+    SampleSpec,
+    finite_rows,
+    normalization,
+    presample,
+)
 from packdata.sources import labels as labelling
 from packdata.sources import pointfiles
 from packdata.sources.base import Item, Source, list_files
+from packdata.sources.options import Option, resolve
 
 KIND = "pointcloud"
 SUFFIXES = pointfiles.SUFFIXES
 VARIANT_ORDERS = ("epoch", "random")
+OPTIONS = (
+    labelling.LABELS,
+    Option("points", int, 4096, "Points per stored sample, N."),
+    Option("sampling", str, "fps", "Presampling method.", METHODS),
+    Option("voxel_size", float, None, "With --sampling voxel: voxel edge in file units (default: "
+           "chosen so that about N voxels are occupied)."),
+    Option("variants", int, 1, "Presamples stored per cloud, K; one is served per epoch."),
+    Option("seed", int, 0, "Sampling seed."),
+    Option("fields", str, "xyz", "Comma-separated fields, xyz always first: xyz,intensity,"
+           "classification,rgb or any column name."),
+    Option("normalize", str, "none", "Centre each cloud, or centre and scale it into the unit "
+           "sphere.", NORMALIZE),
+    Option("dtype", str, "float32", "Stored float type (float16 halves storage; float32 keeps "
+           "about 7 significant digits: normalise map coordinates or store float64).", DTYPES),
+    Option("fewer", str, "replace", "Clouds with fewer than N points: 'replace' repeats points, "
+           "'pad' pads with zeros and stores a mask.", FEWER),
+    Option("point_labels", str, None, "Per-point labels from this column (e.g. classification)."),
+    Option("variant_order", str, "epoch", "Serve variant (index + epoch) % K, or a seeded random "
+           "one.", VARIANT_ORDERS),
+)
 
 
 def parse_fields(fields: str | list[str] | tuple[str, ...]) -> list[str]:
@@ -40,7 +70,7 @@ def parse_fields(fields: str | list[str] | tuple[str, ...]) -> list[str]:
     names = [f.strip() for f in fields.split(",")] if isinstance(fields, str) else list(fields)
     names = [f for f in names if f and f != "xyz"]
     if len(set(names)) != len(names):
-        raise PackdataError(f"fields {names}: each field may appear once")
+        raise OptionError(f"fields {names}: each field may appear once")
     return ["xyz", *names]
 
 
@@ -49,34 +79,21 @@ class PointCloudSource(Source):
 
     kind = KIND
 
-    def __init__(
-        self,
-        root: str | Path,
-        labels: str | Path | None = None,
-        points: int = 4096,
-        sampling: str = "fps",
-        variants: int = 1,
-        seed: int = 0,
-        voxel_size: float | None = None,
-        fields: str | list[str] = "xyz",
-        normalize: str = "none",
-        dtype: str = "float32",
-        fewer: str = "replace",
-        point_labels: str | None = None,
-        variant_order: str = "epoch",
-    ) -> None:
+    def __init__(self, root: str | Path, **options: Any) -> None:
+        """``options``: see :data:`OPTIONS`; ``fields`` may also be a list of names."""
+        o = resolve(KIND, OPTIONS, options)
         self.root = Path(root)
         try:
-            self.spec = SampleSpec(points=points, method=sampling, variants=variants, seed=seed,
-                                   voxel_size=voxel_size, fewer=fewer, normalize=normalize,
-                                   dtype=dtype)
+            self.spec = SampleSpec(points=o["points"], method=o["sampling"],
+                                   variants=o["variants"], seed=o["seed"],
+                                   voxel_size=o["voxel_size"], fewer=o["fewer"],
+                                   normalize=o["normalize"], dtype=o["dtype"])
         except ValueError as exc:
-            raise PackdataError(str(exc)) from None
-        if variant_order not in VARIANT_ORDERS:
-            raise PackdataError(f"variant_order '{variant_order}': expected epoch or random")
-        self.variant_order = variant_order
-        self.field_names = parse_fields(fields)
-        self.point_labels = point_labels
+            raise OptionError(str(exc)) from None
+        self.variant_order = o["variant_order"]
+        self.field_names = parse_fields(o["fields"])
+        self.point_labels = o["point_labels"]
+        labels = o["labels"]
         self.labels_path = Path(labels) if labels else labelling.find_labels_file(self.root)
         if self.labels_path and not self.labels_path.is_file():
             raise PackdataError(f"{self.labels_path}: labels file not found")
