@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Callable, Iterable
 from enum import Enum
 from inspect import Parameter, signature
@@ -19,7 +20,7 @@ from rich.table import Table
 from packdata import sources
 from packdata.containers import CONTAINERS
 from packdata.convert import ON_ERROR
-from packdata.errors import PackdataError
+from packdata.errors import InputWarning, PackdataError
 from packdata.sources import KINDS
 from packdata.sources.options import Option
 
@@ -108,24 +109,14 @@ def convert(
 
     Point clouds: packdata convert ./scans trees.h5 --points 4096 --sampling fps --variants 4
     """
-    from packdata.convert import convert as run_convert
-    from packdata.sources import open_source
-
     given = {k: v.value if isinstance(v, Enum) else v for k, v in source_options.items()
              if v is not None}  # only what the user gave: each kind knows its own defaults
     try:
-        source = open_source(src, kind.value if kind else None, **given)
-        with Progress(
-            "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-            TimeRemainingColumn(), console=console, transient=True,
-        ) as bar:
-            task = bar.add_task(escape(f"converting {src}"), total=None)
-            result = run_convert(
-                source, dst, container=format.value if format else None,
-                container_options={"shard_size": shard_size} if shard_size else None,
-                workers=workers, on_error=on_error.value, overwrite=overwrite,
-                progress=lambda done, total: bar.update(task, completed=done, total=total),
-            )
+        with warnings.catch_warnings():  # inputs left out, precision lost: one line each
+            warnings.simplefilter("always", InputWarning)
+            warnings.showwarning = _show_warning
+            result = _run_convert(src, dst, kind, given, format=format, shard_size=shard_size,
+                                  workers=workers, on_error=on_error, overwrite=overwrite)
     except (PackdataError, OSError, ValueError) as exc:
         _fail(exc)
     except KeyboardInterrupt:
@@ -141,6 +132,30 @@ def convert(
         console.print(f"[yellow]skipped {len(m.skipped)} inputs:[/yellow]")
         for s in m.skipped:
             console.print(f"  {s['path']}: {s['reason']}", highlight=False, markup=False)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    console.print(f"[yellow]warning:[/yellow] {escape(str(message))}", highlight=False)
+
+
+def _run_convert(src: Path, dst: Path, kind: Enum | None, options: dict[str, Any], *,
+                 format: Enum | None, shard_size: str | None, workers: int, on_error: Enum,
+                 overwrite: bool):
+    from packdata.convert import convert as run_convert
+    from packdata.sources import open_source
+
+    source = open_source(src, kind.value if kind else None, **options)
+    with Progress(
+        "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+        TimeRemainingColumn(), console=console, transient=True,
+    ) as bar:
+        task = bar.add_task(escape(f"converting {src}"), total=None)
+        return run_convert(
+            source, dst, container=format.value if format else None,
+            container_options={"shard_size": shard_size} if shard_size else None,
+            workers=workers, on_error=on_error.value, overwrite=overwrite,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
 
 
 @app.command()

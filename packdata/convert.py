@@ -34,7 +34,7 @@ from packdata.errors import (
     SkippedSample,
 )
 from packdata.manifest import Manifest, record_checksum
-from packdata.sources.base import BLOCK, STOPS, Item, Loaded, Source, reason_of, safe_load
+from packdata.sources.base import BLOCK, SHOWN, STOPS, Item, Loaded, Source, reason_of, safe_load
 
 ON_ERROR = ("fail", "skip")
 __all__ = ["BLOCK", "ConvertResult", "convert"]
@@ -272,6 +272,10 @@ def convert(
                 **source.describe(),
             )
             manifest.options.update(options)
+            ignored = {why: {"count": len(names), "first": names[:SHOWN]}
+                       for why, names in getattr(source, "ignored", {}).items() if names}
+            if ignored:  # what the listing left out, so that it is never silent
+                manifest.source["ignored"] = ignored
             writer.finish(manifest)
             if dst.exists():
                 _remove(dst)

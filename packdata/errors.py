@@ -66,3 +66,8 @@ class BenchError(PackdataError, ValueError):
 
 class OptionError(PackdataError, ValueError):
     """A conversion option that the sample kind does not have, or a value it does not accept."""
+
+
+class InputWarning(UserWarning):
+    """Conversion goes on but the user should know: inputs left out (files with other suffixes,
+    labels naming no file), or precision a stored type loses. ``packdata convert`` prints these."""

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import packdata
-from packdata.errors import OutputExistsError, PackdataError, SampleError
+from packdata.errors import InputWarning, OutputExistsError, PackdataError, SampleError
 from packdata.sources.images import ImageSource
 from tests.conftest import copy_sample
 
@@ -70,6 +70,27 @@ def test_bad_images_skipped_and_recorded(tmp_path, bad_folder, target):
     again = packdata.convert(packdata.open_source(bad_folder), tmp_path / f"again-{target}",
                              on_error="skip", workers=1)
     assert again.skipped == result.skipped  # same output for the same input, reasons included
+
+
+def test_what_the_listing_leaves_out_is_reported(tmp_path):
+    """Files with other suffixes and labels naming no file: warned, with a count and the first
+    names, and recorded in the manifest (the labels file itself is an input, not ignored)."""
+    folder = copy_sample(tmp_path / "f", count=20)
+    for i in range(7):
+        (folder / f"notes{i}.txt").write_text("not an image")
+    meta = json.loads((folder / "labels.json").read_text())
+    meta["labels"]["gone_0001.png"] = 3
+    (folder / "labels.json").write_text(json.dumps(meta))
+    with pytest.warns(InputWarning) as warned:
+        result = packdata.convert(packdata.open_source(folder), tmp_path / "o.h5", workers=1)
+    messages = " | ".join(str(w.message) for w in warned)
+    assert "ignored 7 files that are not image inputs" in messages
+    assert "notes0.txt, notes1.txt, notes2.txt, notes3.txt, notes4.txt and 2 more" in messages
+    assert "ignored 1 entries of" in messages and "gone_0001.png" in messages
+    ignored = result.manifest.source["ignored"]
+    assert [v["count"] for v in ignored.values()] == [7, 1]
+    assert ignored[next(iter(ignored))]["first"][0] == "notes0.txt"
+    assert result.manifest.count == 20
 
 
 def test_missing_label_is_a_clear_error(tmp_path, png_folder):

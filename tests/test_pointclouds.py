@@ -6,6 +6,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import laspy
@@ -17,7 +18,7 @@ from typer.testing import CliRunner
 import packdata
 from packdata.cli import app
 from packdata.containers import get as get_container
-from packdata.errors import MissingExtraError, PackdataError, SampleError
+from packdata.errors import InputWarning, MissingExtraError, PackdataError, SampleError
 from packdata.prep.pointsample import coverage_radius
 from packdata.sources import pointfiles
 
@@ -311,6 +312,37 @@ def test_decoder_panic_is_that_files_error(tmp_path, workers):
     result = packdata.convert(source, tmp_path / "o.h5", workers=workers, on_error="skip")
     assert [Path(s["path"]).name for s in result.skipped] == ["b_panics.laz"]
     assert packdata.open(result.path).keys == ["a_good"]
+
+
+def test_a_header_claiming_billions_of_points_says_so(tmp_path):
+    folder = tmp_path / "h"
+    folder.mkdir()
+    for name, src in (("a.las", FILTERED[0]), ("b.laz", FIXTURES / "simple.laz")):
+        data = bytearray(src.read_bytes())
+        struct.pack_into("<I", data, 107, 2**32 - 1)  # LAS 1.2 header: legacy point count
+        (folder / name).write_bytes(bytes(data))
+    reasons = {}
+    for name in ("a.las", "b.laz"):
+        with pytest.raises(SampleError) as info:
+            pointfiles.read_columns(folder / name, ["x", "y", "z"])
+        reasons[name] = info.value.reason
+    assert reasons["a.las"] == "truncated: the header says 4294967295 points, the file holds 4040"
+    assert reasons["b.laz"].startswith("the header says 4294967295 points, more than fit")
+
+
+def test_float32_precision_loss_is_warned_and_the_manifest_says_what_was_applied(
+        tmp_path, tree_folder):
+    """The fixtures' scale is 1 cm; float32 at y ≈ 487,434 m steps by 3.1 cm."""
+    with pytest.warns(InputWarning, match=r"float32 stores coordinates in steps of up to 0.0312 "
+                                          r"\(file units\) where the files' own scale is 0.01"):
+        raw = convert(tree_folder, tmp_path / "raw.h5", variants=1).manifest
+    assert raw.extra["precision"]["largest_step"] == 2.0**-5
+    assert raw.extra["coordinates"].startswith("stored = file coordinates (no offset")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InputWarning)  # centred, float32 keeps the centimetres
+        centred = convert(tree_folder, tmp_path / "c.h5", variants=1, normalize="center").manifest
+    assert centred.extra["precision"]["files_coarser_than_their_scale"] == 0
+    assert "per-record field 'center'" in centred.extra["coordinates"]
 
 
 def test_missing_field_names_field_and_file(tmp_path):

@@ -135,6 +135,18 @@ def test_text_errors_replace_or_skip_and_empty_documents_counted(tmp_path, bad_t
                for s in skipped.skipped)
 
 
+def test_binary_text_is_refused(tmp_path, peps_dir):
+    """A .txt of NUL bytes is valid UTF-8 but not text: refused, naming the file."""
+    folder = tmp_path / "nul"
+    folder.mkdir()
+    (folder / "a.txt").write_bytes((peps_dir / "pep-0210.txt").read_bytes())
+    (folder / "b.txt").write_bytes(b"\0" * 4096)
+    with pytest.raises(SampleError, match=r"b.txt: binary data, not text .*byte offset 0"):
+        packdata.convert(packdata.open_source(folder), tmp_path / "o.h5", workers=1)
+    skipped = packdata.convert(packdata.open_source(folder), tmp_path / "o.h5", on_error="skip")
+    assert [Path(s["path"]).name for s in skipped.skipped] == ["b.txt"]
+
+
 def test_errors_cross_from_worker_processes(tmp_path, bad_text, monkeypatch):
     monkeypatch.setattr(text_source, "BLOCK_BYTES", 1)  # one document per task, two workers
     result = packdata.convert(packdata.open_source(bad_text), tmp_path / "w.lmdb", workers=2,

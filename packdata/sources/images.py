@@ -18,7 +18,7 @@ from PIL import Image, UnidentifiedImageError
 from packdata.errors import PackdataError, SampleError
 from packdata.manifest import Field, Manifest
 from packdata.sources import labels as labelling
-from packdata.sources.base import Item, Source, list_files
+from packdata.sources.base import Item, Source
 from packdata.sources.options import Option, resolve
 
 KIND = "image"
@@ -66,7 +66,7 @@ class ImageSource(Source):
             raise PackdataError(f"{self.labels_path}: labels file not found")
 
     def _files(self) -> list[str]:
-        return list_files(self.root, SUFFIXES)
+        return self.list_inputs(SUFFIXES, used=self.labels_path)
 
     @property
     def layout(self) -> str:
@@ -76,7 +76,9 @@ class ImageSource(Source):
         root = self.root if self.root.is_dir() else self.root.parent
         files = self._files()
         keys = [os.path.splitext(f)[0] for f in files]
-        labels, self.classes = labelling.assign(files, self.labels_path)
+        unused: list[str] = []
+        labels, self.classes = labelling.assign(files, self.labels_path, unused)
+        self.ignore(f"entries of {self.labels_path} naming no input file", unused)
         return [Item(k, root / f, label) for k, f, label in zip(keys, files, labels)]
 
     def load(self, item: Item) -> dict[str, np.ndarray]:

@@ -16,6 +16,7 @@ seeded hash of (seed, epoch, index) (``"random"``).
 from __future__ import annotations
 
 import os
+import warnings
 import zlib
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from packdata.errors import MissingExtraError, OptionError, PackdataError, SampleError, require
+from packdata.errors import (
+    InputWarning,
+    MissingExtraError,
+    OptionError,
+    PackdataError,
+    SampleError,
+    require,
+)
 from packdata.manifest import Field, Manifest
 from packdata.prep.pointsample import (
     DTYPES,
@@ -37,12 +45,19 @@ from packdata.prep.pointsample import (
 )
 from packdata.sources import labels as labelling
 from packdata.sources import pointfiles
-from packdata.sources.base import Item, Source, list_files
+from packdata.sources.base import Item, Source, shown
 from packdata.sources.options import Option, resolve
 
 KIND = "pointcloud"
 SUFFIXES = pointfiles.SUFFIXES
 VARIANT_ORDERS = ("epoch", "random")
+#: what each normalisation does to the file's coordinates, as the manifest states it
+COORDINATES = {
+    "none": "stored = file coordinates (no offset, no scale)",
+    "center": "stored = file coordinates - center (per-record field 'center')",
+    "unit_sphere": "stored = (file coordinates - center) / scale (per-record fields 'center' "
+                   "and 'scale')",
+}
 OPTIONS = (
     labelling.LABELS,
     Option("points", int, 4096, "Points per stored sample, N."),
@@ -100,12 +115,13 @@ class PointCloudSource(Source):
         self._reset_counts()
 
     def _reset_counts(self) -> None:
+        self.precision: dict[str, Any] = {}
         self.counts = {"clouds_with_replacement": 0, "clouds_padded": 0,
                        "clouds_with_nonfinite": 0, "nonfinite_points_dropped": 0}
         self.num_points: list[int] = []
 
     def _files(self) -> list[str]:
-        return list_files(self.root, SUFFIXES)
+        return self.list_inputs(SUFFIXES, used=self.labels_path)
 
     def items(self) -> list[Item]:
         self._reset_counts()
@@ -116,8 +132,41 @@ class PointCloudSource(Source):
             raise MissingExtraError("lazrs", "lidar", "reading LAZ files")
         if any(f.lower().endswith(pointfiles.LAS_SUFFIXES) for f in files):
             require("laspy", "lidar", "reading LAS/LAZ files")
-        labels, self.classes = labelling.assign(files, self.labels_path)
+        unused: list[str] = []
+        labels, self.classes = labelling.assign(files, self.labels_path, unused)
+        self.ignore(f"entries of {self.labels_path} naming no input file", unused)
+        self._check_precision(root, [f for f in files if f.lower().endswith(pointfiles.LAS_SUFFIXES)])
         return [Item(os.path.splitext(f)[0], root / f, label) for f, label in zip(files, labels)]
+
+    def _check_precision(self, root: Path, files: list[str]) -> None:
+        """Warn (InputWarning) when the stored float type's step at a LAS file's coordinates,
+        once normalised, is coarser than the file's own scale: float32 at 487,434 m steps by
+        3 cm where the file says 1 cm. From headers only; a file that fails is reported when
+        loaded."""
+        dtype = np.dtype(self.spec.dtype)
+        losing, worst = [], (0.0, 0.0)
+        for f in files:
+            try:
+                lo, hi, file_scale = pointfiles.las_extent(root / f)
+            except Exception:  # noqa: S112 - load() names the file and the reason
+                continue
+            if self.spec.normalize == "unit_sphere":  # stored ≤ 1, then times the radius
+                step = float(np.spacing(dtype.type(1))) * float(np.linalg.norm(hi - lo))
+            else:
+                reach = np.maximum(abs(lo), abs(hi)) if self.spec.normalize == "none" else hi - lo
+                with np.errstate(all="ignore"):  # float16 overflows: load() says so
+                    step = float(np.spacing(reach.astype(dtype)).max())
+            if step > file_scale.min():
+                losing.append(f)
+                worst = max(worst, (step, float(file_scale.min())))
+        self.precision = {"dtype": dtype.name, "files_coarser_than_their_scale": len(losing),
+                          "largest_step": worst[0], "its_file_scale": worst[1]}
+        if losing:
+            warnings.warn(
+                f"{root}: {dtype.name} stores coordinates in steps of up to {worst[0]:.3g} "
+                f"(file units) where the files' own scale is {worst[1]:.3g}, in {len(losing)} "
+                f"files ({shown(losing)}); use --normalize center, or --dtype float64",
+                InputWarning, stacklevel=3)
 
     def blocks(self, items: list[Item]) -> list[list[Item]]:
         """One cloud per worker task: a cloud costs milliseconds to seconds to read and sample,
@@ -199,7 +248,9 @@ class PointCloudSource(Source):
                         "seed": s.seed, "normalize": s.normalize, "dtype": s.dtype,
                         "fewer": s.fewer, "point_labels": self.point_labels,
                         "variant_order": self.variant_order},
-            "extra": {**self.counts, "num_points": self.num_points},
+            "extra": {**self.counts, "num_points": self.num_points,
+                      "coordinates": COORDINATES[s.normalize],
+                      **({"precision": self.precision} if self.precision else {})},
         }
 
 

@@ -29,7 +29,7 @@ import torch
 from packdata.errors import PackdataError, SampleError, SkippedSample, TokenizerError
 from packdata.manifest import Field, Manifest
 from packdata.prep.tokenizers import load_tokenizer, token_dtype
-from packdata.sources.base import Item, Loaded, Source, list_files
+from packdata.sources.base import Item, Loaded, Source
 from packdata.sources.options import Option, resolve
 
 KIND = "text"
@@ -102,7 +102,7 @@ class TextSource(Source):
 
     def _files(self) -> list[Path]:
         base = self.root.parent if self.root.is_file() else self.root
-        return [base / f for f in list_files(self.root, SUFFIXES)]
+        return [base / f for f in self.list_inputs(SUFFIXES)]
 
     def items(self) -> list[Item]:
         base = self.root.parent if self.root.is_file() else self.root
@@ -188,6 +188,10 @@ class TextSource(Source):
         return out
 
     def _text(self, item: TextItem, raw: bytes) -> str | SampleError:
+        nul = raw.find(b"\0")
+        if nul >= 0:  # valid UTF-8, but no text has it: a binary file with a text suffix
+            return SampleError(item.origin, f"binary data, not text (a NUL byte at byte offset "
+                                            f"{item.start + nul})")
         errors = "replace" if self.text_errors == "replace" else "strict"
         try:
             text = raw.decode("utf-8", errors=errors)
