@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 from rich.table import Table
 
-from packdata import sources
+from packdata import interrupts, sources
 from packdata.containers import CONTAINERS
 from packdata.convert import ON_ERROR
 from packdata.errors import InputWarning, PackdataError
@@ -118,11 +118,13 @@ def convert(
             result = _run_convert(src, dst, kind, given, format=format, shard_size=shard_size,
                                   workers=workers, on_error=on_error, overwrite=overwrite)
     except (PackdataError, OSError, ValueError) as exc:
-        _fail(exc)
+        if not interrupts.received():  # else a worker stopped by the same Ctrl-C: interrupted
+            _fail(exc)
+        _interrupted(f"nothing was written to {dst}")
     except KeyboardInterrupt:
-        console.print(f"[red]interrupted:[/red] nothing was written to {escape(str(dst))}",
-                      highlight=False)
-        raise typer.Exit(130) from None
+        _interrupted(f"nothing was written to {dst}")
+    if interrupts.received():  # arrived after the output was complete, and was swallowed
+        _interrupted(f"{dst} had already been written in full")
     m = result.manifest
     console.print(
         f"wrote {result.path}: {m.count} {m.kind} samples ({m.container}) in "
@@ -132,6 +134,16 @@ def convert(
         console.print(f"[yellow]skipped {len(m.skipped)} inputs:[/yellow]")
         for s in m.skipped:
             console.print(f"  {s['path']}: {s['reason']}", highlight=False, markup=False)
+
+
+_announced = False  # whether the command said it was interrupted, and how
+
+
+def _interrupted(what: str) -> None:
+    global _announced
+    _announced = True
+    console.print(f"[red]interrupted:[/red] {escape(what)}", highlight=False)
+    raise typer.Exit(130)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -154,7 +166,8 @@ def _run_convert(src: Path, dst: Path, kind: Enum | None, options: dict[str, Any
             source, dst, container=format.value if format else None,
             container_options={"shard_size": shard_size} if shard_size else None,
             workers=workers, on_error=on_error.value, overwrite=overwrite,
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
+            progress=lambda done, total: (interrupts.check(),
+                                          bar.update(task, completed=done, total=total)),
         )
 
 
@@ -292,5 +305,21 @@ def bench(
         _fail(exc)
 
 
+def run(args: list[str] | None = None) -> int:
+    """Run the command line; its exit status. Ctrl-C anywhere is one line and status 130 (see
+    :mod:`packdata.interrupts`, installed by ``packdata.__main__`` before this module loads)."""
+    try:
+        app(args, prog_name="packdata")  # standalone: usage errors shown, ends in SystemExit
+        status = 0
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    if interrupts.received() and not _announced:  # typer turns KeyboardInterrupt into a silent 130
+        console.print("[red]interrupted[/red]", highlight=False)
+        status = 130
+    return status
+
+
 if __name__ == "__main__":
-    app()
+    from packdata.__main__ import main
+
+    raise SystemExit(main())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import multiprocessing
 import os
@@ -20,7 +21,7 @@ import pytest
 import packdata
 from packdata.errors import InputWarning, OutputExistsError, PackdataError, SampleError
 from packdata.sources.images import ImageSource
-from tests.conftest import copy_sample
+from tests.conftest import copy_sample, fifo_folder
 
 
 def test_container_is_chosen_by_suffix_or_format(tmp_path, png_folder):
@@ -286,26 +287,26 @@ def test_what_leaves_a_worker_always_pickles(tmp_path, png_folder):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.timeout(120)
 def test_killed_conversion_leaves_nothing_that_opens(tmp_path, png_folder):
-    """SIGTERM mid-conversion: the process cleans up; nothing at DST opens as a dataset."""
-    big = tmp_path / "big"
-    from packdata.bench.baselines import tile_image_folder
-    from packdata.demo import SAMPLE
-
-    tile_image_folder(SAMPLE, big, 3000)
+    """SIGTERM mid-conversion: the process cleans up; nothing at DST opens as a dataset. The
+    last input is a named pipe, so the conversion cannot finish before the signal: no race."""
+    folder = fifo_folder(tmp_path / "in", png_folder, count=300)  # two tasks: the pipe's waits
     out = tmp_path / "out"
     out.mkdir()
     log = open(tmp_path / "stderr.txt", "w+")  # noqa: SIM115 - a pipe nobody reads could fill up
     proc = subprocess.Popen(
-        [sys.executable, "-m", "packdata.cli", "convert", str(big), str(out / "k.lmdb"),
-         "--workers", "2"], stderr=log,
+        [sys.executable, "-m", "packdata", "convert", str(folder), str(out / "k.lmdb"),
+         "--workers", "2"], stderr=log, cwd=Path(__file__).parents[1],
     )
-    deadline = time.time() + 30
-    while time.time() < deadline and not any(out.iterdir()):
-        time.sleep(0.02)
-    time.sleep(0.2)
+    while not any(out.iterdir()):  # the partial output exists: converting
+        assert proc.poll() is None, "the conversion ended on its own"
+        time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=60)
+    while proc.poll() is None:  # a worker may be reading the pipe: give it an end
+        with contextlib.suppress(OSError):  # no reader (yet, or any more)
+            os.close(os.open(folder / "zz_blocks.png", os.O_WRONLY | os.O_NONBLOCK))
+        time.sleep(0.01)
     assert proc.returncode == 130
     log.seek(0)
     assert "interrupted" in log.read()
