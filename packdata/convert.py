@@ -245,7 +245,7 @@ def convert(
                 pairs = _pairs(item, loaded)  # one input may make several records (chunks)
                 if writer is None and pairs and not isinstance(pairs, SampleError):
                     fields, first = source.fields(pairs[0][1]), item
-                    writer = module.WRITER(tmp, fields, len(items), options)
+                    writer = module.WRITER(tmp, fields, options)
                 if not isinstance(pairs, SampleError):
                     pairs = _checked(pairs, fields, item, source, first)
                 if isinstance(pairs, SampleError):

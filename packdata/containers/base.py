@@ -27,7 +27,7 @@ class Writer(ABC):
     OPTIONS: ClassVar[dict[str, Any]] = {}
 
     def __init__(
-        self, path: Path, fields: dict[str, Field], capacity: int, options: dict[str, Any]
+        self, path: Path, fields: dict[str, Field], options: dict[str, Any]
     ) -> None:
         unknown = set(options) - set(self.OPTIONS)
         if unknown:
@@ -37,7 +37,6 @@ class Writer(ABC):
             )
         self.path = path
         self.fields = fields
-        self.capacity = capacity
         self.options = {**self.OPTIONS, **options}
         self.count = 0
 
@@ -117,13 +116,6 @@ def map_file(path: Path) -> np.ndarray:
             return np.empty(0, dtype=np.uint8)
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     return np.frombuffer(mapped, dtype=np.uint8)
-
-
-def split_rows(flat: np.ndarray, lengths: np.ndarray, field: Field) -> list[np.ndarray]:
-    """Cut one flat buffer into per-record arrays of ``field``'s row shape."""
-    ends = np.cumsum(lengths)
-    rows = flat.view(field.np_dtype).reshape(-1, *field.row_shape)
-    return np.split(rows, ends[:-1]) if len(lengths) else []
 
 
 def disk_size(path: Path) -> int:
