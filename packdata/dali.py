@@ -28,7 +28,7 @@ import torch
 from packdata.augment.ops import CIFAR10_MEAN, CIFAR10_STD
 from packdata.containers.tar import image_suffix, read_manifest, shard_paths
 from packdata.dataset import PackedDataset
-from packdata.errors import DatasetError, require
+from packdata.errors import ArgumentError, DatasetError, require
 from packdata.manifest import Manifest
 
 LABEL_DIGITS = 20  # .cls members are decimal text: padded to this many bytes, parsed in torch
@@ -157,11 +157,11 @@ def _device(device: str, device_id: int | None) -> tuple[str, int | None]:
     if device == "auto":
         device = "gpu" if torch.cuda.is_available() else "cpu"
     if device not in ("cpu", "gpu"):
-        raise ValueError(f"device '{device}': expected 'cpu', 'gpu' or 'auto'")
+        raise ArgumentError(f"device '{device}': expected 'cpu', 'gpu' or 'auto'")
     if device == "cpu":
         return device, None
     if not torch.cuda.is_available():
-        from packdata.device import DeviceError
+        from packdata.errors import DeviceError
 
         raise DeviceError("the DALI GPU pipeline needs a CUDA device; use device='cpu'")
     return device, torch.cuda.current_device() if device_id is None else device_id
@@ -188,7 +188,7 @@ def tar_loader(path: str | Path, batch_size: int, *, device: str = "auto",
     header = npy_header_size(path) if raw else 0
     if size is None:
         if not raw:
-            raise ValueError("give size= for keep-encoded images (their size is not in the manifest)")
+            raise ArgumentError("give size= for keep-encoded images (their size is not in the manifest)")
         size = (stored[0], stored[1])
     size = (size, size) if isinstance(size, int) else tuple(size)
 

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from packdata.errors import DatasetError
+from packdata.errors import ArgumentError, DatasetError
 from packdata.manifest import Field, Manifest
 
 Batch = dict[str, "np.ndarray | list[np.ndarray]"]
@@ -32,7 +32,7 @@ class Writer(ABC):
         unknown = set(options) - set(self.OPTIONS)
         if unknown:
             accepted = ", ".join(self.OPTIONS) or "none"
-            raise ValueError(
+            raise ArgumentError(
                 f"options {sorted(unknown)} do not apply to this container (accepted: {accepted})"
             )
         self.path = path

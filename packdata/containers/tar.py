@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from packdata.containers.base import Batch, Reader, Select, Writer, map_file
-from packdata.errors import DatasetError, PackdataError
+from packdata.errors import ArgumentError, DatasetError, PackdataError
 from packdata.manifest import Field, Manifest
 
 NAME = "tar"
@@ -90,7 +90,7 @@ def parse_shard_size(text: str | int) -> tuple[int | None, int | None]:
     try:
         return int(s), None
     except ValueError:
-        raise ValueError(f"shard size '{text}': expected a sample count or a size like 512MB") \
+        raise ArgumentError(f"shard size '{text}': expected a sample count or a size like 512MB") \
             from None
 
 

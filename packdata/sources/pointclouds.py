@@ -98,13 +98,9 @@ class PointCloudSource(Source):
         """``options``: see :data:`OPTIONS`; ``fields`` may also be a list of names."""
         o = resolve(KIND, OPTIONS, options)
         self.root = Path(root)
-        try:
-            self.spec = SampleSpec(points=o["points"], method=o["sampling"],
-                                   variants=o["variants"], seed=o["seed"],
-                                   voxel_size=o["voxel_size"], fewer=o["fewer"],
-                                   normalize=o["normalize"], dtype=o["dtype"])
-        except ValueError as exc:
-            raise OptionError(str(exc)) from None
+        self.spec = SampleSpec(points=o["points"], method=o["sampling"], variants=o["variants"],
+                               seed=o["seed"], voxel_size=o["voxel_size"], fewer=o["fewer"],
+                               normalize=o["normalize"], dtype=o["dtype"])
         self.variant_order = o["variant_order"]
         self.field_names = parse_fields(o["fields"])
         self.point_labels = o["point_labels"]
