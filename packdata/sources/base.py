@@ -45,6 +45,8 @@ class Source(ABC):
     #: appended to shape errors, telling the user how to make records uniform
     shape_hint: ClassVar[str] = ""
     classes: list[str] | None = None
+    #: inputs left out by reason, set while listing (see :meth:`ignore`); absent until then
+    ignored: dict[str, list[str]]
 
     @abstractmethod
     def items(self) -> list[Item]:

@@ -4,6 +4,7 @@ by :func:`packdata.sources.open_source` and by ``packdata convert`` (one flag pe
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +32,7 @@ class Option:
             return value
         if self.choices and value not in self.choices:
             raise OptionError(f"{self.name} '{value}': expected one of {', '.join(self.choices)}")
-        numeric = {int: (int,), float: (int, float)}.get(self.type)
+        numeric = {int: numbers.Integral, float: numbers.Real}.get(self.type)
         if (numeric or self.type is bool) and (
             isinstance(value, bool) != (self.type is bool)
             or not isinstance(value, numeric or bool)
