@@ -19,7 +19,6 @@ decodes only the crop's region) or ``crop=packdata.CenterCrop(224, resize=256)``
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -29,15 +28,24 @@ import numpy as np
 import torch
 
 from packdata.augment.ops import CIFAR10_MEAN, CIFAR10_STD
+from packdata.containers.tar import image_suffix, read_manifest, shard_paths
 from packdata.dataset import PackedDataset
-from packdata.errors import DatasetError, require
+from packdata.errors import ArgumentError, DatasetError, require
 from packdata.imagedecode import CenterCrop, ImageDecode, RandomResizedCrop
+from packdata.manifest import Manifest
 
 LABEL_DIGITS = 20  # .cls members are decimal text: padded to this many bytes, parsed in torch
 
 
 def _dali() -> Any:
     return require("nvidia.dali", "dali", "the DALI pipeline")
+
+
+def _image_manifest(path: Path) -> Manifest:
+    manifest = read_manifest(path)
+    if manifest.container != "tar" or manifest.kind != "image":
+        raise DatasetError(f"{path}: the DALI tar reader needs a tar dataset of images")
+    return manifest
 
 
 def write_dali_index(path: str | Path, out_dir: str | Path) -> tuple[list[str], list[str], str]:
@@ -50,17 +58,14 @@ def write_dali_index(path: str | Path, out_dir: str | Path) -> tuple[list[str], 
     if not (path / "manifest.json").is_file() or not (path / "index.npz").is_file():
         raise DatasetError(f"{path}: the DALI tar reader needs a packdata tar dataset "
                            "(a directory with manifest.json and index.npz)")
-    manifest = json.loads((path / "manifest.json").read_text())["packdata"]
-    if manifest.get("container") != "tar" or manifest.get("kind") != "image":
-        raise DatasetError(f"{path}: the DALI tar reader needs a tar dataset of images")
-    image = manifest["fields"]["image"]
+    manifest = _image_manifest(path)
     index = np.load(path / "index.npz")
-    shards = [path / s["name"] for s in manifest["extra"]["shards"]]
-    keys = [k.replace(".", "_").replace(" ", "_") for k in manifest["keys"]]
+    shards = shard_paths(path)
+    keys = [k.replace(".", "_").replace(" ", "_") for k in manifest.keys]
     # keep: the member's own suffix (png/jpg) is the extension DALI sees, so match either
-    keep = image.get("codec") == "image"
+    keep = manifest.fields["image"].codec == "image"
     ext = "png;jpg;jpeg" if keep else "image.npy"
-    has_label = "label" in manifest["fields"]
+    has_label = "label" in manifest.fields
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     index_paths = []
@@ -75,7 +80,7 @@ def write_dali_index(path: str | Path, out_dir: str | Path) -> tuple[list[str], 
                     off, size = off - header, size + header
                 else:
                     f.seek(off)
-                    suffix = "png" if f.read(4).startswith(b"\x89PNG") else "jpg"
+                    suffix = image_suffix(f.read(4))
                 line = f"{suffix} {off} {size} {keys[i]}.{suffix}"
                 if has_label:
                     line += (f" cls {int(index['label.offset'][i])} "
@@ -156,11 +161,11 @@ def _device(device: str, device_id: int | None) -> tuple[str, int | None]:
     if device == "auto":
         device = "gpu" if torch.cuda.is_available() else "cpu"
     if device not in ("cpu", "gpu"):
-        raise ValueError(f"device '{device}': expected 'cpu', 'gpu' or 'auto'")
+        raise ArgumentError(f"device '{device}': expected 'cpu', 'gpu' or 'auto'")
     if device == "cpu":
         return device, None
     if not torch.cuda.is_available():
-        from packdata.device import DeviceError
+        from packdata.errors import DeviceError
 
         raise DeviceError("the DALI GPU pipeline needs a CUDA device; use device='cpu'")
     return device, torch.cuda.current_device() if device_id is None else device_id
@@ -186,17 +191,17 @@ def tar_loader(path: str | Path, batch_size: int, *, device: str = "auto",
         keep = tempfile.TemporaryDirectory(prefix="packdata-dali-")
         index_dir = keep.name
     shards, index_paths, ext = write_dali_index(path, index_dir)
-    manifest = json.loads((Path(path) / "manifest.json").read_text())["packdata"]
-    stored = manifest["fields"]["image"]["shape"]
-    raw = manifest["fields"]["image"].get("codec") != "image"
+    image = _image_manifest(Path(path)).fields["image"]
+    stored = list(image.shape)
+    raw = image.codec != "image"
     if raw and stored[0] is None:
         raise DatasetError(f"{path}: raw images of any size (--max-size) are not readable by "
                            "DALI's tar reader; convert with --encoding keep, or read them with "
                            "packdata.open(path, decode=...)")
     if crop is not None and not isinstance(crop, (RandomResizedCrop, CenterCrop)):
-        raise ValueError(f"crop {crop!r}: DALI offers RandomResizedCrop or CenterCrop")
+        raise ArgumentError(f"crop {crop!r}: DALI offers RandomResizedCrop or CenterCrop")
     if dtype not in ("float32", "uint8"):
-        raise ValueError(f"dtype '{dtype}': expected 'float32' or 'uint8'")
+        raise ArgumentError(f"dtype '{dtype}': expected 'float32' or 'uint8'")
     header = npy_header_size(path) if raw else 0
     if crop is not None:
         size, padding, mirror = crop.size, 0, crop.flip
@@ -204,7 +209,7 @@ def tar_loader(path: str | Path, batch_size: int, *, device: str = "auto",
         mean, std = (0.0, 0.0, 0.0), (1 / 255, 1 / 255, 1 / 255)
     if size is None:
         if not raw:
-            raise ValueError("give size= for keep-encoded images (their size is not in the manifest)")
+            raise ArgumentError("give size= for keep-encoded images (their size is not in the manifest)")
         size = (stored[0], stored[1])
     size = (size, size) if isinstance(size, int) else tuple(size)
 
