@@ -263,13 +263,27 @@ def bench(
     steps: Annotated[int, typer.Option(help="Timed steps per measurement.")] = 50,
     warmup: Annotated[int, typer.Option(help="Untimed steps before each measurement.")] = 5,
     max_seconds: Annotated[float, typer.Option(
-        help="Stop each measurement after this long even if --steps are not done.")] = 20.0,
+        help="Bound of each measurement, warm-up included (it ends within this plus one step "
+        "even if --steps are not done).")] = 20.0,
     workers: Annotated[int, typer.Option(help="DataLoader worker processes.")] = 0,
+    augment: Annotated[str | None, typer.Option(
+        help="Augmentation on the I/O side, on the device after the copy, as training runs it: "
+        "'cifar' (random crop with padding 4, flip, normalise).")] = None,
     sweep: Annotated[bool, typer.Option(
         help="Also time the real loop for num_workers 0…cores × prefetch_factor × "
-        "persistent_workers (× pin_memory × non_blocking on CUDA).")] = False,
+        "persistent_workers (× pin_memory × non_blocking on CUDA), each several times.")] = False,
     sweep_seconds: Annotated[float, typer.Option(
-        help="Time bound of each sweep configuration.")] = 6.0,
+        help="Time budget of the whole sweep, shared by every run of every configuration.")] = 60.0,
+    sweep_repeats: Annotated[int, typer.Option(
+        help="Runs of each sweep configuration (interleaved), to tell a winner from noise.")] = 3,
+    target_gpu: Annotated[str | None, typer.Option(
+        help="Estimate whether this GPU would wait for your I/O: A100, H100, H200, L4, V100, "
+        "RTX 4090 (peak bf16 with --amp, fp32 without).")] = None,
+    target_flops: Annotated[float | None, typer.Option(
+        help="The same for any accelerator: its peak FLOP/s, e.g. 312e12.")] = None,
+    mfu: Annotated[float, typer.Option(
+        help="Share of the target's peak the model would reach (model FLOPs utilisation), "
+        "in (0, 1].")] = 0.4,
     profile: Annotated[Path | None, typer.Option(
         help="Profile a few steps with torch.profiler; write the trace to this directory and "
         "print the step-time breakdown.")] = None,
@@ -283,6 +297,7 @@ def bench(
     """Does I/O outrun training? Measures I/O alone, training alone and the real loop.
 
     Example: packdata bench cifar.lmdb --model resnet18 --amp --sweep --plot bench.png
+    or: packdata bench cifar.lmdb --augment cifar --target-gpu H100
     """
     from packdata.bench import report
     from packdata.bench.runner import BenchSettings
@@ -293,7 +308,9 @@ def bench(
                                  amp=amp, steps=steps, warmup=warmup, max_seconds=max_seconds,
                                  workers=workers)
         result = run_bench(dataset, settings, sweep=sweep, sweep_seconds=sweep_seconds,
-                           profile_dir=profile, compare=compare,
+                           sweep_repeats=sweep_repeats, profile_dir=profile, compare=compare,
+                           augment=augment, target_gpu=target_gpu, target_flops=target_flops,
+                           mfu=mfu,
                            log=lambda m: console.print(m, highlight=False, markup=False,
                                                          style="dim"))
         report.print_report(result, Console())
