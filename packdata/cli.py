@@ -17,6 +17,7 @@ from rich.table import Table
 
 from packdata.containers import CONTAINERS
 from packdata.convert import ON_ERROR
+from packdata.engines import ENGINES
 from packdata.errors import PackdataError
 from packdata.prep import pointsample
 from packdata.sources import KINDS
@@ -38,6 +39,7 @@ def _choices(name: str, values: Iterable[str]) -> type[Enum]:
 
 
 ContainerName = _choices("ContainerName", CONTAINERS)
+Engine = _choices("Engine", ENGINES)
 Kind = _choices("Kind", KINDS)
 Encoding = _choices("Encoding", ENCODINGS)
 TextErrors = _choices("TextErrors", TEXT_ERRORS)
@@ -128,6 +130,19 @@ def convert(
     variant_order: Annotated[VariantOrder | None, typer.Option(
         help="Point clouds: serve variant (index + epoch) % K, or a seeded random one "
         "(default epoch).")] = None,
+    engine: Annotated[Engine | None, typer.Option(
+        help="Convert in parts, as independent tasks, into a sharded dataset: 'local' runs "
+        "them in --workers processes, 'dask' on a Dask cluster (a LocalCluster of --workers "
+        "processes, or --scheduler's).")] = None,
+    scheduler: Annotated[str | None, typer.Option(
+        help="Dask: the scheduler of an existing cluster, tcp://HOST:PORT (implies --engine "
+        "dask).")] = None,
+    part_size: Annotated[int | None, typer.Option(
+        help="Records per part of a sharded conversion (default: about 4 parts per worker, "
+        "at most 10000).")] = None,
+    resume: Annotated[bool, typer.Option(
+        help="Continue an interrupted sharded conversion into DST: keep its finished parts, "
+        "redo the rest (refused if any option differs).")] = False,
 ) -> None:
     """Convert a one-file-per-sample dataset into a packed one.
 
@@ -162,12 +177,16 @@ def convert(
                 container_options={"shard_size": shard_size} if shard_size else None,
                 workers=workers, on_error=on_error.value, overwrite=overwrite,
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
+                engine=engine.value if engine else None, scheduler=scheduler,
+                part_size=part_size, resume=resume,
             )
     except (PackdataError, OSError, ValueError) as exc:
         _fail(exc)
     except KeyboardInterrupt:
-        console.print(f"[red]interrupted:[/red] nothing was written to {escape(str(dst))}",
-                      highlight=False)
+        kept = " (finished parts are kept: rerun with --resume to continue)" \
+            if engine or scheduler or part_size or resume else ""
+        console.print(f"[red]interrupted:[/red] nothing was written to {escape(str(dst))}"
+                      f"{kept}", highlight=False)
         raise typer.Exit(130) from None
     m = result.manifest
     console.print(

@@ -199,15 +199,33 @@ def convert(
     on_error: str = "fail",
     overwrite: bool = False,
     progress: Progress | None = None,
+    engine: str | None = None,
+    client: Any = None,
+    scheduler: str | None = None,
+    part_size: int | None = None,
+    resume: bool = False,
 ) -> ConvertResult:
     """Convert ``source`` into a packed dataset at ``dst``.
 
     The container is ``container`` ("lmdb", "hdf5", "tar") or chosen by ``dst``'s suffix.
     ``on_error="skip"`` skips inputs that fail to load and records them in the manifest;
     ``"fail"`` stops at the first, naming the file. ``workers`` defaults to the CPU count.
+
+    Given ``engine`` ("local" or "dask"), a Dask ``client`` or ``scheduler`` address,
+    ``part_size`` or ``resume``, the output is a sharded dataset converted part by part as
+    independent tasks (see :mod:`packdata.partitioned`; ``resume`` keeps the parts an
+    interrupted run finished).
     """
     if on_error not in ON_ERROR:
         raise PackdataError(f"on_error '{on_error}': expected one of {', '.join(ON_ERROR)}")
+    if engine or client is not None or scheduler or part_size or resume:
+        from packdata.partitioned import convert_parts
+
+        return convert_parts(
+            source, Path(dst), container=container, container_options=container_options,
+            workers=workers, on_error=on_error, overwrite=overwrite, progress=progress,
+            engine=engine or "local", client=client, scheduler=scheduler, part_size=part_size,
+            resume=resume)
     start = time.perf_counter()
     dst = Path(dst)
     module = containers.for_destination(dst, container)
