@@ -1,0 +1,76 @@
+"""Conversion into parts: local processes, byte-identical records, resume after a kill."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import packdata
+from packdata.errors import PackdataError
+from packdata.partitioned import PLAN, work_dir
+
+
+def _records(path: Path) -> tuple[list, list]:
+    m = packdata.open(path).manifest
+    return m.keys, m.checksums
+
+
+def test_parts_in_two_processes_match_one_process(tmp_path, png_folder, packed):
+    source = packdata.open_source(png_folder)
+    one = packdata.convert(source, tmp_path / "one.h5", part_size=25, workers=1)
+    two = packdata.convert(source, tmp_path / "two.h5", part_size=25, workers=2)
+    assert _records(one.path) == _records(two.path) == _records(packed["hdf5"])
+    assert not work_dir(one.path).exists()
+
+
+KILL = """
+import os, sys, packdata
+source = packdata.open_source(sys.argv[1])
+class Dying(type(source)):
+    def load(self, item):  # dies like `kill -9` while converting the fourth part
+        if item.key == self.items()[70].key:
+            os._exit(9)
+        return super().load(item)
+source.__class__ = Dying
+packdata.convert(source, sys.argv[2], part_size=20, workers=1)
+"""
+
+
+def test_resume_after_kill_keeps_finished_parts(tmp_path, png_folder, packed):
+    dst = tmp_path / "out.lmdb"
+    run = subprocess.run([sys.executable, "-c", KILL, str(png_folder), str(dst)], timeout=120)
+    assert run.returncode == 9
+    work = work_dir(dst)
+    assert not dst.exists() and (work / PLAN).is_file()  # nothing that looks like a dataset
+    finished = sorted(p.name for p in work.glob("part-*.lmdb"))
+    assert finished == [f"part-{n:06d}.lmdb" for n in range(3)]
+    stamps = {p: (work / p / "data.mdb").stat().st_mtime_ns for p in finished}
+
+    with pytest.raises(PackdataError, match="part_size=20, this run asks part_size=30"):
+        packdata.convert(packdata.open_source(png_folder), dst, part_size=30, resume=True)
+    with pytest.raises(PackdataError, match="options.encoding='raw', this run asks "
+                                            "options.encoding='keep'"):
+        packdata.convert(packdata.open_source(png_folder, encoding="keep"), dst, resume=True)
+
+    done = packdata.convert(packdata.open_source(png_folder), dst, resume=True, workers=1)
+    assert _records(done.path) == _records(packed["lmdb"])
+    assert {p: (dst / p / "data.mdb").stat().st_mtime_ns for p in finished} == stamps  # kept
+    assert not work.exists() and not (dst / PLAN).exists()
+    assert json.loads((dst / "manifest.json").read_text())["packdata"]["options"]["part_size"] == 20
+
+
+def test_cli_resume_option(tmp_path, png_folder):
+    from typer.testing import CliRunner
+
+    from packdata.cli import app
+
+    result = CliRunner().invoke(app, ["convert", str(png_folder), str(tmp_path / "ds"),
+                                      "--engine", "local", "--part-size", "50", "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    ds = packdata.open(tmp_path / "ds")
+    assert ds.manifest.container == "sharded" and len(ds) == 120
+    assert ds.manifest.options["part_container"] == "tar"
