@@ -34,6 +34,7 @@ from packdata.errors import (
 )
 from packdata.manifest import Manifest, record_checksum
 from packdata.sources.base import BLOCK, Item, Loaded, Source, safe_load
+from packdata.storage import Storage, convert_to_url, is_url
 
 ON_ERROR = ("fail", "skip")
 __all__ = ["BLOCK", "ConvertResult", "convert"]
@@ -204,10 +205,13 @@ def convert(
     scheduler: str | None = None,
     part_size: int | None = None,
     resume: bool = False,
+    storage_options: dict[str, Any] | None = None,
 ) -> ConvertResult:
     """Convert ``source`` into a packed dataset at ``dst``.
 
-    The container is ``container`` ("lmdb", "hdf5", "tar") or chosen by ``dst``'s suffix.
+    The container is ``container`` ("lmdb", "hdf5", "tar") or chosen by ``dst``'s suffix. A URL
+    ``dst`` (``s3://bucket/ds``) receives tar shards, uploaded with the manifest last, reached
+    with ``storage_options`` for fsspec.
     ``on_error="skip"`` skips inputs that fail to load and records them in the manifest;
     ``"fail"`` stops at the first, naming the file. ``workers`` defaults to the CPU count.
 
@@ -218,7 +222,14 @@ def convert(
     """
     if on_error not in ON_ERROR:
         raise PackdataError(f"on_error '{on_error}': expected one of {', '.join(ON_ERROR)}")
-    if engine or client is not None or scheduler or part_size or resume:
+    partitioned = bool(engine or client is not None or scheduler or part_size or resume)
+    if is_url(dst):  # object storage: built locally, then uploaded (see packdata.storage)
+        return convert_to_url(
+            str(dst), container, partitioned, lambda local: convert(
+                source, local, container=container, container_options=container_options,
+                workers=workers, on_error=on_error, progress=progress),
+            Storage(storage_options or {}), overwrite)
+    if partitioned:
         from packdata.partitioned import convert_parts
 
         return convert_parts(

@@ -16,6 +16,7 @@ from typing import Any
 
 from packdata.errors import PackdataError
 from packdata.sources.base import Source
+from packdata.storage import Storage, is_url, stage
 
 KINDS: dict[str, str] = {
     "image": "packdata.sources.images",
@@ -56,7 +57,13 @@ def detect_kind(root: Path) -> str:
 
 
 def open_source(root: str | Path, kind: str | None = None, **options: Any) -> Source:
-    """A Source over ``root``; ``kind`` is detected from file suffixes when not given."""
+    """A Source over ``root``; ``kind`` is detected from file suffixes when not given.
+
+    A URL ``root`` (``s3://bucket/raw``) is copied into the local cache first, in parallel (see
+    :func:`packdata.storage.stage`), reached with ``storage_options`` for fsspec."""
+    storage_options = options.pop("storage_options", None)
+    if is_url(root):
+        root = stage(str(root), Storage(storage_options or {}))
     root = Path(root)
     if not root.exists():
         raise PackdataError(f"{root}: no such file or directory")
