@@ -92,16 +92,16 @@ def errors(url: str):
         yield
     except PackdataError:
         raise
-    except FileNotFoundError as exc:
-        raise DatasetError(f"{url}: not found ({exc})") from None
     except Exception as exc:
         names = {c.__name__ for c in type(exc).__mro__}
         text = str(exc)
+        if "NoSuchBucket" in text or "bucket does not exist" in text.lower():
+            raise DatasetError(f"{url}: no such bucket") from None
+        if isinstance(exc, FileNotFoundError):
+            raise DatasetError(f"{url}: not found ({exc})") from None
         if "NoCredentialsError" in names or "Unable to locate credentials" in text:
             raise PackdataError(f"{url}: no credentials found; looked in {CREDENTIAL_PLACES}") \
                 from None
-        if "NoSuchBucket" in text or "bucket does not exist" in text.lower():
-            raise DatasetError(f"{url}: no such bucket") from None
         if isinstance(exc, PermissionError):
             raise PackdataError(f"{url}: access denied ({text}); check the credentials found in "
                                 f"{CREDENTIAL_PLACES}") from None

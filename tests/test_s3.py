@@ -136,7 +136,7 @@ def test_unreachable_endpoint_is_a_clear_error_within_seconds(tmp_path):
 
 
 def test_missing_bucket_and_missing_dataset(s3, tmp_path):
-    with pytest.raises(DatasetError, match="s3://no-such-bucket/ds"):
+    with pytest.raises(DatasetError, match="s3://no-such-bucket/ds: no such bucket"):
         packdata.open("s3://no-such-bucket/ds", storage_options=s3, cache_dir=tmp_path)
     with pytest.raises(DatasetError, match="no manifest.json"):
         packdata.open(f"s3://{BUCKET}/nothing-here", storage_options=s3, cache_dir=tmp_path)
