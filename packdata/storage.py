@@ -124,7 +124,9 @@ class RemoteTarReader(tar.TarReader):
         with errors(self.url):
             try:
                 manifest = self.fs.cat_file(f"{self.remote}/{tar.MANIFEST}")
-            except FileNotFoundError:
+            except FileNotFoundError as exc:
+                if "bucket" in str(exc).lower():
+                    raise  # named as a missing bucket by errors()
                 raise DatasetError(f"{self.url}: no {tar.MANIFEST}; not a packdata tar dataset "
                                    "(or not finished uploading)") from None
         cached = self.local / tar.MANIFEST
