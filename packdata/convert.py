@@ -225,9 +225,10 @@ def convert(
     partitioned = bool(engine or client is not None or scheduler or part_size or resume)
     if is_url(dst):  # object storage: built locally, then uploaded (see packdata.storage)
         return convert_to_url(
-            str(dst), container, partitioned, lambda local: convert(
+            str(dst), container, resume, lambda local: convert(
                 source, local, container=container, container_options=container_options,
-                workers=workers, on_error=on_error, progress=progress),
+                workers=workers, on_error=on_error, progress=progress, engine=engine,
+                client=client, scheduler=scheduler, part_size=part_size),
             Storage(storage_options or {}), overwrite)
     if partitioned:
         from packdata.partitioned import convert_parts

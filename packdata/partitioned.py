@@ -169,12 +169,45 @@ def convert_parts(
             progress(done, len(items))
 
     manifest = _merge(source, [manifests[n] for n in range(len(slices))], paths, module.NAME, size)
+    if module.NAME == "tar":  # tar parts join into one plain tar dataset (webdataset, DALI, S3)
+        manifest = _join_tar(work, paths, manifest, options)
     (work / PLAN).unlink()
     (work / sharded.MANIFEST).write_text(manifest.to_json())  # last: now it is a dataset
     if dst.exists():
         _remove(dst)
     os.replace(work, dst)
     return ConvertResult(dst, manifest, time.perf_counter() - start)
+
+
+def _join_tar(work: Path, paths: list[Path], manifest: Manifest,
+              options: dict[str, Any]) -> Manifest:
+    """Tar parts moved into one tar dataset: their shards renumbered into one sequence and their
+    record indexes joined (shard numbers offset), so the result is an ordinary tar dataset."""
+    import numpy as np
+
+    from packdata.containers import tar
+
+    pattern = {**tar.TarWriter.OPTIONS, **options}["pattern"]
+    shards: list[dict[str, Any]] = []
+    columns: dict[str, list[np.ndarray]] = {}
+    for path in paths:
+        part = Manifest.from_json((path / tar.MANIFEST).read_text(), str(path))
+        with np.load(path / tar.INDEX, allow_pickle=False) as index:
+            for key in index.files:
+                column = index[key] + len(shards) if key.endswith(".shard") else index[key]
+                columns.setdefault(key, []).append(column)
+        for shard in part.extra["shards"]:
+            name = pattern % len(shards)
+            os.replace(path / shard["name"], work / name)
+            shards.append({"name": name, "count": shard["count"]})
+    np.savez(work / tar.INDEX, **{k: np.concatenate(v) for k, v in columns.items()})
+    for path in paths:
+        shutil.rmtree(path)
+    manifest.container = "tar"
+    manifest.options = {k: v for k, v in manifest.options.items() if k != "part_container"}
+    manifest.extra = {k: v for k, v in manifest.extra.items() if k != "parts"}
+    manifest.extra["shards"] = shards
+    return manifest
 
 
 def _default_part_size(count: int, workers: int | None) -> int:

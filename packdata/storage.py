@@ -315,17 +315,19 @@ def upload(local: Path, url: str, storage: Storage | None = None, overwrite: boo
         fs.put_file(str(local / tar.MANIFEST), f"{remote}/{tar.MANIFEST}")
 
 
-def convert_to_url(url: str, container: str | None, partitioned: bool, convert_locally: Any,
+def convert_to_url(url: str, container: str | None, resume: bool, convert_locally: Any,
                    storage: Storage | None = None, overwrite: bool = False) -> Any:
     """Run ``convert_locally(path)`` into a temporary directory, then :func:`upload` the result."""
     from packdata import containers
 
     name = containers.for_destination(Path(url.split("://", 1)[1]), container).NAME
-    if name != "tar" or partitioned:
-        raise PackdataError(f"{url}: object storage takes tar shards from a conversion in one "
-                            f"piece (asked: {'parts of ' if partitioned else ''}{name}); LMDB, "
-                            "HDF5 and sharded datasets are read through local files, so convert "
-                            "those to a local path")
+    if name != "tar":
+        raise PackdataError(f"{url}: object storage takes tar shards (asked: {name}); LMDB and "
+                            "HDF5 datasets are read through memory maps of local files, so "
+                            "convert those to a local path")
+    if resume:
+        raise PackdataError(f"{url}: --resume needs a local destination (the finished parts "
+                            "are kept beside it); convert to a local path, then upload")
     storage = storage or Storage()
     fs, remote = storage.filesystem(url)
     with errors(url):

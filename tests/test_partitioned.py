@@ -72,5 +72,8 @@ def test_cli_resume_option(tmp_path, png_folder):
                                       "--engine", "local", "--part-size", "50", "--workers", "1"])
     assert result.exit_code == 0, result.output
     ds = packdata.open(tmp_path / "ds")
-    assert ds.manifest.container == "sharded" and len(ds) == 120
-    assert ds.manifest.options["part_container"] == "tar"
+    assert ds.manifest.container == "tar" and len(ds) == 120
+    assert [s["name"] for s in ds.manifest.extra["shards"]] == [
+        "shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
+    assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == [
+        "index.npz", "manifest.json", "shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]

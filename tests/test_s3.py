@@ -118,6 +118,17 @@ def test_deleted_or_corrupted_shard_is_named(remote, s3, tmp_path):
     assert ds[10][1] is not None  # intact shards still read
 
 
+def test_parts_written_to_the_bucket_as_one_tar_dataset(s3, local, tmp_path):
+    url = f"s3://{BUCKET}/in-parts"
+    source = packdata.open_source(packdata.open(local).manifest.source["path"])
+    packdata.convert(source, url, part_size=40, workers=1, storage_options=s3,
+                     container_options={"shard_size": "20"})
+    ds, here = _open(url, s3, tmp_path), packdata.open(local)
+    assert [s["count"] for s in ds.manifest.extra["shards"]] == [20] * 6
+    assert ds.manifest.checksums == here.manifest.checksums
+    assert (ds[list(range(120))][0] == here[list(range(120))][0]).all()
+
+
 def test_source_url_converts_like_the_local_folder(s3, png_folder, packed, tmp_path):
     fs = fsspec.filesystem("s3", **s3)
     fs.put(str(png_folder) + "/", f"s3://{BUCKET}/raw/", recursive=True)
@@ -154,6 +165,6 @@ def test_missing_credentials_say_where_packdata_looked(s3, tmp_path, monkeypatch
 
 
 def test_lmdb_to_a_bucket_is_refused_before_converting(s3, png_folder):
-    with pytest.raises(PackdataError, match="object storage takes tar shards"):
+    with pytest.raises(PackdataError, match="object storage takes tar shards \\(asked: lmdb\\)"):
         packdata.convert(packdata.open_source(png_folder), f"s3://{BUCKET}/x.lmdb",
                          storage_options=s3)

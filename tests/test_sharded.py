@@ -1,4 +1,5 @@
-"""Sharded datasets: parts of every container read as one dataset, batches spanning parts."""
+"""Sharded datasets: parts of every container read as one dataset, batches spanning parts
+(tar parts are joined into one tar dataset instead)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,15 @@ def parts(tmp_path_factory, png_folder, packed) -> dict:
 
 def test_every_container_reads_as_one_dataset(parts, packed, container):
     whole, split = packdata.open(packed[container]), packdata.open(parts[container])
-    assert split.manifest.container == "sharded"
-    assert split.manifest.options["part_container"] == container
-    assert [p["count"] for p in split.manifest.extra["parts"]] == [17] * 7 + [1]
+    if container == "tar":  # tar parts are joined into one plain tar dataset, a shard per part
+        assert split.manifest.container == "tar"
+        assert [p["count"] for p in split.manifest.extra["shards"]] == [17] * 7 + [1]
+        assert sorted(p.name for p in parts["tar"].iterdir()) == [
+            "index.npz", "manifest.json", *(f"shard-{n:06d}.tar" for n in range(8))]
+    else:
+        assert split.manifest.container == "sharded"
+        assert split.manifest.options["part_container"] == container
+        assert [p["count"] for p in split.manifest.extra["parts"]] == [17] * 7 + [1]
     assert split.manifest.keys == whole.manifest.keys
     assert split.manifest.checksums == whole.manifest.checksums
     order = np.random.default_rng(0).permutation(len(whole))  # batches span several parts
