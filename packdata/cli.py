@@ -138,8 +138,8 @@ def convert(
         help="Dask: the scheduler of an existing cluster, tcp://HOST:PORT (implies --engine "
         "dask).")] = None,
     part_size: Annotated[int | None, typer.Option(
-        help="Records per part of a sharded conversion (default: about 4 parts per worker, "
-        "at most 10000).")] = None,
+        help="Records per part (task) of a conversion in parts (default: about 2 parts per "
+        "--workers, at most 100000).")] = None,
     resume: Annotated[bool, typer.Option(
         help="Continue an interrupted sharded conversion into DST: keep its finished parts, "
         "redo the rest (refused if any option differs).")] = False,

@@ -109,10 +109,15 @@ def dask_client(client: Any = None, scheduler: str | None = None, workers: int |
         with connected:
             yield connected
         return
-    cluster = distributed.LocalCluster(
-        n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
-        dashboard_address=":0", silence_logs=logging.ERROR,
-    )
+    dask = require("dask", "dask", "conversion on Dask")
+    # the workers' sampling profiler takes the GIL every 10 ms: CPU a conversion can use; and
+    # every task is known up front, so workers get their next one queued, without a round trip
+    with dask.config.set({"distributed.worker.profile.enabled": False,
+                          "distributed.scheduler.worker-saturation": float("inf")}):
+        cluster = distributed.LocalCluster(
+            n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
+            dashboard_address=":0", silence_logs=logging.ERROR,
+        )
     with cluster, distributed.Client(cluster) as local:
         yield local
 

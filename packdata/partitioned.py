@@ -28,9 +28,9 @@ from packdata.manifest import Manifest
 from packdata.sources.base import Item, Source
 
 PLAN = "plan.json"
-#: records per part when not asked otherwise: parts enough to keep every worker busy, each
-#: big enough that opening it costs little against reading it
-DEFAULT_PART_SIZE = 10_000
+#: most records per part when not asked otherwise: parts enough to spread the work, each big
+#: enough that a task's fixed cost (scheduling, opening a writer) stays small against its work
+DEFAULT_PART_SIZE = 100_000
 
 
 class SliceSource:
@@ -137,6 +137,8 @@ def convert_parts(
     if part_size is not None and part_size < 1:
         raise PackdataError(f"part size {part_size}: expected at least 1 record per part")
     work = work_dir(dst)
+    if client is not None and workers is None:  # the cluster's size, not this machine's
+        workers = sum(w["nthreads"] for w in client.scheduler_info()["workers"].values()) or None
     size = part_size or _default_part_size(len(items), workers)
     if resume and part_size is None and (work / PLAN).is_file():
         size = json.loads((work / PLAN).read_text()).get("part_size", size)
@@ -211,9 +213,9 @@ def _join_tar(work: Path, paths: list[Path], manifest: Manifest,
 
 
 def _default_part_size(count: int, workers: int | None) -> int:
-    """About four parts per worker (so a slow one does not hold up the end), at most
-    DEFAULT_PART_SIZE records each."""
-    return max(1, min(DEFAULT_PART_SIZE, math.ceil(count / (4 * (workers or os.cpu_count() or 1)))))
+    """About two parts per worker (so a slow one does not hold up the end for long; more cost
+    a scheduling round trip each), at most DEFAULT_PART_SIZE records each."""
+    return max(1, min(DEFAULT_PART_SIZE, math.ceil(count / (2 * (workers or os.cpu_count() or 1)))))
 
 
 def _merge(source: Source, parts: list[Manifest], paths: list[Path], container: str,

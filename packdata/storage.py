@@ -160,9 +160,15 @@ class RemoteTarReader(tar.TarReader):
 
     def _map(self, shard: int) -> np.ndarray:
         if shard not in self._maps:
-            self._fetch(shard)
+            for attempt in range(3):  # another process sharing the cache may evict it meanwhile
+                self._fetch(shard)
+                try:
+                    mapped = super()._map(shard)
+                    break
+                except DatasetError:
+                    if attempt == 2 or (self.local / self.shard_names[shard]).is_file():
+                        raise
             self._ahead(shard)
-            mapped = super()._map(shard)
             self._verify(shard, mapped)
             self._trim(keep={shard, *self._pending})
         return self._maps[shard]
@@ -179,9 +185,10 @@ class RemoteTarReader(tar.TarReader):
             with contextlib.suppress(Exception):  # fetched again below, with its error named
                 pending.result()
         path = self.local / self.shard_names[shard]
-        if not path.is_file():
+        try:
+            os.utime(path)  # recently used: evicted last
+        except FileNotFoundError:
             self._download(self.shard_names[shard], shard)
-        os.utime(path)  # recently used: evicted last
 
     def _ahead(self, shard: int) -> None:
         if not self.storage.prefetch:
