@@ -58,10 +58,12 @@ def _fail(exc: Exception) -> None:
 
 @app.command()
 def convert(
-    src: Annotated[Path, typer.Argument(help="Input: a folder of files, one per sample.")],
-    dst: Annotated[Path, typer.Argument(
+    src: Annotated[str, typer.Argument(
+        help="Input: a folder of files, one per sample (or a URL: s3://bucket/raw/).")],
+    dst: Annotated[str, typer.Argument(
         help="Output. *.lmdb → LMDB; *.h5/*.hdf5 → HDF5; a directory, NAME.tar or "
-        "DIR/NAME-%06d.tar → uncompressed tar shards (webdataset naming).")],
+        "DIR/NAME-%06d.tar → uncompressed tar shards (webdataset naming); a URL "
+        "(s3://bucket/ds/) → tar shards in object storage.")],
     format: Annotated[ContainerName | None, typer.Option(
         "--format", "-f", help="Container, when DST's suffix does not say.")] = None,
     kind: Annotated[Kind | None, typer.Option(

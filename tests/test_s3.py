@@ -168,3 +168,20 @@ def test_lmdb_to_a_bucket_is_refused_before_converting(s3, png_folder):
     with pytest.raises(PackdataError, match="object storage takes tar shards \\(asked: lmdb\\)"):
         packdata.convert(packdata.open_source(png_folder), f"s3://{BUCKET}/x.lmdb",
                          storage_options=s3)
+
+
+def test_cli_converts_to_a_bucket_with_credentials_from_the_environment(s3, png_folder, local,
+                                                                         tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from packdata.cli import app
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3["key"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3["secret"])
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3["client_kwargs"]["endpoint_url"])
+    url = f"s3://{BUCKET}/from-cli"
+    result = CliRunner().invoke(app, ["convert", str(png_folder), url, "--shard-size", "20",
+                                      "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    ds = packdata.open(url, cache_dir=tmp_path)  # found through the environment alone
+    assert ds.manifest.checksums == packdata.open(local).manifest.checksums
