@@ -64,3 +64,25 @@ def test_missing_part_is_named(parts, tmp_path):
     ds[0]  # the parts that are there still read
     with pytest.raises(DatasetError, match="part-000003.lmdb: part missing"):
         ds[[0, 60]]
+
+
+def test_select_reads_one_entry_per_record_across_parts(parts, packed):
+    whole = packdata.containers.get("hdf5").READER(packed["hdf5"])
+    split = sharded.ShardedReader(parts["hdf5"])
+    idx = np.array([3, 100, 17, 50, 0, 119])
+    rows = np.array([0, 31, 5, 7, 2, 30])  # one image row of each record
+    got = split.read(idx, {"image": rows})["image"]
+    assert got.shape == (6, 32, 3)
+    assert (got == whole.read(idx, {"image": rows})["image"]).all()
+
+
+def test_variable_length_records_across_parts(tmp_path, peps_dir, gpt2_json, packed_text):
+    source = packdata.open_source(peps_dir, tokenizer=gpt2_json)
+    split = packdata.open(packdata.convert(source, tmp_path / "peps.h5", part_size=3,
+                                           workers=1).path)
+    whole = packdata.open(packed_text["hdf5"])
+    assert len(split.manifest.extra["parts"]) > 1
+    assert split.manifest.checksums == whole.manifest.checksums
+    assert (split.lengths() == whole.lengths()).all()
+    order = list(range(len(whole)))[::-1]
+    assert all((a == b).all() for a, b in zip(split[order], whole[order], strict=True))
