@@ -159,6 +159,8 @@ def convert_parts(
             reader = module.READER(path)
             manifests[n] = reader.manifest
             reader.close()
+        elif path.exists():  # what is left of a part half deleted while joining: ours to redo
+            _remove(path)
     todo = [n for n in range(len(slices)) if n not in manifests]
     tasks = [PartTask(source, slices[n], paths[n], module.NAME, options, on_error) for n in todo]
     done = sum(len(slices[n]) for n in manifests)
@@ -200,9 +202,15 @@ def _join_tar(work: Path, paths: list[Path], manifest: Manifest,
                 columns.setdefault(key, []).append(column)
         for shard in part.extra["shards"]:
             name = pattern % len(shards)
-            os.replace(path / shard["name"], work / name)
+            # a hard link, not a move: killed halfway, the parts are still whole for --resume
+            link = work / f".{name}.link"
+            link.unlink(missing_ok=True)
+            os.link(path / shard["name"], link)
+            os.replace(link, work / name)
             shards.append({"name": name, "count": shard["count"]})
     np.savez(work / tar.INDEX, **{k: np.concatenate(v) for k, v in columns.items()})
+    for path in paths:  # manifests first: a part half deleted is no longer taken as finished
+        (path / tar.MANIFEST).unlink()
     for path in paths:
         shutil.rmtree(path)
     manifest.container = "tar"

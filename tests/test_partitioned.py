@@ -77,3 +77,22 @@ def test_cli_resume_option(tmp_path, png_folder):
         "shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
     assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == [
         "index.npz", "manifest.json", "shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
+
+
+def test_killed_while_joining_tar_parts_resumes(tmp_path, png_folder, packed, monkeypatch):
+    import packdata.partitioned as partitioned
+
+    source = packdata.open_source(png_folder)
+
+    def dies(path):  # after the shards are linked and the index written, like a kill -9 there
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(partitioned.shutil, "rmtree", dies)
+    with pytest.raises(KeyboardInterrupt):
+        packdata.convert(source, tmp_path / "ds", part_size=50, workers=1)
+    monkeypatch.undo()
+    assert not (tmp_path / "ds").exists()
+    done = packdata.convert(source, tmp_path / "ds", part_size=50, workers=1, resume=True)
+    assert _records(done.path) == _records(packed["tar"])
+    ds = packdata.open(done.path)
+    assert (ds[list(range(120))][0] == packdata.open(packed["tar"])[list(range(120))][0]).all()
