@@ -122,7 +122,13 @@ def convert_parts(
     resume: bool,
 ) -> Any:
     """:func:`packdata.convert` into a sharded dataset (see the module docstring)."""
-    from packdata.convert import ConvertResult, _check_destination, _check_unique_keys, _remove
+    from packdata.convert import (
+        ConvertResult,
+        _check_destination,
+        _check_unique_keys,
+        _remove,
+        _TermAsInterrupt,
+    )
 
     start = time.perf_counter()
     module = containers.for_destination(dst, container)
@@ -164,13 +170,19 @@ def convert_parts(
     todo = [n for n in range(len(slices)) if n not in manifests]
     tasks = [PartTask(source, slices[n], paths[n], module.NAME, options, on_error) for n in todo]
     done = sum(len(slices[n]) for n in manifests)
-    for number, text in engines.run(convert_part, tasks, engine=engine, workers=workers,
-                                    client=client, scheduler=scheduler):
-        n = todo[number]
-        manifests[n] = Manifest.from_json(text, str(paths[n]))
-        done += len(slices[n])
-        if progress:
-            progress(done, len(items))
+    with _TermAsInterrupt():  # `kill` stops the workers as Ctrl-C does
+        for number, text in engines.run(convert_part, tasks, engine=engine, workers=workers,
+                                        client=client, scheduler=scheduler):
+            n = todo[number]
+            manifests[n] = Manifest.from_json(text, str(paths[n]))
+            done += len(slices[n])
+            if progress:
+                progress(done, len(items))
+    for path in paths:  # every part must be where this machine can see it before binding them
+        if not module.READER.detect(path):
+            raise PackdataError(f"{path}: a task reported this part written, but it is not here; "
+                                "on a cluster the destination must be on a file system every "
+                                "worker shares, at the same path")
 
     manifest = _merge(source, [manifests[n] for n in range(len(slices))], paths, module.NAME, size)
     if module.NAME == "tar":  # tar parts join into one plain tar dataset (webdataset, DALI, S3)

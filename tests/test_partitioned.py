@@ -96,3 +96,22 @@ def test_killed_while_joining_tar_parts_resumes(tmp_path, png_folder, packed, mo
     assert _records(done.path) == _records(packed["tar"])
     ds = packdata.open(done.path)
     assert (ds[list(range(120))][0] == packdata.open(packed["tar"])[list(range(120))][0]).all()
+
+
+def test_parts_written_where_this_machine_cannot_see_them_are_an_error(tmp_path, png_folder,
+                                                                       monkeypatch):
+    import packdata.partitioned as partitioned
+
+    real = partitioned.convert_part
+
+    def elsewhere(task):  # a worker on another machine writing to its own disk
+        task.path = tmp_path / "worker-disk" / task.path.name
+        task.path.parent.mkdir(exist_ok=True)
+        return real(task)
+
+    monkeypatch.setattr(partitioned, "convert_part", elsewhere)
+    with pytest.raises(PackdataError, match="part-000000.h5: a task reported this part written, "
+                                            "but it is not here; on a cluster the destination"):
+        packdata.convert(packdata.open_source(png_folder), tmp_path / "ds.h5", part_size=60,
+                         workers=1)
+    assert not (tmp_path / "ds.h5").exists()
