@@ -81,7 +81,7 @@ def test_bad_input_error_comes_back_from_the_cluster(tmp_path, png_folder, clien
 
 def test_unreachable_scheduler_is_a_clear_error_within_seconds(tmp_path, png_folder,
                                                                monkeypatch):
-    monkeypatch.setattr(engines, "CONNECT_TIMEOUT_S", 2)
+    monkeypatch.setattr(engines, "CONNECT_TIMEOUT_S", 1)
     start = time.perf_counter()
     with pytest.raises(PackdataError, match="cannot reach the Dask scheduler at "
                                             "tcp://127.0.0.1:9"):
