@@ -21,7 +21,7 @@ from packdata.errors import PackdataError, require
 
 ENGINES = ("local", "dask")
 #: how long to wait for a scheduler named by address before giving up
-CONNECT_TIMEOUT_S = 10
+CONNECT_TIMEOUT_S = 5
 #: reruns of a task whose worker died or that raised anything but a PackdataError
 RETRIES = 2
 

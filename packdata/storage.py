@@ -132,7 +132,8 @@ class RemoteTarReader(tar.TarReader):
         cached = self.local / tar.MANIFEST
         if not cached.is_file() or cached.read_bytes() != manifest:  # new, or rewritten: start over
             for old in self.local.iterdir():
-                old.unlink()
+                if old.is_file():
+                    old.unlink()
             with errors(self.url):
                 self._download(tar.INDEX)
             _write_atomically(cached, manifest)
