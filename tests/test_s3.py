@@ -132,7 +132,8 @@ def test_parts_written_to_the_bucket_as_one_tar_dataset(s3, local, tmp_path):
 def test_source_url_converts_like_the_local_folder(s3, png_folder, packed, tmp_path):
     fs = fsspec.filesystem("s3", **s3)
     fs.put(str(png_folder) + "/", f"s3://{BUCKET}/raw/", recursive=True)
-    source = packdata.open_source(f"s3://{BUCKET}/raw", storage_options=s3)
+    source = packdata.open_source(f"s3://{BUCKET}/raw", storage_options=s3,
+                                  cache_dir=tmp_path / "cache")
     result = packdata.convert(source, tmp_path / "out", workers=1)
     local = packdata.open(packed["tar"]).manifest
     assert result.manifest.keys == local.keys and result.manifest.checksums == local.checksums

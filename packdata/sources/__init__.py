@@ -59,11 +59,12 @@ def detect_kind(root: Path) -> str:
 def open_source(root: str | Path, kind: str | None = None, **options: Any) -> Source:
     """A Source over ``root``; ``kind`` is detected from file suffixes when not given.
 
-    A URL ``root`` (``s3://bucket/raw``) is copied into the local cache first, in parallel (see
+    A URL ``root`` (``s3://bucket/raw``) is copied into ``cache_dir`` first, in parallel (see
     :func:`packdata.storage.stage`), reached with ``storage_options`` for fsspec."""
     storage_options = options.pop("storage_options", None)
+    cache_dir = options.pop("cache_dir", None)
     if is_url(root):
-        root = stage(str(root), Storage(storage_options or {}))
+        root = stage(str(root), Storage(storage_options or {}, cache_dir))
     root = Path(root)
     if not root.exists():
         raise PackdataError(f"{root}: no such file or directory")
