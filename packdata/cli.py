@@ -20,6 +20,7 @@ from rich.table import Table
 from packdata import interrupts, sources
 from packdata.containers import CONTAINERS
 from packdata.convert import ON_ERROR
+from packdata.engines import ENGINES
 from packdata.errors import InputWarning, PackdataError
 from packdata.sources import KINDS
 from packdata.sources.options import Option
@@ -38,6 +39,7 @@ def _choices(name: str, values: Iterable[str]) -> type[Enum]:
 
 
 ContainerName = _choices("ContainerName", CONTAINERS)
+Engine = _choices("Engine", ENGINES)
 Kind = _choices("Kind", KINDS)
 OnError = _choices("OnError", ON_ERROR)
 
@@ -83,10 +85,12 @@ def _with_source_options(command: Callable) -> Callable:
 @app.command()
 @_with_source_options
 def convert(
-    src: Annotated[Path, typer.Argument(help="Input: a folder of files, one per sample.")],
-    dst: Annotated[Path, typer.Argument(
+    src: Annotated[str, typer.Argument(
+        help="Input: a folder of files, one per sample (or a URL: s3://bucket/raw/).")],
+    dst: Annotated[str, typer.Argument(
         help="Output. *.lmdb → LMDB; *.h5/*.hdf5 → HDF5; a directory, NAME.tar or "
-        "DIR/NAME-%06d.tar → uncompressed tar shards (webdataset naming).")],
+        "DIR/NAME-%06d.tar → uncompressed tar shards (webdataset naming); a URL "
+        "(s3://bucket/ds/) → tar shards in object storage.")],
     format: Annotated[ContainerName | None, typer.Option(
         "--format", "-f", help="Container, when DST's suffix does not say.")] = None,
     kind: Annotated[Kind | None, typer.Option(
@@ -100,6 +104,19 @@ def convert(
         help="Replace DST if it is an existing packdata dataset.")] = False,
     shard_size: Annotated[str | None, typer.Option(
         help="Tar: samples per shard (10000) or bytes per shard (e.g. 512MB).")] = None,
+    engine: Annotated[Engine | None, typer.Option(
+        help="Convert in parts, as independent tasks, into a sharded dataset: 'local' runs "
+        "them in --workers processes, 'dask' on a Dask cluster (a LocalCluster of --workers "
+        "processes, or --scheduler's).")] = None,
+    scheduler: Annotated[str | None, typer.Option(
+        help="Dask: the scheduler of an existing cluster, tcp://HOST:PORT (implies --engine "
+        "dask).")] = None,
+    part_size: Annotated[int | None, typer.Option(
+        help="Records per part (task) of a conversion in parts (default: about 2 parts per "
+        "--workers, at most 100000).")] = None,
+    resume: Annotated[bool, typer.Option(
+        help="Continue an interrupted sharded conversion into DST: keep its finished parts, "
+        "redo the rest (refused if any option differs).")] = False,
     **source_options: Any,
 ) -> None:
     """Convert a one-file-per-sample dataset into a packed one. Options of a sample kind apply
@@ -116,13 +133,17 @@ def convert(
             warnings.simplefilter("always", InputWarning)
             warnings.showwarning = _show_warning
             result = _run_convert(src, dst, kind, given, format=format, shard_size=shard_size,
-                                  workers=workers, on_error=on_error, overwrite=overwrite)
+                                  workers=workers, on_error=on_error, overwrite=overwrite,
+                                  engine=engine, scheduler=scheduler, part_size=part_size,
+                                  resume=resume)
     except (PackdataError, OSError, ValueError) as exc:
         if not interrupts.received():  # else a worker stopped by the same Ctrl-C: interrupted
             _fail(exc)
         _interrupted(f"nothing was written to {dst}")
     except KeyboardInterrupt:
-        _interrupted(f"nothing was written to {dst}")
+        kept = " (finished parts are kept: rerun with --resume to continue)" \
+            if engine or scheduler or part_size or resume else ""
+        _interrupted(f"nothing was written to {dst}{kept}")
     if interrupts.received():  # arrived after the output was complete, and was swallowed
         _interrupted(f"{dst} had already been written in full")
     m = result.manifest
@@ -150,9 +171,10 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     console.print(f"[yellow]warning:[/yellow] {escape(str(message))}", highlight=False)
 
 
-def _run_convert(src: Path, dst: Path, kind: Enum | None, options: dict[str, Any], *,
+def _run_convert(src: str, dst: str, kind: Enum | None, options: dict[str, Any], *,
                  format: Enum | None, shard_size: str | None, workers: int, on_error: Enum,
-                 overwrite: bool):
+                 overwrite: bool, engine: Enum | None, scheduler: str | None,
+                 part_size: int | None, resume: bool):
     from packdata.convert import convert as run_convert
     from packdata.sources import open_source
 
@@ -168,6 +190,8 @@ def _run_convert(src: Path, dst: Path, kind: Enum | None, options: dict[str, Any
             workers=workers, on_error=on_error.value, overwrite=overwrite,
             progress=lambda done, total: (interrupts.check(),
                                           bar.update(task, completed=done, total=total)),
+            engine=engine.value if engine else None, scheduler=scheduler,
+            part_size=part_size, resume=resume,
         )
 
 

@@ -35,6 +35,7 @@ from packdata.errors import (
 )
 from packdata.manifest import Manifest, record_checksum
 from packdata.sources.base import BLOCK, SHOWN, STOPS, Item, Loaded, Source, reason_of, safe_load
+from packdata.storage import Storage, convert_to_url, is_url
 
 ON_ERROR = ("fail", "skip")
 __all__ = ["BLOCK", "ConvertResult", "convert"]
@@ -209,15 +210,44 @@ def convert(
     on_error: str = "fail",
     overwrite: bool = False,
     progress: Progress | None = None,
+    engine: str | None = None,
+    client: Any = None,
+    scheduler: str | None = None,
+    part_size: int | None = None,
+    resume: bool = False,
+    storage_options: dict[str, Any] | None = None,
 ) -> ConvertResult:
     """Convert ``source`` into a packed dataset at ``dst``.
 
-    The container is ``container`` ("lmdb", "hdf5", "tar") or chosen by ``dst``'s suffix.
+    The container is ``container`` ("lmdb", "hdf5", "tar") or chosen by ``dst``'s suffix. A URL
+    ``dst`` (``s3://bucket/ds``) receives tar shards, uploaded with the manifest last, reached
+    with ``storage_options`` for fsspec.
     ``on_error="skip"`` skips inputs that fail to load and records them in the manifest;
     ``"fail"`` stops at the first, naming the file. ``workers`` defaults to the CPU count.
+
+    Given ``engine`` ("local" or "dask"), a Dask ``client`` or ``scheduler`` address,
+    ``part_size`` or ``resume``, the output is a sharded dataset converted part by part as
+    independent tasks (see :mod:`packdata.partitioned`; ``resume`` keeps the parts an
+    interrupted run finished).
     """
     if on_error not in ON_ERROR:
         raise PackdataError(f"on_error '{on_error}': expected one of {', '.join(ON_ERROR)}")
+    partitioned = bool(engine or client is not None or scheduler or part_size or resume)
+    if is_url(dst):  # object storage: built locally, then uploaded (see packdata.storage)
+        return convert_to_url(
+            str(dst), container, resume, lambda local: convert(
+                source, local, container=container, container_options=container_options,
+                workers=workers, on_error=on_error, progress=progress, engine=engine,
+                client=client, scheduler=scheduler, part_size=part_size),
+            Storage(storage_options or {}), overwrite)
+    if partitioned:
+        from packdata.partitioned import convert_parts
+
+        return convert_parts(
+            source, Path(dst), container=container, container_options=container_options,
+            workers=workers, on_error=on_error, overwrite=overwrite, progress=progress,
+            engine=engine or "local", client=client, scheduler=scheduler, part_size=part_size,
+            resume=resume)
     start = time.perf_counter()
     dst = Path(dst)
     module = containers.for_destination(dst, container)

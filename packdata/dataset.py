@@ -22,6 +22,7 @@ from packdata.containers.base import Reader
 from packdata.errors import ArgumentError, ArgumentTypeError, DatasetError
 from packdata.manifest import Manifest
 from packdata.sampling import SharedEpoch
+from packdata.storage import CACHE_LIMIT, RemoteTarReader, Storage, is_url
 
 Transform = Callable[[Any], Any]
 
@@ -46,13 +47,18 @@ class PackedDataset(Dataset):
         transform: Transform | None = None,
         batch_transform: Transform | None = None,
         decode: Any = None,
+        *,
+        storage: Storage | None = None,
     ) -> None:
-        self.path = Path(path)
-        if self.container is None:
+        self.storage = storage if storage is not None or not is_url(path) else Storage()
+        self.path: Path | str = str(path).rstrip("/") if self.storage else Path(path)
+        if self.storage:  # object storage holds tar shards (see packdata.storage)
+            self.container_name = "tar"
+        elif self.container is None:
             self.container_name = containers.for_existing(self.path).NAME
         else:
             self.container_name = self.container
-        reader = containers.get(self.container_name).READER(self.path)
+        reader = self._open_reader()
         self.manifest: Manifest = reader.manifest
         reader.close()  # handles must not cross a fork; each process opens its own
         self.transform = transform
@@ -72,9 +78,14 @@ class PackedDataset(Dataset):
         if self._reader is None or self._pid != os.getpid():
             if self._reader is not None:  # inherited through fork: release the parent's copy
                 self._reader.close()
-            self._reader = containers.get(self.container_name).READER(self.path)
+            self._reader = self._open_reader()
             self._pid = os.getpid()
         return self._reader
+
+    def _open_reader(self) -> Reader:
+        if self.storage:
+            return RemoteTarReader(str(self.path), self.storage)
+        return containers.get(self.container_name).READER(self.path)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -208,8 +219,19 @@ def open_dataset(
     transform: Transform | None = None,
     batch_transform: Transform | None = None,
     decode: Any = None,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    cache_dir: str | Path | None = None,
+    cache_limit: int | str = CACHE_LIMIT,
 ) -> PackedDataset:
-    """Open any packdata dataset; the container is recognised from what is at ``path``."""
+    """Open any packdata dataset; the container is recognised from what is at ``path``.
+
+    A URL (``s3://bucket/ds``) opens tar shards in object storage, fetched into ``cache_dir``
+    (at most ``cache_limit`` bytes of shards) with ``storage_options`` for fsspec."""
+    if is_url(path):
+        storage = Storage(storage_options or {}, cache_dir, cache_limit)
+        return TarDataset(path, transform=transform, batch_transform=batch_transform,
+                          decode=decode, storage=storage)
     name = containers.for_existing(path).NAME
     cls = next((c for c in PackedDataset.__subclasses__() if c.container == name), PackedDataset)
     return cls(path, transform=transform, batch_transform=batch_transform, decode=decode)

@@ -17,6 +17,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from packdata.dataset import PackedDataset, Transform
 from packdata.sampling import SharedEpoch, ddp_rank_world, per_rank
+from packdata.storage import CACHE_LIMIT, Storage, is_url
 
 Span = tuple[int, int]  # sample indices [start, stop)
 
@@ -29,7 +30,8 @@ class StreamingDataset(IterableDataset):
     one shard (LMDB, HDF5) is cut into ``chunk``-sized spans instead. Each DDP rank gets the same
     number of samples: the epoch's sequence is wrapped round to divide evenly, or cut short with
     ``drop_last``. With ``shuffle_buffer`` > 1 samples are drawn at random from a buffer of that
-    many.
+    many. A URL (``s3://bucket/ds``) streams tar shards from object storage through a local
+    cache (``cache_dir``, at most ``cache_limit`` bytes) with the next shards fetched ahead.
     """
 
     def __init__(
@@ -41,8 +43,12 @@ class StreamingDataset(IterableDataset):
         chunk: int = 1024,
         drop_last: bool = False,
         transform: Transform | None = None,
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | Path | None = None,
+        cache_limit: int | str = CACHE_LIMIT,
     ) -> None:
-        self.dataset = PackedDataset(path, transform=transform)
+        storage = Storage(storage_options or {}, cache_dir, cache_limit) if is_url(path) else None
+        self.dataset = PackedDataset(path, transform=transform, storage=storage)
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed
         self.chunk = chunk
@@ -81,7 +87,11 @@ class StreamingDataset(IterableDataset):
         rank, world = ddp_rank_world()
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        for a, b in self.spans_for(epoch, rank, world, worker, workers):
+        spans = self.spans_for(epoch, rank, world, worker, workers)
+        reader = self.dataset.reader
+        if hasattr(reader, "prefetch"):  # object storage: fetch this worker's shards ahead
+            reader.prefetch(reader.shards_of([a for a, _ in spans]))
+        for a, b in spans:
             for start in range(a, b, self.chunk):
                 indices = np.arange(start, min(start + self.chunk, b))
                 yield from self.dataset.__getitems__(indices)

@@ -18,12 +18,14 @@ CONTAINERS: dict[str, str] = {
     "hdf5": "packdata.containers.hdf5",
     "tar": "packdata.containers.tar",
 }
+#: containers made of other containers' datasets: read, never chosen as a conversion target
+COMPOSITE: dict[str, str] = {"sharded": "packdata.containers.sharded"}
 
 
 def get(name: str) -> ModuleType:
     """The container module registered as ``name``."""
     try:
-        return importlib.import_module(CONTAINERS[name])
+        return importlib.import_module({**CONTAINERS, **COMPOSITE}[name])
     except KeyError:
         raise DatasetError(
             f"unknown container '{name}'; registered: {', '.join(CONTAINERS)}"
@@ -53,7 +55,7 @@ def for_existing(path: str | Path) -> ModuleType:
     p = Path(path)
     if not p.exists():
         raise DatasetError(f"{p}: no such file or directory")
-    for key in CONTAINERS:
+    for key in (*CONTAINERS, *COMPOSITE):
         module = get(key)
         if module.READER.detect(p):
             return module

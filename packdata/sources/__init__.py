@@ -17,6 +17,7 @@ from typing import Any
 
 from packdata.errors import PackdataError
 from packdata.sources.base import Source
+from packdata.storage import Storage, is_url, stage
 
 KINDS: dict[str, str] = {
     "image": "packdata.sources.images",
@@ -58,7 +59,14 @@ def detect_kind(root: Path) -> str:
 
 def open_source(root: str | Path, kind: str | None = None, **options: Any) -> Source:
     """A Source over ``root``; ``kind`` is detected from file suffixes when not given.
-    ``options`` are the kind's (its module's ``OPTIONS``); another is an OptionError."""
+    ``options`` are the kind's (its module's ``OPTIONS``); another is an OptionError.
+
+    A URL ``root`` (``s3://bucket/raw``) is copied into ``cache_dir`` first, in parallel (see
+    :func:`packdata.storage.stage`), reached with ``storage_options`` for fsspec."""
+    storage_options = options.pop("storage_options", None)
+    cache_dir = options.pop("cache_dir", None)
+    if is_url(root):
+        root = stage(str(root), Storage(storage_options or {}, cache_dir))
     root = Path(root)
     if not root.exists():
         raise PackdataError(f"{root}: no such file or directory")

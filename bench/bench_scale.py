@@ -1,0 +1,179 @@
+"""Scaling out: conversion on Dask against local processes, and streaming from S3 against disk.
+
+    python bench/bench_scale.py [--data ../shared/data/cifar10/test-png] [--rounds 3]
+
+Conversion: the 10,000 real CIFAR-10 PNGs converted into tar shards with 1 process, 2 processes
+(``--workers 2``) and on a 2-worker Dask ``LocalCluster`` (processes, one thread each; started
+once, its start-up reported apart), in interleaved rounds.
+
+Streaming: the same images as tar shards of 1,000 (41 MB), read with ``StreamingDataset``
+through a DataLoader (batch 256; in the main process, and with 2 persistent workers) for 4
+epochs, from local disk and from a local S3 server (moto, in its own process, over HTTP) with a
+cold 16 MB cache each round, so that every epoch fetches most shards again: time to first batch,
+and the rate over the rest of the 4 epochs.
+
+Ratios are within one round (the machine is shared); the tables give medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_containers import build_folder  # noqa: E402
+
+
+def convert_rates(folder: Path, tmp: Path, rounds: int) -> dict:
+    import packdata
+    from packdata.engines import dask_client
+
+    source = packdata.open_source(folder)
+    count = len(source.items())
+    start = time.perf_counter()
+    cluster = dask_client(workers=2)  # the LocalCluster `--engine dask --workers 2` starts
+    client = cluster.__enter__()
+    client.run(lambda: __import__("packdata.convert"))  # what the first task would import
+    startup = time.perf_counter() - start
+    runs = {"1 process": dict(workers=1), "2 processes": dict(workers=2),
+            "dask 2 workers": dict(client=client)}
+    table: dict[str, list[float]] = {name: [] for name in runs}
+    try:
+        for r in range(rounds):
+            for name, kw in runs.items():
+                dst = tmp / f"conv-{r}-{name.replace(' ', '-')}"
+                t = time.perf_counter()
+                result = packdata.convert(source, dst, **kw)
+                table[name].append(count / (time.perf_counter() - t))
+                assert result.manifest.count == count
+                print(f"round {r} {name}: {table[name][-1]:,.0f} files/s", file=sys.stderr)
+    finally:
+        cluster.__exit__(None, None, None)
+    ratio = [d / w for d, w in zip(table["dask 2 workers"], table["2 processes"])]
+    return {"files": count, "files_per_s": table, "dask_over_2_processes": ratio,
+            "dask_cluster_startup_s": startup}
+
+
+EPOCHS = 4
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def epoch(stream, epochs: int, workers: int) -> tuple[float, float, int]:
+    """(seconds to the first batch, samples/s after it, samples) of ``epochs`` passes through
+    one DataLoader (batch 256) with ``workers`` persistent workers (0: in this process)."""
+    import torch
+
+    loader = torch.utils.data.DataLoader(stream, batch_size=256, num_workers=workers,
+                                         persistent_workers=workers > 0)
+    start = time.perf_counter()
+    it = iter(loader)
+    first = next(it)
+    t_first = time.perf_counter()
+    rest = sum(len(b[1]) for b in it)
+    for _ in range(epochs - 1):
+        rest += sum(len(b[1]) for b in loader)
+    steady = rest / (time.perf_counter() - t_first)
+    return t_first - start, steady, len(first[1]) + rest
+
+
+def stream_rates(folder: Path, tmp: Path, rounds: int) -> dict:
+    import fsspec
+
+    import packdata
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                               str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        options = {"key": "bench", "secret": "bench",
+                   "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}}
+        fs = fsspec.filesystem("s3", **options)
+        for _ in range(100):
+            try:
+                fs.mkdir("bench")
+                break
+            except Exception:
+                time.sleep(0.1)
+        source = packdata.open_source(folder)
+        local = packdata.convert(source, tmp / "stream-local", workers=2,
+                                 container_options={"shard_size": "1000"}).path
+        url = "s3://bench/cifar"
+        packdata.convert(source, url, workers=2, container_options={"shard_size": "1000"},
+                         storage_options=options)
+        out: dict[str, dict[str, list[float]]] = {
+            f"{k} {w} workers": {"first_batch_s": [], "samples_per_s": []}
+            for w in (0, 2) for k in ("local", "s3")}
+        for r in range(rounds):
+            for workers in (0, 2):
+                for name in ("local", "s3"):
+                    if name == "local":
+                        stream = packdata.StreamingDataset(local, seed=r)
+                    else:  # a cache of 4 shards of the 10: every epoch fetches most shards again
+                        stream = packdata.StreamingDataset(
+                            url, seed=r, storage_options=options,
+                            cache_dir=tmp / f"cache-{r}-{workers}", cache_limit="16MB")
+                    first, rate, n = epoch(stream, EPOCHS, workers)
+                    assert n == EPOCHS * 10_000, n
+                    row = out[f"{name} {workers} workers"]
+                    row["first_batch_s"].append(first)
+                    row["samples_per_s"].append(rate)
+                    print(f"round {r} {name} {workers} workers: first batch {first:.2f} s, "
+                          f"{rate:,.0f} samples/s", file=sys.stderr)
+        ratio = {f"{w} workers": [s / h for s, h in zip(out[f"s3 {w} workers"]["samples_per_s"],
+                                                         out[f"local {w} workers"]["samples_per_s"])]
+                 for w in (0, 2)}
+        return {**out, "s3_over_local": ratio}
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=Path("../shared/data/cifar10/test-png"))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=Path("bench/results/scale.json"))
+    parser.add_argument("--only", choices=["convert", "stream"],
+                        help="Run one half (the other's results are kept in --json).")
+    args = parser.parse_args()
+    results = json.loads(args.json.read_text()) if args.only and args.json.is_file() else {}
+    with tempfile.TemporaryDirectory(prefix="packdata-bench-") as tmp:
+        folder = build_folder(args.data, Path(tmp) / "png", 10_000)
+        if args.only in (None, "convert"):
+            results["convert"] = convert_rates(folder, Path(tmp), args.rounds)
+        if args.only in (None, "stream"):
+            results["stream"] = stream_rates(folder, Path(tmp), args.rounds)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2))
+    med = statistics.median
+    c, s = results["convert"], results["stream"]
+    print("| conversion (10,000 PNGs → tar) | files/s (median) |")
+    print("|---|---:|")
+    for name, rates in c["files_per_s"].items():
+        print(f"| {name} | {med(rates):,.0f} |")
+    print(f"\nDask / 2 processes: {med(c['dask_over_2_processes']):.2f} (median of rounds: "
+          f"{', '.join(f'{x:.2f}' for x in c['dask_over_2_processes'])}); LocalCluster start-up "
+          f"{c['dask_cluster_startup_s']:.1f} s")
+    print("\n| streaming (4 epochs) | first batch (s) | samples/s after it |")
+    print("|---|---:|---:|")
+    for name in [k for k in s if k != "s3_over_local"]:
+        print(f"| {name} | {med(s[name]['first_batch_s']):.2f} | "
+              f"{med(s[name]['samples_per_s']):,.0f} |")
+    for workers, ratios in s["s3_over_local"].items():
+        print(f"\nS3 / local, {workers}: {med(ratios):.2f} (rounds: "
+              f"{', '.join(f'{x:.2f}' for x in ratios)})")
+
+if __name__ == "__main__":
+    main()

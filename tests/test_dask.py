@@ -1,0 +1,90 @@
+"""Conversion on a real Dask LocalCluster (2 worker processes): same records as local processes,
+a worker killed mid-task is retried, an unreachable scheduler is a clear error."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+import packdata
+from packdata import engines
+from packdata.errors import PackdataError
+
+distributed = pytest.importorskip("distributed")
+
+
+@pytest.fixture(scope="module")
+def client():
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0") as cluster, \
+            distributed.Client(cluster) as c:
+        yield c
+
+
+class KillOnce:
+    """A source whose worker process dies (like a `kill -9`) the first time it loads ``key``."""
+
+    def __init__(self, inner, key: str, marker: Path) -> None:
+        self.inner, self.key, self.marker = inner, key, marker
+
+    def __getattr__(self, name):
+        if name in ("inner", "key", "marker"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def load_block(self, items):
+        if any(item.key == self.key for item in items) and not self.marker.exists():
+            self.marker.touch()
+            os._exit(1)
+        return self.inner.load_block(items)
+
+
+def _records(path: Path) -> tuple[list, list]:
+    m = packdata.open(path).manifest
+    return m.keys, m.checksums
+
+
+def test_dask_matches_one_and_two_processes(tmp_path, png_folder, packed, client):
+    source = packdata.open_source(png_folder)
+    on_dask = packdata.convert(source, tmp_path / "dask.h5", client=client, part_size=30)
+    assert on_dask.manifest.container == "sharded" and len(on_dask.manifest.extra["parts"]) == 4
+    one = packdata.convert(source, tmp_path / "one.h5", workers=1)
+    two = packdata.convert(source, tmp_path / "two.h5", workers=2)
+    assert _records(on_dask.path) == _records(one.path) == _records(two.path)
+    a, b = packdata.open(on_dask.path), packdata.open(one.path)
+    assert (a[list(range(120))][0] == b[list(range(120))][0]).all()
+
+
+def test_killed_worker_task_is_retried(tmp_path, png_folder, packed, client):
+    source = packdata.open_source(png_folder)
+    marker = tmp_path / "killed-once"
+    dying = KillOnce(source, source.items()[50].key, marker)
+    result = packdata.convert(dying, tmp_path / "out", client=client, part_size=30)
+    assert marker.exists()  # a worker did die mid-task
+    assert _records(result.path) == _records(packed["tar"])
+    assert len(packdata.open(result.path)) == 120
+
+
+def test_bad_input_error_comes_back_from_the_cluster(tmp_path, png_folder, client):
+    folder = tmp_path / "png"
+    folder.mkdir()
+    for p in sorted(png_folder.iterdir())[:20]:
+        (folder / p.name).write_bytes(p.read_bytes())
+    (folder / sorted(png_folder.glob("*.png"))[3].name).write_bytes(b"not a png")
+    with pytest.raises(PackdataError, match="png"):
+        packdata.convert(packdata.open_source(folder), tmp_path / "out", client=client,
+                         part_size=5)
+
+
+def test_unreachable_scheduler_is_a_clear_error_within_seconds(tmp_path, png_folder,
+                                                               monkeypatch):
+    monkeypatch.setattr(engines, "CONNECT_TIMEOUT_S", 1)
+    start = time.perf_counter()
+    with pytest.raises(PackdataError, match="cannot reach the Dask scheduler at "
+                                            "tcp://127.0.0.1:9"):
+        packdata.convert(packdata.open_source(png_folder), tmp_path / "out",
+                         scheduler="tcp://127.0.0.1:9")
+    assert time.perf_counter() - start < 10

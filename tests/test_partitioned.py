@@ -1,0 +1,117 @@
+"""Conversion into parts: local processes, byte-identical records, resume after a kill."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import packdata
+from packdata.errors import PackdataError
+from packdata.partitioned import PLAN, work_dir
+
+
+def _records(path: Path) -> tuple[list, list]:
+    m = packdata.open(path).manifest
+    return m.keys, m.checksums
+
+
+def test_parts_in_two_processes_match_one_process(tmp_path, png_folder, packed):
+    source = packdata.open_source(png_folder)
+    one = packdata.convert(source, tmp_path / "one.h5", part_size=25, workers=1)
+    two = packdata.convert(source, tmp_path / "two.h5", part_size=25, workers=2)
+    assert _records(one.path) == _records(two.path) == _records(packed["hdf5"])
+    assert not work_dir(one.path).exists()
+
+
+KILL = """
+import os, sys, packdata
+source = packdata.open_source(sys.argv[1])
+class Dying(type(source)):
+    def load(self, item):  # dies like `kill -9` while converting the fourth part
+        if item.key == self.items()[70].key:
+            os._exit(9)
+        return super().load(item)
+source.__class__ = Dying
+packdata.convert(source, sys.argv[2], part_size=20, workers=1)
+"""
+
+
+def test_resume_after_kill_keeps_finished_parts(tmp_path, png_folder, packed):
+    dst = tmp_path / "out.lmdb"
+    run = subprocess.run([sys.executable, "-c", KILL, str(png_folder), str(dst)], timeout=120)
+    assert run.returncode == 9
+    work = work_dir(dst)
+    assert not dst.exists() and (work / PLAN).is_file()  # nothing that looks like a dataset
+    finished = sorted(p.name for p in work.glob("part-*.lmdb"))
+    assert finished == [f"part-{n:06d}.lmdb" for n in range(3)]
+    stamps = {p: (work / p / "data.mdb").stat().st_mtime_ns for p in finished}
+
+    with pytest.raises(PackdataError, match="part_size=20, this run asks part_size=30"):
+        packdata.convert(packdata.open_source(png_folder), dst, part_size=30, resume=True)
+    with pytest.raises(PackdataError, match="options.encoding='raw', this run asks "
+                                            "options.encoding='keep'"):
+        packdata.convert(packdata.open_source(png_folder, encoding="keep"), dst, resume=True)
+
+    done = packdata.convert(packdata.open_source(png_folder), dst, resume=True, workers=1)
+    assert _records(done.path) == _records(packed["lmdb"])
+    assert {p: (dst / p / "data.mdb").stat().st_mtime_ns for p in finished} == stamps  # kept
+    assert not work.exists() and not (dst / PLAN).exists()
+    assert json.loads((dst / "manifest.json").read_text())["packdata"]["options"]["part_size"] == 20
+
+
+def test_cli_resume_option(tmp_path, png_folder):
+    from typer.testing import CliRunner
+
+    from packdata.cli import app
+
+    result = CliRunner().invoke(app, ["convert", str(png_folder), str(tmp_path / "ds"),
+                                      "--engine", "local", "--part-size", "50", "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    ds = packdata.open(tmp_path / "ds")
+    assert ds.manifest.container == "tar" and len(ds) == 120
+    assert [s["name"] for s in ds.manifest.extra["shards"]] == [
+        "shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
+    assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == [
+        "index.npz", "manifest.json", "shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
+
+
+def test_killed_while_joining_tar_parts_resumes(tmp_path, png_folder, packed, monkeypatch):
+    import packdata.partitioned as partitioned
+
+    source = packdata.open_source(png_folder)
+
+    def dies(path):  # after the shards are linked and the index written, like a kill -9 there
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(partitioned.shutil, "rmtree", dies)
+    with pytest.raises(KeyboardInterrupt):
+        packdata.convert(source, tmp_path / "ds", part_size=50, workers=1)
+    monkeypatch.undo()
+    assert not (tmp_path / "ds").exists()
+    done = packdata.convert(source, tmp_path / "ds", part_size=50, workers=1, resume=True)
+    assert _records(done.path) == _records(packed["tar"])
+    ds = packdata.open(done.path)
+    assert (ds[list(range(120))][0] == packdata.open(packed["tar"])[list(range(120))][0]).all()
+
+
+def test_parts_written_where_this_machine_cannot_see_them_are_an_error(tmp_path, png_folder,
+                                                                       monkeypatch):
+    import packdata.partitioned as partitioned
+
+    real = partitioned.convert_part
+
+    def elsewhere(task):  # a worker on another machine writing to its own disk
+        task.path = tmp_path / "worker-disk" / task.path.name
+        task.path.parent.mkdir(exist_ok=True)
+        return real(task)
+
+    monkeypatch.setattr(partitioned, "convert_part", elsewhere)
+    with pytest.raises(PackdataError, match="part-000000.h5: a task reported this part written, "
+                                            "but it is not here; on a cluster the destination"):
+        packdata.convert(packdata.open_source(png_folder), tmp_path / "ds.h5", part_size=60,
+                         workers=1)
+    assert not (tmp_path / "ds.h5").exists()

@@ -1,0 +1,188 @@
+"""Object storage against a real S3 server on localhost (moto's standalone server, reached by
+s3fs over HTTP as AWS would be): write, read, stream, and bad buckets, shards and credentials."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import pytest
+import torch
+
+import packdata
+from packdata import streaming
+from packdata.errors import DatasetError, PackdataError
+
+moto_server = pytest.importorskip("moto.server")
+fsspec = pytest.importorskip("fsspec")
+pytest.importorskip("s3fs")
+
+BUCKET = "packdata-test"
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """The endpoint's storage options, with a bucket made."""
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    options = {"key": "testing", "secret": "testing",
+               "client_kwargs": {"endpoint_url": f"http://{host}:{port}"}}
+    fsspec.filesystem("s3", **options).mkdir(BUCKET)
+    yield options
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def remote(s3, png_folder, tmp_path_factory) -> str:
+    """The PNG folder converted into tar shards of 20 samples, written to the bucket."""
+    url = f"s3://{BUCKET}/cifar"
+    packdata.convert(packdata.open_source(png_folder), url, container_options={"shard_size": "20"},
+                     workers=1, storage_options=s3)
+    return url
+
+
+@pytest.fixture(scope="session")
+def local(png_folder, tmp_path_factory):
+    """The same conversion on local disk."""
+    return packdata.convert(packdata.open_source(png_folder), tmp_path_factory.mktemp("l") / "ds",
+                            container_options={"shard_size": "20"}, workers=1).path
+
+
+def _open(url, s3, tmp_path, **kw):
+    return packdata.open(url, storage_options=s3, cache_dir=tmp_path / "cache", **kw)
+
+
+def test_written_and_read_equals_local(remote, s3, local, tmp_path):
+    fs = fsspec.filesystem("s3", **s3)
+    names = sorted(p.rsplit("/", 1)[1] for p in fs.ls(remote))
+    assert names == ["index.npz", "manifest.json"] + [f"shard-{n:06d}.tar" for n in range(6)]
+    ds, local = _open(remote, s3, tmp_path), packdata.open(local)
+    assert ds.manifest.keys == local.manifest.keys
+    for i in range(len(local)):
+        (a, la), (b, lb) = ds[i], local[i]
+        assert (a == b).all() and la == lb
+    x, _ = ds[[5, 119, 40]]
+    assert (x == local[[5, 119, 40]][0]).all()
+
+
+def test_streaming_from_s3_equals_local(remote, s3, local, tmp_path):
+    args = {"shuffle_buffer": 0, "seed": 3, "chunk": 7}
+    remote_stream = packdata.StreamingDataset(remote, storage_options=s3,
+                                              cache_dir=tmp_path / "c", **args)
+    local_stream = packdata.StreamingDataset(local, **args)
+    pairs = list(zip(remote_stream, local_stream, strict=True))
+    assert len(pairs) == 120
+    assert all((a == b).all() and la == lb for (a, la), (b, lb) in pairs)
+
+
+def test_ddp_ranks_and_workers_see_every_sample_once(remote, s3, packed, tmp_path, monkeypatch):
+    local = packdata.open(packed["tar"])
+    which = {local[i][0].numpy().tobytes(): i for i in range(len(local))}
+    seen: Counter = Counter()
+    for rank in range(2):
+        monkeypatch.setattr(streaming, "ddp_rank_world", lambda rank=rank: (rank, 2))
+        stream = packdata.StreamingDataset(remote, storage_options=s3, shuffle_buffer=16,
+                                           cache_dir=tmp_path / "cache")
+        stream.set_epoch(1)
+        loader = torch.utils.data.DataLoader(stream, batch_size=8, num_workers=2)
+        for images, _ in loader:
+            seen.update(which[img.numpy().tobytes()] for img in images)
+    assert sorted(seen) == list(range(120)) and set(seen.values()) == {1}
+
+
+def test_cache_is_bounded(remote, s3, tmp_path):
+    ds = _open(remote, s3, tmp_path, cache_limit=2 * 62 * 1024)  # about two shards
+    for i in range(0, 120, 5):
+        ds[i]
+    reader = ds.reader
+    cached = sorted(p.name for p in reader.local.glob("shard-*.tar"))
+    total = sum((reader.local / n).stat().st_size for n in cached)
+    assert 1 <= len(cached) <= 2 + reader.storage.prefetch and total <= reader.limit + 3 * 65536
+    assert "shard-000005.tar" in cached  # the one read last is kept
+
+
+def test_deleted_or_corrupted_shard_is_named(remote, s3, tmp_path):
+    fs = fsspec.filesystem("s3", **s3)
+    fs.copy(remote, f"s3://{BUCKET}/damaged", recursive=True)
+    url = f"s3://{BUCKET}/damaged"
+    fs.rm_file(f"{url}/shard-000002.tar")
+    with pytest.raises(DatasetError, match=f"{url}/shard-000002.tar: shard missing"):
+        _open(url, s3, tmp_path)[[0, 45]]
+    shard = bytearray(fs.cat_file(f"{url}/shard-000004.tar"))
+    shard[2000] ^= 0xFF  # inside the first image's pixels: same size, other bytes
+    fs.pipe_file(f"{url}/shard-000004.tar", bytes(shard))
+    ds = _open(url, s3, tmp_path)
+    with pytest.raises(DatasetError, match=f"{url}/shard-000004.tar: shard corrupted"):
+        ds[85]
+    assert ds[10][1] is not None  # intact shards still read
+
+
+def test_parts_written_to_the_bucket_as_one_tar_dataset(s3, local, tmp_path):
+    url = f"s3://{BUCKET}/in-parts"
+    source = packdata.open_source(packdata.open(local).manifest.source["path"])
+    packdata.convert(source, url, part_size=40, workers=1, storage_options=s3,
+                     container_options={"shard_size": "20"})
+    ds, here = _open(url, s3, tmp_path), packdata.open(local)
+    assert [s["count"] for s in ds.manifest.extra["shards"]] == [20] * 6
+    assert ds.manifest.checksums == here.manifest.checksums
+    assert (ds[list(range(120))][0] == here[list(range(120))][0]).all()
+
+
+def test_source_url_converts_like_the_local_folder(s3, png_folder, packed, tmp_path):
+    fs = fsspec.filesystem("s3", **s3)
+    fs.put(str(png_folder) + "/", f"s3://{BUCKET}/raw/", recursive=True)
+    source = packdata.open_source(f"s3://{BUCKET}/raw", storage_options=s3,
+                                  cache_dir=tmp_path / "cache")
+    result = packdata.convert(source, tmp_path / "out", workers=1)
+    local = packdata.open(packed["tar"]).manifest
+    assert result.manifest.keys == local.keys and result.manifest.checksums == local.checksums
+
+
+def test_unreachable_endpoint_is_a_clear_error_within_seconds(tmp_path):
+    options = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}
+    start = time.perf_counter()
+    with pytest.raises(PackdataError, match="cannot reach s3://nowhere/ds"):
+        packdata.open("s3://nowhere/ds", storage_options=options, cache_dir=tmp_path)
+    assert time.perf_counter() - start < 15
+
+
+def test_missing_bucket_and_missing_dataset(s3, tmp_path):
+    with pytest.raises(DatasetError, match="s3://no-such-bucket/ds: no such bucket"):
+        packdata.open("s3://no-such-bucket/ds", storage_options=s3, cache_dir=tmp_path)
+    with pytest.raises(DatasetError, match="no manifest.json"):
+        packdata.open(f"s3://{BUCKET}/nothing-here", storage_options=s3, cache_dir=tmp_path)
+
+
+def test_missing_credentials_say_where_packdata_looked(s3, tmp_path, monkeypatch):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    options = {"client_kwargs": s3["client_kwargs"]}
+    with pytest.raises(PackdataError, match="no credentials found; looked in storage_options"):
+        packdata.open(f"s3://{BUCKET}/cifar", storage_options=options, cache_dir=tmp_path)
+
+
+def test_lmdb_to_a_bucket_is_refused_before_converting(s3, png_folder):
+    with pytest.raises(PackdataError, match="object storage takes tar shards \\(asked: lmdb\\)"):
+        packdata.convert(packdata.open_source(png_folder), f"s3://{BUCKET}/x.lmdb",
+                         storage_options=s3)
+
+
+def test_cli_converts_to_a_bucket_with_credentials_from_the_environment(s3, png_folder, local,
+                                                                         tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from packdata.cli import app
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3["key"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3["secret"])
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3["client_kwargs"]["endpoint_url"])
+    url = f"s3://{BUCKET}/from-cli"
+    result = CliRunner().invoke(app, ["convert", str(png_folder), url, "--shard-size", "20",
+                                      "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    ds = packdata.open(url, cache_dir=tmp_path)  # found through the environment alone
+    assert ds.manifest.checksums == packdata.open(local).manifest.checksums
