@@ -10,10 +10,10 @@ with ``resume=True`` keeps its finished parts and redoes the rest, after checkin
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
-import copy
 import shutil
 import time
 import zlib
