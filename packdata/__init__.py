@@ -19,7 +19,7 @@ from packdata.errors import (
     PackdataError,
     SampleError,
 )
-from packdata.loading import loader
+from packdata.loading import Loader, loader
 from packdata.manifest import Field, Manifest
 from packdata.resident import ResidentLoader
 from packdata.sampling import EpochBatchSampler, LengthBucketBatchSampler
@@ -30,7 +30,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ConvertResult", "DatasetError", "DeviceLoader", "EpochBatchSampler", "Field", "HDF5Dataset",
-    "LMDBDataset", "LengthBucketBatchSampler", "Manifest", "MissingExtraError", "OutputExistsError",
+    "LMDBDataset", "LengthBucketBatchSampler", "Loader", "Manifest", "MissingExtraError", "OutputExistsError",
     "PackCollate", "PackdataError", "PackedDataset", "PadCollate", "ResidentLoader", "SampleError",
     "StepTimer", "StreamingDataset", "TarDataset", "convert", "loader", "open", "open_source",
 ]
