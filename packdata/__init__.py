@@ -28,7 +28,7 @@ _HOMES = {
     "DatasetError": "packdata.errors", "MissingExtraError": "packdata.errors",
     "OutputExistsError": "packdata.errors", "PackdataError": "packdata.errors",
     "SampleError": "packdata.errors",
-    "loader": "packdata.loading",
+    "Loader": "packdata.loading", "loader": "packdata.loading",
     "Field": "packdata.manifest", "Manifest": "packdata.manifest",
     "ResidentLoader": "packdata.resident",
     "EpochBatchSampler": "packdata.sampling", "LengthBucketBatchSampler": "packdata.sampling",
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
         SampleError,
     )
     from packdata.imagedecode import CenterCrop, ImageDecode, RandomResizedCrop, Resize
-    from packdata.loading import loader
+    from packdata.loading import Loader, loader
     from packdata.manifest import Field, Manifest
     from packdata.resident import ResidentLoader
     from packdata.sampling import EpochBatchSampler, LengthBucketBatchSampler
@@ -96,7 +96,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CenterCrop", "ConvertResult", "DatasetError", "DeviceLoader", "EpochBatchSampler", "Field",
-    "HDF5Dataset", "ImageDecode", "LMDBDataset", "LengthBucketBatchSampler", "Manifest",
+    "HDF5Dataset", "ImageDecode", "LMDBDataset", "LengthBucketBatchSampler", "Loader", "Manifest",
     "MissingExtraError", "OutputExistsError", "PackCollate", "PackdataError", "PackedDataset",
     "PadCollate", "RandomResizedCrop", "ResidentLoader", "Resize", "SampleError", "StepTimer",
     "StreamingDataset", "TarDataset", "convert", "loader", "open", "open_source",

@@ -2,7 +2,8 @@
 
 Indexing follows numpy: ``ds[i]`` is one sample, ``ds[[i, j, …]]`` one batch read with a few
 vectorised calls. ``__getitems__`` (what torch's DataLoader calls with automatic batching) reads
-the batch the same way and hands the stock collate a list of per-sample views.
+the batch the same way and hands the stock collate one :class:`~packdata.rows.BatchRow` per
+sample, which the default collate turns back into the batch read, without a copy.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from packdata import containers, sources
 from packdata.containers.base import Reader
 from packdata.errors import ArgumentError, ArgumentTypeError, DatasetError
 from packdata.manifest import Manifest
+from packdata.rows import rows_of
 from packdata.sampling import SharedEpoch
 from packdata.storage import CACHE_LIMIT, RemoteTarReader, Storage, is_url
 
@@ -31,9 +33,10 @@ class PackedDataset(Dataset):
     """A packdata dataset of any container (found from the path) and any sample kind.
 
     Samples are what the kind defines, e.g. ``(image, label)`` with ``image`` a uint8 C×H×W
-    tensor. ``transform`` is applied to the first element of every sample, however it is read
-    (a batch with one is collated from transformed samples); ``batch_transform`` to the first
-    element of each batch on batched access (``ds[[...]]``, :func:`packdata.loader`).
+    tensor. On every path (``ds[i]``, ``ds[[...]]``, a stock DataLoader with or without
+    workers, :func:`packdata.loader`) ``transform`` runs on the first element of each sample and
+    ``batch_transform`` then on the first element of the batch those samples make (``ds[i]`` is
+    row 0 of the batch ``[i]``).
     ``decode`` (images) is a batched decode stage, e.g. ``packdata.RandomResizedCrop(224)``,
     that turns images of any size into one fixed-size batch (see :mod:`packdata.imagedecode`).
     File handles open lazily in each process, so the dataset can be handed to DataLoader workers.
@@ -115,16 +118,30 @@ class PackedDataset(Dataset):
 
     def get_batch(self, indices: Sequence[int] | np.ndarray) -> Any:
         """The samples ``indices`` as one batch: a tuple of batched tensors (or lists, for
-        variable-length fields); a lone tensor when samples have one part. With a per-sample
-        ``transform``, each sample is transformed and the batch collated as DataLoader would."""
-        idx = self._indices(indices)
+        variable-length fields); a lone tensor when samples have one part. A per-sample
+        ``transform`` runs on each sample, then ``batch_transform`` on the collated batch."""
+        out = self._batch(self._indices(indices))
+        return out if len(out) > 1 else out[0]
+
+    def _batch(self, idx: np.ndarray) -> tuple:
+        """The batch as every path serves it: read, each sample's first part transformed and the
+        samples collated again (only with a ``transform``), then ``batch_transform``."""
+        return self.finish_batch(self.read_samples(idx))
+
+    def read_samples(self, idx: np.ndarray) -> tuple:
+        """The first half of :meth:`_batch`: read and per-sample ``transform`` (safe to run in
+        several threads at once, given a thread-safe ``transform``)."""
+        out = self._read(idx)
         if self.transform is not None and len(idx):
-            out = _batch_of(self.__getitems__(idx))
-        else:
-            out = self._read(idx)
+            out = _batch_of([self._transformed(out, j) for j in range(len(idx))])
+        return out
+
+    def finish_batch(self, out: tuple) -> tuple:
+        """The second half: ``batch_transform``, called in batch order (a seeded random
+        augmentation then draws the same sequence however the reads were run)."""
         if self.batch_transform is not None:
             out = (self.batch_transform(out[0]), *out[1:])
-        return out if len(out) > 1 else out[0]
+        return out
 
     def set_epoch(self, epoch: int) -> None:
         """Tell epoch-dependent sample kinds (e.g. point-cloud variants) which epoch this is.
@@ -144,26 +161,35 @@ class PackedDataset(Dataset):
         extra = {"decode": self.decode} if self.decode is not None else {}
         return kind.to_torch(batch, self.manifest, indices=indices, epoch=self.epoch, **extra)
 
-    def _sample(self, batch: tuple, j: int) -> Any:
+    def _transformed(self, batch: tuple, j: int) -> tuple:
         sample = tuple(part[j] for part in batch)
-        if self.transform is not None:
-            sample = (self.transform(sample[0]), *sample[1:])
-        return sample if len(sample) > 1 else sample[0]
+        return (self.transform(sample[0]), *sample[1:]) if self.transform else sample
 
     def __getitem__(self, index: int | slice | Sequence[int] | np.ndarray | torch.Tensor) -> Any:
+        """``ds[i]``: sample ``i`` (row 0 of the batch ``[i]``: a view, no copy, with the same
+        ``transform`` and ``batch_transform`` as any batch); ``ds[[i, j, …]]``, ``ds[a:b]``:
+        one batch (:meth:`get_batch`)."""
         if isinstance(index, slice):
             index = range(*index.indices(len(self)))
         if np.ndim(index) == 0:  # an int, or a 0-d array or tensor: one sample
-            batch = tuple(
-                part.contiguous() if isinstance(part, torch.Tensor) else part
-                for part in self._read(self._indices([index]))
-            )
-            return self._sample(batch, 0)
+            batch = self._batch(self._indices([index]))
+            sample = tuple(part[0] for part in batch)
+            return sample if len(sample) > 1 else sample[0]
         return self.get_batch(index)
 
     def __getitems__(self, indices: Sequence[int]) -> list:
-        batch = self._read(self._indices(indices))
-        return [self._sample(batch, j) for j in range(len(indices))]
+        """What DataLoader's automatic batching calls: the batch read (and transformed) as in
+        :meth:`get_batch`, handed over as one :class:`~packdata.rows.BatchRow` per sample, which torch's
+        default collate turns back into that batch without copying it."""
+        idx = self._indices(indices)
+        if self.transform is not None and self.batch_transform is None:
+            # each sample transformed on its own: nothing batched to hand over
+            read = self._read(idx)
+            return [_unwrap(self._transformed(read, j)) for j in range(len(idx))]
+        batch = self._batch(idx)
+        if len(batch) == 1:  # one-part samples are tensors themselves: no row type can stand in
+            return list(batch[0].unbind(0) if isinstance(batch[0], torch.Tensor) else batch[0])
+        return rows_of(batch)
 
     @staticmethod
     def _indices(indices: Any) -> np.ndarray:
@@ -183,6 +209,10 @@ class PackedDataset(Dataset):
     def __repr__(self) -> str:
         m = self.manifest
         return f"{type(self).__name__}('{self.path}', {m.count} {m.kind} samples, {m.container})"
+
+
+def _unwrap(sample: tuple) -> Any:
+    return sample if len(sample) > 1 else sample[0]
 
 
 def _batch_of(samples: list) -> tuple:

@@ -1,20 +1,25 @@
-"""A DataLoader configured for packed datasets: whole batches read in one call, optionally
-delivered on a device (:class:`packdata.device.DeviceLoader`) or served from memory
-(:class:`packdata.resident.ResidentLoader`)."""
+"""One loader type for packed datasets: whole batches read in one call each, in this process, in
+a pool of threads, or in DataLoader worker processes; optionally delivered on a device and
+augmented there, or served from a copy of the whole dataset held in memory (resident mode)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal
 
 import torch
 from torch.utils.data import DataLoader, Sampler
 
 from packdata.dataset import PackedDataset
-from packdata.device import Augment, DeviceLoader, resolve_device
-from packdata.errors import ArgumentError
+from packdata.device import Augment, DeviceLoader, map_tensors, resolve_device
+from packdata.errors import ArgumentError, ArgumentTypeError
 from packdata.sampling import EpochBatchSampler
+from packdata.transfer import by_value
+
+WorkerKind = Literal["thread", "process"]
 
 
 def cpu_count() -> int:
@@ -32,35 +37,156 @@ def default_num_workers(dataset: PackedDataset) -> int:
     (``decode=``), which decodes in a thread pool of this process."""
     if getattr(dataset, "decode", None) is not None:
         return 0
+    return min(cpu_count(), 8) if _per_sample_work(dataset) else 0
+
+
+def default_worker_kind(dataset: PackedDataset) -> WorkerKind:
+    """Threads, unless the dataset runs a per-sample Python ``transform`` (which holds the GIL):
+    reading raw records and decoding images release it, and a thread hands its batch over for
+    free where a worker process copies it through shared memory."""
+    return "process" if dataset.transform is not None else "thread"
+
+
+def _per_sample_work(dataset: PackedDataset) -> bool:
     decodes = any(f.codec for f in dataset.manifest.fields.values())
-    return min(cpu_count(), 8) if decodes or dataset.transform is not None else 0
+    return decodes or dataset.transform is not None
 
 
-class BatchLoader:
-    """Whole batches read in this process, in sampler order.
+class Loader:
+    """Batches of ``dataset`` in the order of ``batch_sampler``: what :func:`loader` returns.
 
-    What ``DataLoader(num_workers=0, batch_size=None)`` does, without its per-batch bookkeeping
-    (profiler hooks, collate dispatch): about 60 µs a batch, measured as a third of the time
-    to read a 256-image CIFAR batch from HDF5.
+    The same interface however the batches are produced: iterate it (each iteration is an
+    epoch), ``len()`` (batches per epoch), ``dataset``, ``batch_sampler``, :meth:`set_epoch`.
+    ``workers`` is how reads run: ``"thread"`` (a pool in this process), ``"process"``
+    (DataLoader worker processes), or None (this process, no pool); ``num_workers`` their count.
     """
 
     def __init__(
         self,
         dataset: PackedDataset,
-        sampler: Sampler,
+        batch_sampler: Sampler,
+        *,
         collate: Callable[[Any], Any] | None = None,
+        num_workers: int = 0,
+        workers: WorkerKind | None = None,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory: bool = False,
+        device: torch.device | None = None,
+        augment: Augment | None = None,
+        resident: Any = None,
+        dataloader_options: dict[str, Any] | None = None,
     ) -> None:
         self.dataset = dataset
-        self.sampler = sampler
+        self.batch_sampler = batch_sampler
         self.collate = collate
+        self.num_workers = num_workers
+        self.workers = workers if num_workers > 0 else None
+        self.prefetch_factor = prefetch_factor
+        self.persistent_workers = persistent_workers
+        self.pin_memory = pin_memory
+        self.device = device
+        self.augment = augment
+        self.resident = resident  # a ResidentLoader holding the data, in resident mode
+        self._dataloader_options = dataloader_options or {}
+        self._dataloader: DataLoader | None = None
+        self._pool: ThreadPoolExecutor | None = None  # kept across epochs if persistent_workers
 
-    def __iter__(self) -> Iterator[Any]:
-        get_batch, collate = self.dataset.get_batch, self.collate
-        for indices in self.sampler:
-            yield get_batch(indices) if collate is None else collate(get_batch(indices))
+    @property
+    def dataloader(self) -> DataLoader | None:
+        """The DataLoader running worker processes (built once, so persistent workers stay),
+        or None when batches are read in this process."""
+        if self._dataloader is None and self.workers == "process":
+            options = dict(self._dataloader_options)
+            options["collate_fn"] = _ByValueCollate(self.collate)
+            self._dataloader = DataLoader(
+                self.dataset, batch_size=None, sampler=self.batch_sampler,
+                num_workers=self.num_workers, persistent_workers=self.persistent_workers,
+                prefetch_factor=self.prefetch_factor, pin_memory=self.pin_memory, **options)
+        return self._dataloader
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration runs (its shuffle), as DistributedSampler's."""
+        set_epoch = getattr(self.batch_sampler, "set_epoch", None)
+        if set_epoch is None:
+            raise ArgumentTypeError(f"{type(self.batch_sampler).__name__} has no set_epoch()")
+        set_epoch(epoch)
 
     def __len__(self) -> int:
-        return len(self.sampler)
+        return len(self.batch_sampler)
+
+    def __iter__(self) -> Iterator[Any]:
+        host = self._host_batches()
+        if self.device is None and self.augment is None:
+            return iter(host)
+        return iter(DeviceLoader(host, self.device, augment=self.augment))
+
+    def _host_batches(self) -> Iterable[Any]:
+        if self.resident is not None:
+            return self.resident
+        if self.dataloader is not None:
+            return self.dataloader
+        if self.workers == "thread":
+            if self.persistent_workers and self._pool is None:
+                self._pool = ThreadPoolExecutor(self.num_workers, "packdata-read")
+            ds = self.dataset
+            samples = _threaded(lambda i: ds.read_samples(ds._indices(i)), self.batch_sampler,
+                                self._pool or self.num_workers,
+                                self.num_workers * (self.prefetch_factor or 2))
+            # batch_transform and collate here, in batch order: the same draws as with no workers
+            return (self._delivered(ds.finish_batch(parts)) for parts in samples)
+        return map(self._batch, self.batch_sampler)
+
+    def _batch(self, indices: Any) -> Any:
+        return self._delivered(self.dataset._batch(self.dataset._indices(indices)))
+
+    def _delivered(self, parts: tuple) -> Any:
+        """A batch's parts as the loop takes them: a lone part unwrapped, collated, pinned."""
+        batch = parts if len(parts) > 1 else parts[0]
+        if self.collate is not None:
+            batch = self.collate(batch)
+        return map_tensors(batch, torch.Tensor.pin_memory) if self.pin_memory else batch
+
+    def __repr__(self) -> str:
+        how = "resident" if self.resident is not None else (
+            f"{self.num_workers} {self.workers} workers" if self.workers else "in process")
+        return (f"Loader({self.dataset!r}, {len(self)} batches, {how}"
+                f"{f', device={self.device}' if self.device is not None else ''})")
+
+
+class _ByValueCollate:
+    """Run in each worker: the batch (collated by ``collate``, if given) marked to travel by
+    value (:mod:`packdata.transfer`)."""
+
+    def __init__(self, collate: Callable[[Any], Any] | None) -> None:
+        self.collate = collate
+
+    def __call__(self, batch: Any) -> Any:
+        return by_value(batch if self.collate is None else self.collate(batch))
+
+
+def _threaded(read: Callable[[Any], Any], sampler: Iterable[Any],
+              threads: int | ThreadPoolExecutor, ahead: int) -> Iterator[Any]:
+    """``read(indices)`` for each batch of ``sampler``, in order, ``ahead`` batches in flight on
+    ``threads`` threads of this process (a pool of that many, or the pool given)."""
+    own = isinstance(threads, int)
+    pool = ThreadPoolExecutor(threads, "packdata-read") if own else threads
+    try:
+        order = iter(sampler)
+        pending = deque(pool.submit(read, i) for _, i in zip(range(max(ahead, 1)), order))
+        try:
+            while pending:
+                batch = pending.popleft().result()
+                following = next(order, None)
+                if following is not None:
+                    pending.append(pool.submit(read, following))
+                yield batch
+        finally:  # an epoch left early: drop what was queued
+            for future in pending:
+                future.cancel()
+    finally:
+        if own:
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
 def loader(
@@ -73,6 +199,7 @@ def loader(
     drop_last: bool = False,
     seed: int = 0,
     num_workers: int | None = None,
+    workers: WorkerKind | None = None,
     pin_memory: bool | None = None,
     persistent_workers: bool | None = None,
     prefetch_factor: int | None = None,
@@ -80,60 +207,78 @@ def loader(
     augment: Augment | None = None,
     resident: bool = False,
     **dataloader_options: Any,
-) -> Any:
-    """A DataLoader yielding whole batches, each read with a few vectorised calls.
+) -> Loader:
+    """A :class:`Loader` yielding whole batches, each read with a few vectorised calls.
 
-    The sampler yields lists of indices and the DataLoader passes each list to
-    ``dataset[indices]`` (``batch_size=None`` turns off per-sample collation). Epochs reshuffle
-    from ``seed`` and split across DDP ranks (see :class:`packdata.sampling.EpochBatchSampler`).
-    Instead of ``batch_size``, give any batch ``sampler`` (e.g.
-    :class:`~packdata.sampling.LengthBucketBatchSampler`); ``collate`` turns each batch into what
-    the loop takes (e.g. :class:`~packdata.collate.PadCollate` for token sequences).
+    Epochs reshuffle from ``seed`` and split across DDP ranks (see
+    :class:`packdata.sampling.EpochBatchSampler`). Instead of ``batch_size``, give any batch
+    ``sampler`` (e.g. :class:`~packdata.sampling.LengthBucketBatchSampler`); ``collate`` turns
+    each batch into what the loop takes (e.g. :class:`~packdata.collate.PadCollate`).
 
     Defaults, each overridable: ``num_workers`` from :func:`default_num_workers` (0 for raw
-    records, the fastest choice); with workers, ``persistent_workers=True`` and
-    ``prefetch_factor=4``; ``pin_memory`` when CUDA is present and the batches go there.
-    Other keyword arguments go to DataLoader.
+    records, the fastest choice); ``workers`` (``"thread"`` or ``"process"``) from
+    :func:`default_worker_kind`: threads unless a per-sample Python ``transform`` needs processes;
+    ``prefetch_factor=4`` batches per worker, ``persistent_workers=True`` for processes;
+    ``pin_memory`` when CUDA is present and the batches go there. Other keyword arguments go to
+    DataLoader (process workers only).
 
     ``device`` (``"cuda"``, ``"cpu"``, ``"auto"``) and/or ``augment`` (e.g.
-    :func:`packdata.augment.cifar_recipe`) wrap the DataLoader in a
-    :class:`~packdata.device.DeviceLoader`: batches arrive on the device, augmented there.
+    :func:`packdata.augment.cifar_recipe`): batches arrive on the device, augmented there.
     ``resident=True`` loads the whole dataset once onto ``device`` (host RAM by default) and
-    serves the same batches from there (:class:`~packdata.resident.ResidentLoader`).
+    serves the same batches from there; it reads nothing per batch, so ``collate``, workers,
+    ``pin_memory`` and DataLoader options are refused with it.
     """
     if (batch_size is None) == (sampler is None):
         raise ArgumentError("give exactly one of batch_size or a batch sampler")
+    if workers not in (None, "thread", "process"):
+        raise ArgumentError(f"workers must be 'thread', 'process' or None, got {workers!r}")
     if resident:
-        from packdata.resident import ResidentLoader
-
-        if batch_size is None:
-            raise ArgumentError("resident=True needs batch_size (it samples on the device)")
-        return ResidentLoader(dataset, batch_size, device="cpu" if device is None else device,
-                              shuffle=shuffle, drop_last=drop_last, seed=seed, augment=augment)
+        return _resident(dataset, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed,
+                         device=device, augment=augment, refused={
+                             "collate": collate, "num_workers": num_workers or None,
+                             "workers": workers, "pin_memory": pin_memory or None,
+                             "persistent_workers": persistent_workers,
+                             "prefetch_factor": prefetch_factor, **dataloader_options})
     target = None if device is None else resolve_device(device)
     if num_workers is None:
         num_workers = default_num_workers(dataset)
+    if num_workers < 0:
+        raise ArgumentError(f"num_workers must be ≥ 0, got {num_workers}")
+    if workers is None:
+        workers = default_worker_kind(dataset)
     if pin_memory is None:
         pin_memory = torch.cuda.is_available() and (target is None or target.type == "cuda")
-    if num_workers > 0:
-        dataloader_options["persistent_workers"] = (
-            True if persistent_workers is None else persistent_workers)
-        dataloader_options["prefetch_factor"] = 4 if prefetch_factor is None else prefetch_factor
-    elif persistent_workers or prefetch_factor is not None:
+    if num_workers == 0 and (persistent_workers or prefetch_factor is not None):
         raise ArgumentError("persistent_workers and prefetch_factor need num_workers > 0")
+    if "collate_fn" in dataloader_options:
+        raise ArgumentError("pass collate= (it runs on every path), not collate_fn=")
+    if dataloader_options and not (workers == "process" and num_workers > 0):
+        raise ArgumentError(f"{sorted(dataloader_options)} are DataLoader options: they apply "
+                         "only with num_workers > 0 and workers='process'")
     if sampler is None:
         sampler = EpochBatchSampler(
             len(dataset), batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed
         )
-    if num_workers == 0 and not pin_memory and not dataloader_options:
-        batches: Any = BatchLoader(dataset, sampler, collate)
-    else:
-        if collate is not None:
-            dataloader_options["collate_fn"] = collate
-        batches = DataLoader(
-            dataset, batch_size=None, sampler=sampler, num_workers=num_workers,
-            pin_memory=pin_memory, **dataloader_options,
-        )
-    if target is None and augment is None:
-        return batches
-    return DeviceLoader(batches, target, augment=augment)
+    return Loader(
+        dataset, sampler, collate=collate, num_workers=num_workers, workers=workers,
+        prefetch_factor=4 if prefetch_factor is None and num_workers else prefetch_factor,
+        persistent_workers=bool(num_workers and (persistent_workers or (
+            persistent_workers is None and workers == "process"))),
+        pin_memory=pin_memory, device=target, augment=augment,
+        dataloader_options=dataloader_options)
+
+
+def _resident(dataset: PackedDataset, batch_size: int | None, *, shuffle: bool, drop_last: bool,
+              seed: int, device: str | torch.device | None, augment: Augment | None,
+              refused: dict[str, Any]) -> Loader:
+    from packdata.resident import ResidentLoader
+
+    given = sorted(name for name, value in refused.items() if value is not None)
+    if given:
+        raise ArgumentError(f"resident=True serves batches from memory, so {given} cannot apply; "
+                         "leave them out (or use resident=False)")
+    if batch_size is None:
+        raise ArgumentError("resident=True needs batch_size (it samples on the device)")
+    store = ResidentLoader(dataset, batch_size, device="cpu" if device is None else device,
+                           shuffle=shuffle, drop_last=drop_last, seed=seed)
+    return Loader(dataset, store.sampler, device=None, augment=augment, resident=store)

@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
 
 import packdata
 
@@ -92,3 +92,73 @@ def test_unlabelled_dataset_yields_images(tmp_path, png_folder):
     assert "label" not in ds.manifest.fields
     assert ds[0].shape == (3, 32, 32)
     assert ds[[0, 1]].shape == (2, 3, 32, 32)
+
+
+def halve(x):  # module level: spawned workers unpickle it
+    return x.float() / 2
+
+
+def flip(x):
+    return x.flip(-1)
+
+
+TRANSFORMS = {"none": {}, "sample": {"transform": halve}, "batch": {"batch_transform": flip},
+              "both": {"transform": halve, "batch_transform": flip}}
+
+
+@pytest.mark.parametrize("which", list(TRANSFORMS))
+def test_every_path_serves_the_same_transformed_samples(packed, container, which):
+    ds = packdata.open(packed[container], **TRANSFORMS[which])
+    raw = packdata.open(packed[container])
+    order = [7, 3, 50, 0, 99, 12, 64, 5]
+    x = raw[order][0]
+    expected = flip(halve(x) if "transform" in TRANSFORMS[which] else x) if (
+        "batch_transform" in TRANSFORMS[which]) else (halve(x) if which == "sample" else x)
+    images, labels = ds[order]
+    assert torch.equal(images, expected) and labels.tolist() == raw[order][1].tolist()
+    for j, i in enumerate(order):  # ds[i] is row 0 of the batch [i]: the same transforms
+        assert torch.equal(ds[i][0], expected[j]) and int(ds[i][1]) == int(labels[j])
+    sampler = [order[:4], order[4:]]
+    stock = [b for b in DataLoader(ds, batch_sampler=sampler)]
+    mine = list(packdata.loader(ds, sampler=sampler, num_workers=0))
+    own_collate = DataLoader(ds, batch_sampler=sampler, collate_fn=lambda rows: [
+        torch.stack([r[0] for r in rows]), [int(lab) for _, lab in rows]])
+    for got in (stock, mine, list(own_collate)):
+        assert torch.equal(torch.cat([b[0] for b in got]), expected)
+        assert [int(v) for b in got for v in b[1]] == labels.tolist()
+
+
+def test_stock_collate_returns_the_batch_read_and_still_collates_mixed_rows(packed):
+    ds = packdata.open(packed["hdf5"])
+    first, second = ds.__getitems__([4, 1, 9]), ds.__getitems__([2, 8])
+    images, labels = default_collate(first)
+    # the batch itself: channels-last as read, where stacking per-sample views makes NCHW rows
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    assert images.data_ptr() == first[0][0].data_ptr() and labels.tolist() == ds[[4, 1, 9]][1].tolist()
+    for rows, order in (([second[1], first[0], first[2]], [8, 4, 9]), (first[:2], [4, 1]),
+                        (first[::-1], [9, 1, 4])):
+        mixed, mixed_labels = default_collate(rows)
+        assert torch.equal(mixed, ds[order][0]) and mixed_labels.tolist() == ds[order][1].tolist()
+    first.reverse()  # the list itself changed: collated from its rows, in their new order
+    assert torch.equal(default_collate(first)[0], ds[[9, 1, 4]][0])
+    image, label = first[1]  # a row acts as the sample tuple, and pickles as one
+    assert torch.equal(image, ds[1][0]) and len(first[1]) == 2 and int(label) == int(ds[1][1])
+    assert isinstance(pickle.loads(pickle.dumps(first[1])), tuple)
+
+
+def test_a_sample_is_a_view_not_a_copy(packed, container):
+    image, _ = packdata.open(packed[container])[3]
+    assert image.shape == (3, 32, 32) and image.stride() == (1, 96, 3)  # H×W×C memory, permuted
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_stock_dataloader_workers_give_the_in_process_batches(packed, start):
+    ds = packdata.open(packed["tar"], transform=halve, batch_transform=flip)
+    def batches(**options):  # noqa: E306
+        return list(DataLoader(ds, batch_size=24, shuffle=True, **options,
+                               generator=torch.Generator().manual_seed(1)))
+    reference = batches()
+    workers = batches(num_workers=2, multiprocessing_context=start)
+    assert len(workers) == len(reference) == 5
+    for (x, y), (rx, ry) in zip(workers, reference, strict=True):
+        assert torch.equal(x, rx) and torch.equal(y, ry) and x.dtype == torch.float32

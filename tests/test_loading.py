@@ -8,9 +8,7 @@ from torch.utils.data import DataLoader
 
 import packdata
 from packdata.augment import cifar_recipe
-from packdata.device import DeviceLoader
-from packdata.loading import BatchLoader, cpu_count, default_num_workers
-from packdata.resident import ResidentLoader
+from packdata.loading import Loader, cpu_count, default_num_workers
 
 
 @pytest.fixture(scope="module")
@@ -23,38 +21,66 @@ def test_raw_records_read_in_process_encoded_ones_in_workers(packed, keep_lmdb):
     raw = packdata.open(packed["lmdb"])
     assert default_num_workers(raw) == 0
     dl = packdata.loader(raw, 32)
-    if torch.cuda.is_available():  # pinning goes through DataLoader's pin-memory path
-        assert isinstance(dl, DataLoader) and dl.num_workers == 0 and dl.pin_memory
-    else:  # read in this process with no DataLoader bookkeeping per batch
-        assert isinstance(dl, BatchLoader) and len(dl) == len(raw) // 32 + 1
+    # read in this process with no DataLoader bookkeeping per batch
+    assert isinstance(dl, Loader) and dl.workers is None and dl.dataloader is None
+    assert len(dl) == len(raw) // 32 + 1 and dl.pin_memory == torch.cuda.is_available()
     keep = packdata.open(keep_lmdb)
     assert default_num_workers(keep) == min(cpu_count(), 8) > 0
-    dl = packdata.loader(keep, 32)
-    assert dl.num_workers > 0 and dl.persistent_workers and dl.prefetch_factor == 4
+    dl = packdata.loader(keep, 32)  # decoding releases the GIL: threads, no transfer
+    assert dl.num_workers > 0 and dl.workers == "thread" and dl.prefetch_factor == 4
+    dl = packdata.loader(packdata.open(keep_lmdb, transform=lambda x: x), 32)
+    assert dl.workers == "process" and dl.persistent_workers
+    assert isinstance(dl.dataloader, DataLoader) and dl.dataloader.num_workers > 0
     assert default_num_workers(packdata.open(packed["lmdb"], transform=lambda x: x)) > 0
 
 
 def test_every_knob_is_overridable(packed, keep_lmdb):
     keep = packdata.open(keep_lmdb)
-    dl = packdata.loader(keep, 32, num_workers=1, persistent_workers=False, prefetch_factor=2,
-                         pin_memory=False, timeout=30)
+    dl = packdata.loader(keep, 32, num_workers=1, workers="process", persistent_workers=False,
+                         prefetch_factor=2, pin_memory=False, timeout=30).dataloader
     assert (dl.num_workers, dl.persistent_workers, dl.prefetch_factor, dl.pin_memory,
             dl.timeout) == (1, False, 2, False, 30)
     images, labels = next(iter(dl))
     assert images.shape == (32, 3, 32, 32) and labels.dtype == torch.int64
     with pytest.raises(ValueError, match="num_workers > 0"):
         packdata.loader(packdata.open(packed["lmdb"]), 32, prefetch_factor=2)
+    with pytest.raises(ValueError, match="DataLoader options"):
+        packdata.loader(packdata.open(packed["lmdb"]), 32, timeout=30)  # no process to time out
 
 
 def test_device_augment_and_resident_options(packed):
     ds = packdata.open(packed["tar"])
     dl = packdata.loader(ds, 32, device="cpu", augment=cifar_recipe(seed=0, backend="torch"))
-    assert isinstance(dl, DeviceLoader)
+    assert isinstance(dl, Loader) and dl.device.type == "cpu"
     x, y = next(iter(dl))
     assert x.dtype == torch.float32 and x.device.type == "cpu" and len(y) == 32
     resident = packdata.loader(ds, 32, resident=True, seed=2)
-    assert isinstance(resident, ResidentLoader) and resident.device.type == "cpu"
+    assert isinstance(resident, Loader) and resident.resident.device.type == "cpu"
     assert len(resident) == len(packdata.loader(ds, 32)) == 4
+    assert resident.dataset is ds and resident.batch_sampler.batch_size == 32
+
+
+@pytest.mark.parametrize("option", [{"collate": lambda b: b}, {"num_workers": 2},
+                                    {"pin_memory": True}, {"workers": "thread"},
+                                    {"prefetch_factor": 2}, {"timeout": 5}])
+def test_resident_refuses_what_cannot_apply(packed, option):
+    with pytest.raises(ValueError, match=f"resident=True.*{next(iter(option))}"):
+        packdata.loader(packdata.open(packed["hdf5"]), 32, resident=True, **option)
+
+
+@pytest.mark.parametrize("options", [{"resident": True}, {"num_workers": 2},
+                                     {"num_workers": 2, "workers": "process"},
+                                     {"device": "cpu"}, {}])
+def test_one_loader_type_the_same_batches_and_set_epoch(packed, options):
+    ds = packdata.open(packed["lmdb"])
+    reference = packdata.loader(ds, 32, seed=4, num_workers=0)
+    dl = packdata.loader(ds, 32, seed=4, **options)
+    assert type(dl) is Loader and len(dl) == len(reference) and dl.dataset is ds
+    for epoch in (3, 1):
+        reference.set_epoch(epoch)
+        dl.set_epoch(epoch)
+        for (x, y), (rx, ry) in zip(dl, reference, strict=True):
+            assert torch.equal(x, rx) and torch.equal(y, ry)
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -78,3 +104,12 @@ def test_loader_takes_a_bucketing_sampler_and_a_collate(packed_text, workers):
 def test_empty_batch_of_encoded_images(keep_lmdb):
     images, labels = packdata.open(keep_lmdb)[[]]
     assert images.shape[0] == 0 and images.dtype == torch.uint8 and labels.shape == (0,)
+
+
+def test_thread_workers_draw_a_seeded_batch_transform_as_no_workers_do(packed):
+    def run(workers):
+        ds = packdata.open(packed["tar"], batch_transform=cifar_recipe(seed=1, backend="torch"))
+        return list(packdata.loader(ds, 16, seed=2, num_workers=workers))
+
+    for (x, y), (rx, ry) in zip(run(2), run(0), strict=True):
+        assert x.dtype == torch.float32 and torch.equal(x, rx) and torch.equal(y, ry)
