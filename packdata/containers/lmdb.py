@@ -239,7 +239,8 @@ class RecordMap:
 
     def __init__(self, path: Path, env: lmdb.Environment, size: int, count: int,
                  map_start: int, map_offset: int, missing: Any) -> None:
-        self.env, self.size, self.map_start, self.map_offset = env, size, map_start, map_offset
+        self.path, self.env, self.size = path, env, size
+        self.map_start, self.map_offset = map_start, map_offset
         self.missing = missing
         self.whole = map_file(path / "data.mdb")
         self._columns: dict[tuple[int, int], np.ndarray] = {}
@@ -291,10 +292,12 @@ class RecordMap:
                 if value is None:
                     self.missing(idx[j])
                 if len(value) != self.size:
-                    raise ValueError(f"record {idx[j]} has {len(value)} bytes, not {self.size}")
+                    raise DatasetError(f"{self.path}: record {idx[j]} has {len(value)} bytes, not "
+                                       f"{self.size}; the dataset is damaged")
                 offsets[j] = _address(value) + first
             if offsets[unknown].max() > len(self.whole) - self.size or offsets[unknown].min() < 0:
-                raise LookupError("a record lies outside the mapped file")
+                raise DatasetError(f"{self.path}: a record lies outside data.mdb; the dataset is "
+                                   "damaged")
             self.offsets[idx[unknown]] = offsets[unknown]
         return offsets
 
