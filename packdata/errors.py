@@ -62,3 +62,7 @@ def require(module: str, extra: str, purpose: str):
 class BenchError(PackdataError, ValueError):
     """``packdata bench`` cannot run as asked: no such device, a model that does not fit the
     batch, an input that is neither a packdata dataset nor an image folder."""
+
+
+class ResumeError(PackdataError, ValueError):
+    """A saved loader or sampler state that does not fit what it is loaded into."""
