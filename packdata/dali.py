@@ -27,8 +27,10 @@ import numpy as np
 import torch
 
 from packdata.augment.ops import CIFAR10_MEAN, CIFAR10_STD
+from packdata.containers.tar import shard_paths
 from packdata.dataset import PackedDataset
 from packdata.errors import DatasetError, require
+from packdata.reader_index import dali_index_paths
 
 LABEL_DIGITS = 20  # .cls members are decimal text: padded to this many bytes, parsed in torch
 
@@ -173,13 +175,18 @@ def tar_loader(path: str | Path, batch_size: int, *, device: str = "auto",
     fn, types = dali.fn, dali.types
     device, device_id = _device(device, device_id)
     keep = None
-    if index_dir is None:
-        keep = tempfile.TemporaryDirectory(prefix="packdata-dali-")
-        index_dir = keep.name
-    shards, index_paths, ext = write_dali_index(path, index_dir)
+    own = dali_index_paths(path) if index_dir is None else None  # written at conversion
+    if own is not None:
+        shards, index_paths = [str(p) for p in shard_paths(Path(path))], own
+    else:
+        if index_dir is None:
+            keep = tempfile.TemporaryDirectory(prefix="packdata-dali-")
+            index_dir = keep.name
+        shards, index_paths, _ = write_dali_index(path, index_dir)
     manifest = json.loads((Path(path) / "manifest.json").read_text())["packdata"]
     stored = manifest["fields"]["image"]["shape"]
     raw = manifest["fields"]["image"].get("codec") != "image"
+    ext = "image.npy" if raw else "png;jpg;jpeg"
     header = npy_header_size(path) if raw else 0
     if size is None:
         if not raw:
