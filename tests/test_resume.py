@@ -198,3 +198,27 @@ def test_sample_ids_tell_samples_apart(packed):
     ds = packdata.open(packed["lmdb"])
     ids = sample_ids(ds.get_batch(np.arange(len(ds))))
     assert len(set(ids)) == len(ds) and isinstance(ds.get_batch([0])[0], torch.Tensor)
+
+
+def as_rows(rows):  # module level: spawned workers import it by name
+    return rows
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+def test_workers_read_one_shuffled_epoch_like_in_process_under_every_start_method(packed, context):
+    from torch.utils.data import ConcatDataset, DataLoader
+
+    parts = [packdata.open(packed[name]) for name in ("lmdb", "hdf5", "tar")]
+    for ds in parts:
+        ds[0]  # opens the handle a worker must not inherit or receive pickled
+    both = ConcatDataset(parts)
+    sampler = EpochBatchSampler(len(both), 40, seed=6)
+    expected = [[both[i] for i in batch] for batch in sampler]
+    sampler.set_epoch(0)
+    loader = DataLoader(both, batch_sampler=sampler, num_workers=1,
+                        multiprocessing_context=context, collate_fn=as_rows)
+    got = list(loader)
+    assert len(got) == len(expected)
+    for batch, reference in zip(got, expected, strict=True):
+        for (x, y), (rx, ry) in zip(batch, reference, strict=True):
+            assert torch.equal(x, rx) and int(y) == int(ry)
