@@ -60,3 +60,15 @@ def test_ranks_and_workers_get_equal_shares_covering_the_epoch(packed, container
         assert len(set(served)) == len(served)  # nothing twice
     else:
         assert set(served) == set(range(120))  # everything, a few wrapped round twice
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("workers", [1, 3])
+def test_every_rank_runs_the_same_number_of_batches(packed, world, workers):
+    """With a DataLoader each worker batches its own part: the batches of a rank are the sum over
+    its workers, the same on every rank because shares and their split are."""
+    stream = packdata.StreamingDataset(packed["tar"], chunk=32)
+    batch = 8
+    counts = [sum(-(-sum(b - a for a, b in stream.spans_for(1, rank, world, w, workers)) // batch)
+                  for w in range(workers)) for rank in range(world)]
+    assert len(set(counts)) == 1
