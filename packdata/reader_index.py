@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +29,20 @@ def idx_path(dataset: str | Path, shard_name: str) -> Path:
     return Path(dataset) / (Path(shard_name).stem + ".idx")
 
 
-def member_entry(suffix: str, data_start: int, size: int, member_key: str) -> str:
-    """One member of a sample's ``.idx`` line (fields are space-separated: none in the name)."""
-    return f"{suffix} {data_start} {size} {member_key.replace(' ', '_')}.{suffix}"
+Column = tuple[Sequence[str], Sequence[int], Sequence[int]]  # per record: suffix, offset, size
 
 
-def write_idx(target: Path, lines: list[str]) -> None:
-    target.write_text(f"{IDX_VERSION} {len(lines)}\n" + "".join(line + "\n" for line in lines))
+def write_idx(target: Path, member_keys: Sequence[str], columns: Sequence[Column]) -> None:
+    """The DALI index of one shard: for each record (``member_keys``) and field (``columns``:
+    each member's suffix, payload offset and payload size, as the tar index stores them)."""
+    names = [k.replace(" ", "_") for k in member_keys]  # the line's fields are space-separated
+    parts = []
+    for suffixes, offsets, sizes in columns:
+        # a member's data starts on a 512-byte block: the rest of the offset is its .npy header
+        parts.append([f"{x} {o - o % 512} {n + o % 512} {k}.{x}"
+                      for x, o, n, k in zip(suffixes, offsets, sizes, names)])
+    lines = [" ".join(members) for members in zip(*parts)]
+    target.write_text(f"{IDX_VERSION} {len(names)}\n" + "".join(line + "\n" for line in lines))
 
 
 def write_wids_index(dataset: str | Path, shards: list[dict[str, Any]]) -> Path:
@@ -72,26 +80,22 @@ def write_reader_indexes(dataset: str | Path) -> list[Path]:
         keys = [k.replace(".", "_") for k in manifest.keys]
         columns = []
         for name, field in manifest.fields.items():
-            offsets = index[f"{name}.offset"]
-            start = offsets - offsets % 512  # members start on 512-byte blocks: skip .npy headers
-            sizes = index[f"{name}.nbytes"] + offsets % 512
             if field.codec == "image":  # png or jpg, per record: sniff the first bytes
                 suffixes = [member_suffix(name, field, _head(reader, index, name, i))
                             for i in range(len(keys))]
             else:
                 suffixes = [member_suffix(name, field, np.zeros(0, field.np_dtype))] * len(keys)
-            columns.append((suffixes, start.tolist(), sizes.tolist()))
-        first_field = next(iter(manifest.fields))
-        shard_of = index[f"{first_field}.shard"]
+            columns.append((suffixes, index[f"{name}.offset"].tolist(),
+                            index[f"{name}.nbytes"].tolist()))
+        shard_of = index[f"{next(iter(manifest.fields))}.shard"]
     finally:
         reader.close()
     written = []
     for s, shard in enumerate(shards):
-        rows = np.nonzero(shard_of == s)[0].tolist()
-        lines = [" ".join(member_entry(c[0][i], c[1][i], c[2][i], keys[i]) for c in columns)
-                 for i in rows]
+        rows = np.nonzero(shard_of == s)[0]
+        lo, hi = (int(rows[0]), int(rows[-1]) + 1) if len(rows) else (0, 0)
         target = idx_path(dataset, shard["name"])
-        write_idx(target, lines)
+        write_idx(target, keys[lo:hi], [(x[lo:hi], o[lo:hi], n[lo:hi]) for x, o, n in columns])
         written.append(target)
     written.append(write_wids_index(dataset, shards))
     return written

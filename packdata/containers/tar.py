@@ -31,7 +31,7 @@ import numpy as np
 from packdata.containers.base import Batch, Reader, Select, Writer, map_file
 from packdata.errors import DatasetError, PackdataError
 from packdata.manifest import Field, Manifest
-from packdata.reader_index import idx_path, member_entry, write_idx, write_wids_index
+from packdata.reader_index import idx_path, write_idx, write_wids_index
 
 NAME = "tar"
 SUFFIXES = (".tar",)
@@ -129,7 +129,9 @@ class TarWriter(Writer):
         self.columns = {n: tuple(self.index[f"{n}.{col}"] for col in ("shard", "offset", "nbytes"))
                         for n in fields}  # the index lists each record appends to
         self.member_keys: dict[str, str] = {}  # member name stem → record key
-        self.idx_lines: list[str] = []  # the open shard's DALI index, one line per record
+        self.shard_first = 0  # the open shard's first record
+        self.shard_keys: list[str] = []  # its records' member keys, for its DALI index
+        self.suffixes = {n: [] for n, f in fields.items() if f.codec}  # png/jpg vary per record
 
     def _shard(self) -> Any:
         full = self.file is not None and (
@@ -150,8 +152,13 @@ class TarWriter(Writer):
             self.file.write(bytes(1024 + (-end) % tarfile.RECORDSIZE))
             self.file.close()
             self.file = None
-            write_idx(idx_path(self.path, self.shards[-1]["name"]), self.idx_lines)
-            self.idx_lines = []
+            lo, hi = self.shard_first, self.count
+            columns = [(self.suffixes[n][lo:hi] if n in self.suffixes else
+                        [member_suffix(n, f, np.zeros(0, f.np_dtype))] * (hi - lo),
+                        self.columns[n][1][lo:hi], self.columns[n][2][lo:hi])
+                       for n, f in self.fields.items()]
+            write_idx(idx_path(self.path, self.shards[-1]["name"]), self.shard_keys, columns)
+            self.shard_first, self.shard_keys = hi, []
 
     def append(self, key: str, record: dict[str, np.ndarray]) -> None:
         member_key = key.replace(".", "_")  # webdataset splits member names at the first dot
@@ -160,7 +167,6 @@ class TarWriter(Writer):
             raise PackdataError(f"keys '{other}' and '{key}' both make tar members named "
                                 f"'{member_key}.*'; rename one of the inputs")
         out = self._shard()
-        members = []
         for name, field in self.fields.items():
             value = record[name]
             suffix = member_suffix(name, field, value)
@@ -175,14 +181,15 @@ class TarWriter(Writer):
             out.write(header + payload + bytes(-len(payload) % 512))
             data_start = self.offset + len(header)
             self.offset = data_start + len(payload) + (-len(payload) % 512)
-            members.append(member_entry(suffix, data_start, len(payload), member_key))
+            if name in self.suffixes:
+                self.suffixes[name].append(suffix)
             shards, offsets, sizes = self.columns[name]
             shards.append(len(self.shards) - 1)
             offsets.append(data_start + skip)
             sizes.append(len(payload) - skip)
             if name in self.values:
                 self.values[name].append(value)
-        self.idx_lines.append(" ".join(members))
+        self.shard_keys.append(member_key)
         self.shards[-1]["count"] += 1
         self.count += 1
 
