@@ -4,6 +4,7 @@ augmented there, or served from a copy of the whole dataset held in memory (resi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 import weakref
@@ -135,7 +136,10 @@ class Loader:
             self._delivered += 1
             yield batch
         self._delivered = None
-        _SERVED[self.dataset] = True
+        if getattr(self.batch_sampler, "shuffle", False):
+            # a dataset that cannot be weakly referenced gets no warning
+            with contextlib.suppress(TypeError):
+                _SERVED[self.dataset] = True
 
     def state_dict(self) -> dict[str, Any]:
         """Epoch and position (batches delivered so far), O(1) in the dataset size: save it with
@@ -255,11 +259,18 @@ def loader(
                         resident=resident, **dataloader_options)
     if epoch is not None:
         made.set_epoch(epoch)
-    elif shuffle and sampler is None and _SERVED.get(dataset):
+    elif shuffle and sampler is None and _served(dataset):
         warnings.warn("this dataset already served an epoch through another loader, and a new "
                       "loader starts again at epoch 0 with the same order: build the loader once "
                       "and iterate it each epoch, or pass epoch=", UserWarning, stacklevel=2)
     return made
+
+
+def _served(dataset: Any) -> bool:
+    try:
+        return bool(_SERVED.get(dataset))
+    except TypeError:
+        return False
 
 
 def _make_loader(

@@ -39,10 +39,13 @@ def write_idx(target: Path, member_keys: Sequence[str], columns: Sequence[Column
     parts = []
     for suffixes, offsets, sizes in columns:
         # a member's data starts on a 512-byte block: the rest of the offset is its .npy header
-        parts.append([f"{x} {o - o % 512} {n + o % 512} {k}.{x}"
-                      for x, o, n, k in zip(suffixes, offsets, sizes, names)])
-    lines = [" ".join(members) for members in zip(*parts)]
-    target.write_text(f"{IDX_VERSION} {len(names)}\n" + "".join(line + "\n" for line in lines))
+        offset = np.asarray(offsets, dtype=np.int64)
+        header = offset % 512
+        starts, lengths = (offset - header).tolist(), (np.asarray(sizes) + header).tolist()
+        parts.append([f"{x} {a} {n} {k}.{x}"
+                      for x, a, n, k in zip(suffixes, starts, lengths, names)])
+    body = "\n".join(map(" ".join, zip(*parts)))
+    target.write_text(f"{IDX_VERSION} {len(names)}\n" + body + ("\n" if names else ""))
 
 
 def write_wids_index(dataset: str | Path, shards: list[dict[str, Any]]) -> Path:
