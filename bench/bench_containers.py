@@ -5,10 +5,16 @@
 
 Builds a one-PNG-per-sample folder by repeating the real test images, converts it into every
 container (2 workers, timed, peak memory of the conversion process tree), then measures
-samples/s delivered to a loop that touches every batch (batch 256; 0 and 2 DataLoader workers).
-Rates are medians of interleaved rounds; each container's ratio to the RAM gather is the median
-of per-round ratios (each round times the RAM gather and every container back to back), since
-absolute numbers move with the machine's load.
+samples/s delivered to a loop that touches every batch (batch 256), for each container:
+
+- ``packdata.loader`` with 0 workers, 2 workers (its default kind: threads in the training
+  process) and 2 worker processes (``workers="process"``);
+- the drop-in stock ``DataLoader(ds, batch_size=256, shuffle=True)``, 0 and 2 worker processes;
+
+against the limit: an in-RAM numpy gather of each batch's sorted indices (within-batch order is
+free in SGD). Rates are medians of interleaved rounds; each ratio is the median of per-round
+ratios (each round times the RAM gather and every loader back to back), since absolute numbers
+move with the machine's load. Loaders are built once, so worker processes persist across passes.
 """
 
 from __future__ import annotations
@@ -24,15 +30,42 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader
 
 import packdata
 import packdata.containers.base
-from packdata.bench.baselines import InMemoryBatches, PerFileImageDataset
+from packdata.bench.baselines import PerFileImageDataset
 from packdata.bench.throughput import sample_rate
 
 BATCH = 256
 TARGETS = {"lmdb": "cifar.lmdb", "hdf5": "cifar.h5", "tar": "cifar-tar"}
+
+
+LOADERS = {  # name -> how a user builds it over a packed dataset
+    "packdata.loader": lambda ds, w: packdata.loader(ds, BATCH, num_workers=w),
+    "packdata.loader processes": lambda ds, w: packdata.loader(
+        ds, BATCH, num_workers=w, workers="process"),
+    "stock DataLoader": lambda ds, w: DataLoader(ds, batch_size=BATCH, shuffle=True,
+                                                 num_workers=w, persistent_workers=w > 0),
+}
+CONFIGS = [("packdata.loader", 0), ("packdata.loader", 2), ("packdata.loader processes", 2),
+           ("stock DataLoader", 0), ("stock DataLoader", 2)]
+
+
+class SortedGather:
+    """The limit: shuffled batches gathered from arrays in RAM, each batch's indices sorted."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, seed: int = 0) -> None:
+        self.images, self.labels = images, labels
+        self.rng = np.random.default_rng(seed)
+
+    def __iter__(self):
+        order = self.rng.permutation(len(self.images))
+        for start in range(0, len(order), BATCH):
+            idx = np.sort(order[start : start + BATCH])
+            yield (torch.from_numpy(self.images[idx]).permute(0, 3, 1, 2),
+                   torch.from_numpy(self.labels[idx]))
 
 
 def build_folder(data: Path, out: Path, count: int) -> Path:
@@ -92,31 +125,36 @@ def main() -> None:
                 "bytes_on_disk": packdata.containers.base.disk_size(result.path)}
         everything = datasets["hdf5"].reader.read(np.arange(args.count))
         arrays = (everything["image"], everything["label"])
+        loaders = {(c, name, w): LOADERS[name](ds, w)
+                   for c, ds in datasets.items() for name, w in CONFIGS}
 
-        # Interleaved rounds: each container is timed right beside the RAM gather, and its
-        # ratio is the median of per-round ratios, so machine noise hits both sides alike.
-        rates: dict[tuple[str, int], list[float]] = {}
-        for _ in range(args.rounds):
-            rates.setdefault(("ram", 0), []).append(
-                sample_rate(lambda: InMemoryBatches(*arrays, BATCH), min_seconds=args.seconds))
-            for container, ds in datasets.items():
-                for workers in (0, 2):
-                    rates.setdefault((container, workers), []).append(sample_rate(
-                        lambda ds=ds, w=workers: packdata.loader(
-                            ds, BATCH, num_workers=w, persistent_workers=w > 0),
-                        min_seconds=args.seconds))
-        ram = float(np.median(rates["ram", 0]))
-        for (container, workers), values in rates.items():
-            if container == "ram":
-                continue
-            ratios = [v / r for v, r in zip(values, rates["ram", 0])]
-            rows.append({"loader": f"packdata {container}", "workers": workers,
-                         "samples_per_s": float(np.median(values)),
-                         "vs_ram_median_of_rounds": float(np.median(ratios)),
+        # Interleaved rounds: each loader is timed right beside the RAM gather, and its ratio
+        # is the median of per-round ratios, so machine noise hits both sides alike.
+        rates: dict[tuple, list[float]] = {}
+        for r in range(args.rounds):
+            rates.setdefault(("ram",), []).append(
+                sample_rate(lambda r=r: SortedGather(*arrays, seed=r), min_seconds=args.seconds))
+            for key, dl in loaders.items():
+                rates.setdefault(key, []).append(
+                    sample_rate(lambda dl=dl: dl, min_seconds=args.seconds))
+            print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
+        ram = float(np.median(rates["ram",]))
+
+        def ratio(key: tuple, base: tuple) -> float:
+            return float(np.median([v / b for v, b in zip(rates[key], rates[base])]))
+
+        for (container, name, workers) in loaders:
+            key = (container, name, workers)
+            rows.append({"loader": f"{name} {container}", "workers": workers,
+                         "samples_per_s": float(np.median(rates[key])),
+                         "vs_ram_median_of_rounds": ratio(key, ("ram",)),
+                         "vs_packdata_loader_w0": ratio(key, (container, "packdata.loader", 0)),
+                         "vs_same_loader_w0": ratio(key, (container, name.replace(
+                             " processes", ""), 0)),
                          **converted[container]})
-        rows.append({"loader": "numpy array in RAM", "workers": 0, "samples_per_s": ram,
-                     "vs_ram_median_of_rounds": 1.0})
-        del datasets
+        rows.append({"loader": "numpy gather of sorted indices in RAM", "workers": 0,
+                     "samples_per_s": ram, "vs_ram_median_of_rounds": 1.0})
+        del datasets, loaders
 
     for row in rows:
         row["vs_per_file_same_workers"] = row["samples_per_s"] / base[row["workers"]]
@@ -126,12 +164,17 @@ def main() -> None:
               "time": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2))
-    print("| loader | workers | samples/s | × per-file (best) | × RAM | convert s |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| loader | workers | samples/s | × per-file (best) | × RAM | × packdata.loader w=0 "
+          "| × same w=0 |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        conv = f"{r['convert_s']:.1f}" if "convert_s" in r else ""
+        extra = [f"{r[k]:.2f}" if k in r else "" for k in ("vs_packdata_loader_w0",
+                                                           "vs_same_loader_w0")]
         print(f"| {r['loader']} | {r['workers']} | {r['samples_per_s']:,.0f} | "
-              f"{r['vs_per_file_best']:.1f} | {r['vs_ram_median_of_rounds']:.2f} | {conv} |")
+              f"{r['vs_per_file_best']:.1f} | {r['vs_ram_median_of_rounds']:.2f} | "
+              f"{' | '.join(extra)} |")
+    for c, conv in converted.items():
+        print(f"convert {c}: {conv['convert_s']:.1f} s, {conv['bytes_on_disk'] / 2**20:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Sampler
 from packdata.dataset import PackedDataset
 from packdata.device import Augment, DeviceLoader, map_tensors, resolve_device
 from packdata.sampling import EpochBatchSampler
+from packdata.transfer import by_value
 
 WorkerKind = Literal["thread", "process"]
 
@@ -100,8 +101,7 @@ class Loader:
         or None when batches are read in this process."""
         if self._dataloader is None and self.workers == "process":
             options = dict(self._dataloader_options)
-            if self.collate is not None:
-                options["collate_fn"] = self.collate
+            options["collate_fn"] = _ByValueCollate(self.collate)
             self._dataloader = DataLoader(
                 self.dataset, batch_size=None, sampler=self.batch_sampler,
                 num_workers=self.num_workers, persistent_workers=self.persistent_workers,
@@ -181,6 +181,17 @@ class Loader:
             f"{self.num_workers} {self.workers} workers" if self.workers else "in process")
         return (f"Loader({self.dataset!r}, {len(self)} batches, {how}"
                 f"{f', device={self.device}' if self.device is not None else ''})")
+
+
+class _ByValueCollate:
+    """Run in each worker: the batch (collated by ``collate``, if given) marked to travel by
+    value (:mod:`packdata.transfer`)."""
+
+    def __init__(self, collate: Callable[[Any], Any] | None) -> None:
+        self.collate = collate
+
+    def __call__(self, batch: Any) -> Any:
+        return by_value(batch if self.collate is None else self.collate(batch))
 
 
 def _threaded(read: Callable[[Any], Any], sampler: Iterable[Any],
@@ -314,6 +325,8 @@ def _make_loader(
         pin_memory = torch.cuda.is_available() and (target is None or target.type == "cuda")
     if num_workers == 0 and (persistent_workers or prefetch_factor is not None):
         raise ValueError("persistent_workers and prefetch_factor need num_workers > 0")
+    if "collate_fn" in dataloader_options:
+        raise ValueError("pass collate= (it runs on every path), not collate_fn=")
     if dataloader_options and not (workers == "process" and num_workers > 0):
         raise ValueError(f"{sorted(dataloader_options)} are DataLoader options: they apply "
                          "only with num_workers > 0 and workers='process'")

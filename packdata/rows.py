@@ -14,9 +14,13 @@ user's own ``collate_fn`` sees rows that act as tuples.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from itertools import repeat
+from operator import attrgetter, is_
 from typing import Any
 
 from torch.utils.data._utils.collate import collate, default_collate_fn_map
+
+from packdata.transfer import by_value
 
 
 class BatchRow(Sequence):
@@ -51,15 +55,61 @@ class BatchRow(Sequence):
         return f"BatchRow{self.as_tuple()!r}"
 
 
+class BatchRows(list):
+    """The rows of one batch, as ``__getitems__`` returns them: a plain list that remembers
+    whether it was changed since (any list method that changes it clears ``intact``), so the
+    collate recognises its own batch without looking at every row."""
+
+    __slots__ = ("batch", "intact")
+
+    def __init__(self, batch: tuple) -> None:
+        n = len(batch[0])
+        super().__init__(map(BatchRow, repeat(batch, n), range(n)))
+        self.batch = batch
+        self.intact = True
+
+    def __reduce__(self) -> tuple:  # pickled as the plain list of samples
+        return list, ([row.as_tuple() for row in self],)
+
+
+def _changes(name: str) -> Any:
+    method = getattr(list, name)
+
+    def changed(self: BatchRows, *args: Any, **kwargs: Any) -> Any:
+        self.intact = False
+        return method(self, *args, **kwargs)
+
+    changed.__name__ = name
+    return changed
+
+
+for _name in ("__setitem__", "__delitem__", "__iadd__", "__imul__", "append", "extend",
+              "insert", "pop", "remove", "clear", "sort", "reverse"):
+    setattr(BatchRows, _name, _changes(_name))
+
+
+def rows_of(batch: tuple) -> BatchRows:
+    """One row per sample of ``batch``."""
+    return BatchRows(batch)
+
+
+_row_of, _batch_of = attrgetter("row"), attrgetter("batch")
+
+
 def whole_batch(rows: Sequence[Any]) -> tuple | None:
     """The batch ``rows`` came from, when they are all its rows in order; else None."""
+    if type(rows) is BatchRows and rows.intact:  # as __getitems__ made it
+        return rows.batch
     first = rows[0]
-    batch = first.batch if type(first) is BatchRow else None
-    if batch is None or len(rows) != len(batch[0]):
+    if type(first) is not BatchRow:
         return None
-    for j, row in enumerate(rows):
-        if type(row) is not BatchRow or row.batch is not batch or row.row != j:
-            return None
+    batch = first.batch
+    n = len(batch[0])
+    if len(rows) != n or set(map(type, rows)) != {BatchRow}:
+        return None
+    if list(map(_row_of, rows)) != list(range(n)) or not all(
+            map(is_, map(_batch_of, rows), repeat(batch))):
+        return None
     return batch
 
 
@@ -68,7 +118,7 @@ def collate_rows(rows: Sequence[BatchRow], *, collate_fn_map: dict | None = None
     default collate returns for tuple samples), or the samples collated one by one."""
     batch = whole_batch(rows)
     if batch is not None:
-        return list(batch)
+        return by_value(list(batch))  # from a worker: its bytes, not a shared-memory handshake
     samples = [r.as_tuple() if isinstance(r, BatchRow) else r for r in rows]
     return collate(samples, collate_fn_map=collate_fn_map)
 

@@ -246,3 +246,13 @@ def test_fill_and_erase_values_are_in_the_inputs_units_for_both_backends(images)
     for backend in ("torch", "kornia"):
         out = Compose(ops, seed=0, backend=backend)(images)  # uint8: 255 is white, 1.0 out
         assert out.max() <= 1.0 and (out == 1.0).float().mean() > 0.2, backend
+
+
+def test_auto_runs_the_backend_measured_fastest_on_the_batch_device():
+    from packdata.augment.compose import AUTO_BACKEND
+
+    assert AUTO_BACKEND["cpu"] == "torch" and resolve_backend("auto", "cpu") == "torch"
+    x = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
+    auto = cifar_recipe(seed=3, backend="auto")
+    assert auto.backend == "auto"
+    assert torch.equal(auto(x), cifar_recipe(seed=3, backend="torch")(x))

@@ -212,3 +212,15 @@ def test_manifest_of_another_version_is_refused(tmp_path, packed):
     (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(packdata.DatasetError, match="manifest version 99"):
         packdata.open(copy)
+
+
+def test_lmdb_records_located_in_the_file_read_as_key_lookups(packed):
+    from packdata.containers.lmdb import LMDBReader, RecordMap
+
+    located, looked_up = LMDBReader(packed["lmdb"]), LMDBReader(packed["lmdb"])
+    order = np.random.default_rng(0).permutation(len(looked_up.manifest.keys))
+    for idx in (order[:37], order, order[5:9][::-1]):  # new records, then known ones, reversed
+        a, b = located.read(idx), looked_up._lookup(idx)
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    assert isinstance(located._located(), RecordMap)
+    assert (located._located().offsets >= 0).all()  # every record located once, then reused

@@ -139,6 +139,8 @@ def test_stock_collate_returns_the_batch_read_and_still_collates_mixed_rows(pack
                         (first[::-1], [9, 1, 4])):
         mixed, mixed_labels = default_collate(rows)
         assert torch.equal(mixed, ds[order][0]) and mixed_labels.tolist() == ds[order][1].tolist()
+    first.reverse()  # the list itself changed: collated from its rows, in their new order
+    assert torch.equal(default_collate(first)[0], ds[[9, 1, 4]][0])
     image, label = first[1]  # a row acts as the sample tuple, and pickles as one
     assert torch.equal(image, ds[1][0]) and len(first[1]) == 2 and int(label) == int(ds[1][1])
     assert isinstance(pickle.loads(pickle.dumps(first[1])), tuple)

@@ -1,8 +1,9 @@
 """A pipeline of batched augmentations: uint8 or float B×C×H×W in, float32 out, seeded.
 
 Two backends run the same list of operations: ``"torch"`` (packdata's own, vectorised, fastest
-on CPU) and ``"kornia"`` (``kornia.augmentation`` modules, extra ``gpu``); ``"auto"`` takes kornia
-when it is installed. Operations kornia lacks run packdata's implementation in either backend.
+on CPU) and ``"kornia"`` (``kornia.augmentation`` modules, extra ``gpu``); ``"auto"`` runs, for
+each batch, the backend measured fastest on that batch's device (:data:`AUTO_BACKEND`).
+Operations kornia lacks run packdata's implementation in either backend.
 """
 
 from __future__ import annotations
@@ -39,12 +40,22 @@ def kornia_available() -> bool:
     return True
 
 
-def resolve_backend(backend: str) -> str:
-    """``"auto"`` → ``"kornia"`` when kornia imports, else ``"torch"``; names are checked."""
+#: The backend ``"auto"`` runs on each device type, as measured by bench/bench_augment.py: on the
+#: CPU packdata's own ops ran the CIFAR recipe ~4× kornia's rate (bench/results/augment.json).
+#: A device type not listed has not been measured and runs packdata's own ops (they run on any
+#: device); ask for ``backend="kornia"`` by name there, or measure and add it here.
+AUTO_BACKEND: dict[str, str] = {"cpu": "torch"}
+
+
+def resolve_backend(backend: str, device: torch.device | str | None = None) -> str:
+    """The backend that runs: ``"auto"`` → :data:`AUTO_BACKEND` for ``device``'s type (torch
+    when kornia is missing); names are checked."""
     if backend not in BACKENDS:
         raise AugmentInputError(f"backend '{backend}': expected one of {', '.join(BACKENDS)}")
     if backend == "auto":
-        return "kornia" if kornia_available() else "torch"
+        kind = torch.device(device).type if device is not None else "cpu"
+        chosen = AUTO_BACKEND.get(kind, "torch")
+        return chosen if chosen != "kornia" or kornia_available() else "torch"
     if backend == "kornia":
         require("kornia", "gpu", "backend='kornia'")
     return backend
@@ -67,7 +78,8 @@ class Compose:
                 raise AugmentInputError(
                     f"Compose: expected packdata.augment operations, got {type(op).__name__}")
         self.ops = list(ops)
-        self.backend = resolve_backend(backend)
+        resolve_backend(backend)  # checked now; "auto" is resolved per batch, for its device
+        self.backend = backend
         self.seed = seed
         self._generators = DeviceGenerators(seed)
         self._kornia: dict[tuple[torch.device, float], tuple[list, list]] = {}
@@ -87,7 +99,8 @@ class Compose:
         if x.is_floating_point() and x.dtype != torch.float32:  # float32 out, whatever came in
             x = x.float()
         generator = self.generator(x.device)
-        if self.backend == "kornia":
+        backend = self.backend if self.backend != "auto" else resolve_backend("auto", x.device)
+        if backend == "kornia":
             return self._kornia_call(x, generator)
         for op in self.ops:
             x = op(x, generator=generator)
