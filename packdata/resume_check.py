@@ -68,15 +68,20 @@ def default_samplers(dataset: Any, batch_size: int, seed: int) -> dict[str, Samp
 
 
 def sample_ids(batch: Any) -> list[int]:
-    """A checksum per sample of a batch (its tensors' bytes), to compare orders by."""
-    parts = batch if isinstance(batch, (tuple, list)) else (batch,)
-    parts = [p for p in parts if isinstance(p, torch.Tensor)]
-    rows = len(parts[0])
+    """A checksum per sample of a batch (its tensors' bytes), to compare orders by. A batch is a
+    tuple of parts (each a batched tensor or a list with one tensor per sample), a batched tensor,
+    or a list of samples (variable-length documents)."""
+    if isinstance(batch, list):
+        samples = [s if isinstance(s, (tuple, list)) else (s,) for s in batch]
+    else:
+        parts = batch if isinstance(batch, tuple) else (batch,)
+        samples = list(zip(*(list(p) for p in parts if isinstance(p, (torch.Tensor, list)))))
     out = []
-    for i in range(rows):
+    for sample in samples:
         crc = 0
-        for p in parts:
-            crc = zlib.crc32(np.ascontiguousarray(p[i].numpy()).data, crc)
+        for t in sample:
+            if isinstance(t, torch.Tensor):
+                crc = zlib.crc32(np.ascontiguousarray(t.numpy()).data, crc)
         out.append(crc)
     return out
 

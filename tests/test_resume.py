@@ -222,3 +222,10 @@ def test_workers_read_one_shuffled_epoch_like_in_process_under_every_start_metho
     for batch, reference in zip(got, expected, strict=True):
         for (x, y), (rx, ry) in zip(batch, reference, strict=True):
             assert torch.equal(x, rx) and int(y) == int(ry)
+
+
+def test_check_resume_covers_the_bucketed_sampler_on_text(packed_text):
+    ds = packdata.open(next(iter(packed_text.values())))
+    results = check_resume(ds, setups=SETUPS, trials=2, batch_size=4)
+    assert [r.name for r in results if not r.ok] == []
+    assert any(r.name.startswith("bucketed") for r in results)
