@@ -133,7 +133,31 @@ def _check(dataset: Any, samplers: dict[str, SamplerFactory] | None, setups: Seq
             results.append(result)
             if log:
                 log(format_row(result))
+    if getattr(dataset, "path", None) is not None:
+        results.append(_check_stream(dataset, trials, seed, rng))
+        if log:
+            log(format_row(results[-1]))
     return results
+
+
+def _check_stream(dataset: Any, trials: int, seed: int,
+                  rng: np.random.Generator) -> ScenarioResult:
+    """StreamingDataset read in process (its mid-epoch position is known there), shuffle buffer
+    of 1,000: interrupted at random samples of two epochs, resumed by :func:`resumable`."""
+    from packdata.resume import resumable
+    from packdata.streaming import StreamingDataset
+
+    result = ScenarioResult("streaming, 1 rank, 0 workers")
+    start = time.perf_counter()
+    for _ in range(trials):
+        k = int(rng.integers(1, 2 * len(dataset)))
+        ok, why = resumable(lambda: StreamingDataset(dataset.path, shuffle_buffer=1000, seed=seed),
+                            k, epochs=2, key=lambda sample: sample_ids([sample]))
+        if not ok:
+            result.failures.append(f"resume at sample {k}: {why}")
+        result.trials += 1
+    result.seconds = time.perf_counter() - start
+    return result
 
 
 def _trial(build: Callable, setup: tuple, other: tuple, everything: Counter,
