@@ -131,11 +131,11 @@ class Loader:
         return self._counted(iter(DeviceLoader(host, self.device, augment=self.augment)))
 
     def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
-        self._delivered = 0
+        self._delivered_count = 0
         for batch in batches:
-            self._delivered += 1
+            self._delivered_count += 1
             yield batch
-        self._delivered = None
+        self._delivered_count = None
         if getattr(self.batch_sampler, "shuffle", False):
             # a dataset that cannot be weakly referenced gets no warning
             with contextlib.suppress(TypeError):
@@ -146,7 +146,7 @@ class Loader:
         a checkpoint; :meth:`load_state_dict` on a rebuilt loader serves exactly the rest."""
         from packdata.resume import loader_state
 
-        delivered = getattr(self, "_delivered", None)
+        delivered = getattr(self, "_delivered_count", None)
         return loader_state(self, delivered, self._start_state if delivered == 0 else None)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -156,7 +156,7 @@ class Loader:
         from packdata.resume import load_loader_state
 
         load_loader_state(self, state)
-        self._delivered = None
+        self._delivered_count = None
 
     def _host_batches(self) -> Iterable[Any]:
         if self.resident is not None:
