@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 from packdata import containers, sources
 from packdata.containers.base import Reader
 from packdata.manifest import Manifest
-from packdata.rows import BatchRow
+from packdata.rows import rows_of
 from packdata.sampling import SharedEpoch
 
 Transform = Callable[[Any], Any]
@@ -105,9 +105,19 @@ class PackedDataset(Dataset):
     def _batch(self, idx: np.ndarray) -> tuple:
         """The batch as every path serves it: read, each sample's first part transformed and the
         samples collated again (only with a ``transform``), then ``batch_transform``."""
+        return self.finish_batch(self.read_samples(idx))
+
+    def read_samples(self, idx: np.ndarray) -> tuple:
+        """The first half of :meth:`_batch`: read and per-sample ``transform`` (safe to run in
+        several threads at once, given a thread-safe ``transform``)."""
         out = self._read(idx)
         if self.transform is not None and len(idx):
             out = _batch_of([self._transformed(out, j) for j in range(len(idx))])
+        return out
+
+    def finish_batch(self, out: tuple) -> tuple:
+        """The second half: ``batch_transform``, called in batch order (a seeded random
+        augmentation then draws the same sequence however the reads were run)."""
         if self.batch_transform is not None:
             out = (self.batch_transform(out[0]), *out[1:])
         return out
@@ -147,7 +157,7 @@ class PackedDataset(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> list:
         """What DataLoader's automatic batching calls: the batch read (and transformed) as in
-        :meth:`get_batch`, handed over as one :class:`BatchRow` per sample, which torch's
+        :meth:`get_batch`, handed over as one :class:`~packdata.rows.BatchRow` per sample, which torch's
         default collate turns back into that batch without copying it."""
         idx = self._indices(indices)
         if self.transform is not None and self.batch_transform is None:
@@ -157,7 +167,7 @@ class PackedDataset(Dataset):
         batch = self._batch(idx)
         if len(batch) == 1:  # one-part samples are tensors themselves: no row type can stand in
             return list(batch[0].unbind(0) if isinstance(batch[0], torch.Tensor) else batch[0])
-        return [BatchRow(batch, j) for j in range(len(idx))]
+        return rows_of(batch)
 
     @staticmethod
     def _indices(indices: Any) -> np.ndarray:

@@ -166,12 +166,20 @@ class Loader:
         if self.workers == "thread":
             if self.persistent_workers and self._pool is None:
                 self._pool = ThreadPoolExecutor(self.num_workers, "packdata-read")
-            return _threaded(self._batch, self.batch_sampler, self._pool or self.num_workers,
-                             self.num_workers * (self.prefetch_factor or 2))
+            ds = self.dataset
+            samples = _threaded(lambda i: ds.read_samples(ds._indices(i)), self.batch_sampler,
+                                self._pool or self.num_workers,
+                                self.num_workers * (self.prefetch_factor or 2))
+            # batch_transform and collate here, in batch order: the same draws as with no workers
+            return (self._delivered(ds.finish_batch(parts)) for parts in samples)
         return map(self._batch, self.batch_sampler)
 
     def _batch(self, indices: Any) -> Any:
-        batch = self.dataset.get_batch(indices)
+        return self._delivered(self.dataset._batch(self.dataset._indices(indices)))
+
+    def _delivered(self, parts: tuple) -> Any:
+        """A batch's parts as the loop takes them: a lone part unwrapped, collated, pinned."""
+        batch = parts if len(parts) > 1 else parts[0]
         if self.collate is not None:
             batch = self.collate(batch)
         return map_tensors(batch, torch.Tensor.pin_memory) if self.pin_memory else batch

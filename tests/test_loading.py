@@ -104,3 +104,12 @@ def test_loader_takes_a_bucketing_sampler_and_a_collate(packed_text, workers):
 def test_empty_batch_of_encoded_images(keep_lmdb):
     images, labels = packdata.open(keep_lmdb)[[]]
     assert images.shape[0] == 0 and images.dtype == torch.uint8 and labels.shape == (0,)
+
+
+def test_thread_workers_draw_a_seeded_batch_transform_as_no_workers_do(packed):
+    def run(workers):
+        ds = packdata.open(packed["tar"], batch_transform=cifar_recipe(seed=1, backend="torch"))
+        return list(packdata.loader(ds, 16, seed=2, num_workers=workers))
+
+    for (x, y), (rx, ry) in zip(run(2), run(0), strict=True):
+        assert x.dtype == torch.float32 and torch.equal(x, rx) and torch.equal(y, ry)
