@@ -33,6 +33,7 @@ from packdata.dataset import PackedDataset
 from packdata.errors import ArgumentError, DatasetError, require
 from packdata.imagedecode import CenterCrop, ImageDecode, RandomResizedCrop
 from packdata.manifest import Manifest
+from packdata.reader_index import dali_index_paths
 
 LABEL_DIGITS = 20  # .cls members are decimal text: padded to this many bytes, parsed in torch
 
@@ -187,13 +188,18 @@ def tar_loader(path: str | Path, batch_size: int, *, device: str = "auto",
     fn, types = dali.fn, dali.types
     device, device_id = _device(device, device_id)
     keep = None
-    if index_dir is None:
-        keep = tempfile.TemporaryDirectory(prefix="packdata-dali-")
-        index_dir = keep.name
-    shards, index_paths, ext = write_dali_index(path, index_dir)
+    own = dali_index_paths(path) if index_dir is None else None  # written at conversion
+    if own is not None:
+        shards, index_paths = [str(p) for p in shard_paths(Path(path))], own
+    else:
+        if index_dir is None:
+            keep = tempfile.TemporaryDirectory(prefix="packdata-dali-")
+            index_dir = keep.name
+        shards, index_paths, _ = write_dali_index(path, index_dir)
     image = _image_manifest(Path(path)).fields["image"]
     stored = list(image.shape)
     raw = image.codec != "image"
+    ext = "image.npy" if raw else "png;jpg;jpeg"  # keep: the member's own suffix, either one
     if raw and stored[0] is None:
         raise DatasetError(f"{path}: raw images of any size (--max-size) are not readable by "
                            "DALI's tar reader; convert with --encoding keep, or read them with "

@@ -92,3 +92,7 @@ class DeviceError(PackdataError, RuntimeError):
 
 class ResidentMemoryError(PackdataError, MemoryError):
     """The dataset does not fit in the memory of the device asked for resident mode."""
+
+
+class ResumeError(PackdataError, ValueError):
+    """A saved loader or sampler state that does not fit what it is loaded into."""

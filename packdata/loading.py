@@ -4,7 +4,10 @@ augmented there, or served from a copy of the whole dataset held in memory (resi
 
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +23,10 @@ from packdata.sampling import EpochBatchSampler
 from packdata.transfer import by_value
 
 WorkerKind = Literal["thread", "process"]
+
+# datasets a loader has served a whole shuffled epoch of: a new loader for one of them without
+# epoch= would replay epoch 0's order
+_SERVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def cpu_count() -> int:
@@ -116,10 +123,44 @@ class Loader:
         return len(self.batch_sampler)
 
     def __iter__(self) -> Iterator[Any]:
+        # the sampler owns the epoch: the dataset (e.g. point-cloud variants) follows it
+        epoch = getattr(self.batch_sampler, "next_epoch", None)
+        if epoch is not None and hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+        # the state at this epoch's start (read before the sampler begins it)
+        self._start_state = getattr(self.batch_sampler, "state_dict", dict)()
         host = self._host_batches()
         if self.device is None and self.augment is None:
-            return iter(host)
-        return iter(DeviceLoader(host, self.device, augment=self.augment))
+            return self._counted(iter(host))
+        return self._counted(iter(DeviceLoader(host, self.device, augment=self.augment)))
+
+    def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
+        self._delivered_count = 0
+        for batch in batches:
+            self._delivered_count += 1
+            yield batch
+        self._delivered_count = None
+        if getattr(self.batch_sampler, "shuffle", False):
+            # a dataset that cannot be weakly referenced gets no warning
+            with contextlib.suppress(TypeError):
+                _SERVED[self.dataset] = True
+
+    def state_dict(self) -> dict[str, Any]:
+        """Epoch and position (batches delivered so far), O(1) in the dataset size: save it with
+        a checkpoint; :meth:`load_state_dict` on a rebuilt loader serves exactly the rest."""
+        from packdata.resume import loader_state
+
+        delivered = getattr(self, "_delivered_count", None)
+        return loader_state(self, delivered, self._start_state if delivered == 0 else None)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`: the next iteration serves the rest of its epoch
+        (also with another ``num_workers``; at another world size the rest is re-split). A state
+        of another dataset, packdata version or a corrupted one raises ResumeError."""
+        from packdata.resume import load_loader_state
+
+        load_loader_state(self, state)
+        self._delivered_count = None
 
     def _host_batches(self) -> Iterable[Any]:
         if self.resident is not None:
@@ -206,6 +247,7 @@ def loader(
     device: str | torch.device | None = None,
     augment: Augment | None = None,
     resident: bool = False,
+    epoch: int | None = None,
     **dataloader_options: Any,
 ) -> Loader:
     """A :class:`Loader` yielding whole batches, each read with a few vectorised calls.
@@ -227,7 +269,52 @@ def loader(
     ``resident=True`` loads the whole dataset once onto ``device`` (host RAM by default) and
     serves the same batches from there; it reads nothing per batch, so ``collate``, workers,
     ``pin_memory`` and DataLoader options are refused with it.
+
+    Build the loader once and iterate it once per epoch: it owns the epoch (each iteration runs
+    the next, the dataset follows) and the position (:meth:`Loader.state_dict`). ``epoch`` starts
+    it at that epoch; a new shuffled loader for a dataset that already served an epoch, built
+    without ``epoch=``, warns (it would replay epoch 0's order).
     """
+    made = _make_loader(dataset, batch_size, sampler=sampler, collate=collate, shuffle=shuffle,
+                        drop_last=drop_last, seed=seed, num_workers=num_workers, workers=workers,
+                        pin_memory=pin_memory, persistent_workers=persistent_workers,
+                        prefetch_factor=prefetch_factor, device=device, augment=augment,
+                        resident=resident, **dataloader_options)
+    if epoch is not None:
+        made.set_epoch(epoch)
+    elif shuffle and sampler is None and _served(dataset):
+        warnings.warn("this dataset already served an epoch through another loader, and a new "
+                      "loader starts again at epoch 0 with the same order: build the loader once "
+                      "and iterate it each epoch, or pass epoch=", UserWarning, stacklevel=2)
+    return made
+
+
+def _served(dataset: Any) -> bool:
+    try:
+        return bool(_SERVED.get(dataset))
+    except TypeError:
+        return False
+
+
+def _make_loader(
+    dataset: PackedDataset,
+    batch_size: int | None,
+    *,
+    sampler: Sampler | None,
+    collate: Callable[[Any], Any] | None,
+    shuffle: bool,
+    drop_last: bool,
+    seed: int,
+    num_workers: int | None,
+    workers: WorkerKind | None,
+    pin_memory: bool | None,
+    persistent_workers: bool | None,
+    prefetch_factor: int | None,
+    device: str | torch.device | None,
+    augment: Augment | None,
+    resident: bool,
+    **dataloader_options: Any,
+) -> Loader:
     if (batch_size is None) == (sampler is None):
         raise ArgumentError("give exactly one of batch_size or a batch sampler")
     if workers not in (None, "thread", "process"):

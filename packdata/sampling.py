@@ -9,6 +9,7 @@ same batches on every rank and in every run. :class:`EpochBatchSampler` draws ba
 from __future__ import annotations
 
 import multiprocessing as mp
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from multiprocessing import sharedctypes
 from typing import Any
@@ -79,8 +80,18 @@ class SharedEpoch:
             self._state = sharedctypes.RawArray("q", state["copy"])
 
 
+Plan = list[tuple[int, int]]  # an epoch's finished segments: (world size, batches each rank took)
+
+
 class _SeededSampler(Sampler[list[int]]):
-    """What every batch sampler here shares: seed, epoch counter and this process's DDP rank."""
+    """What every batch sampler here shares: seed, epoch, position and this process's DDP rank.
+
+    The sampler owns the epoch and the position in it. :meth:`state_dict` is a handful of
+    numbers (epoch, the batches each rank took so far and at which world size, the settings that
+    fix the order), never a list of samples; :meth:`load_state_dict` makes the next iteration
+    serve exactly the rest of that epoch. At another world size the rest is re-split over the new
+    ranks (each sample of the epoch still served once).
+    """
 
     def __init__(self, seed: int, rank: int | None, world_size: int | None) -> None:
         default_rank, default_world = ddp_rank_world()
@@ -91,20 +102,91 @@ class _SeededSampler(Sampler[list[int]]):
         self.seed = seed
         self.epoch = 0
         self._next_epoch = 0
+        self._pending: Plan = []  # finished segments of the next epoch (after a resume)
+        self._current: tuple[int, Plan, int] | None = None  # (epoch, plan, batches) iterating
+        self._served = 0
+        self._done = False
+
+    @property
+    def next_epoch(self) -> int:
+        """The epoch the next iteration runs."""
+        return self._next_epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """The epoch the next iteration runs (as DistributedSampler's ``set_epoch``)."""
+        """The epoch the next iteration runs (as DistributedSampler's ``set_epoch``). Setting the
+        epoch a loaded state is in keeps its position."""
+        if epoch != self._next_epoch:
+            self._pending = []
         self._next_epoch = epoch
 
-    def _begin_epoch(self) -> int:
-        """Called as iteration starts: the epoch to run; the following one runs next."""
-        self.epoch = self._next_epoch
-        self._next_epoch += 1
-        return self.epoch
+    def _begin_epoch(self) -> tuple[int, Plan]:
+        """Called as iteration starts: the epoch to run and its finished segments."""
+        self.epoch, plan = self._next_epoch, self._pending
+        self._next_epoch, self._pending = self.epoch + 1, []
+        self._served, self._done = 0, False
+        return self.epoch, plan
+
+    def _serve(self, epoch: int, plan: Plan, batches: list[np.ndarray]) -> Iterator[list[int]]:
+        self._current = (epoch, plan, len(batches))
+        for batch in batches:
+            self._served += 1
+            yield batch.tolist()
+        self._done = True
 
     def rng(self, epoch: int) -> np.random.Generator:
         """The generator of ``epoch``: the same on every rank."""
         return np.random.default_rng([self.seed, epoch])
+
+    def settings(self) -> dict[str, Any]:
+        """What fixes the order besides epoch and position (checked on load)."""
+        return {"seed": self.seed}
+
+    def state_dict(self, position: int | None = None) -> dict[str, Any]:
+        """Epoch and position: after ``position`` batches of the epoch in progress (default: as
+        many as this sampler handed out; a loader passes the number it delivered)."""
+        if self._current is None or (position is None and self._done):
+            epoch, plan = self._next_epoch, list(self._pending)
+        else:
+            epoch, plan, total = self._current
+            position = self._served if position is None else position
+            if position >= total:
+                epoch, plan = epoch + 1, []
+            else:
+                plan = _merge(plan, self.world_size, position)
+        return {"sampler": type(self).__name__, "epoch": epoch, "plan": [list(p) for p in plan],
+                "world_size": self.world_size, **self.settings()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the next iteration serves the rest of its epoch."""
+        from packdata.errors import ResumeError
+
+        if not isinstance(state, dict) or not {"sampler", "epoch", "plan"} <= set(state):
+            raise ResumeError("not a sampler state: it needs 'sampler', 'epoch' and 'plan'")
+        if state["sampler"] != type(self).__name__:
+            raise ResumeError(f"the state is of a {state['sampler']}, this is a "
+                              f"{type(self).__name__}")
+        differ = [f"{k} {state.get(k)!r} (now {v!r})" for k, v in self.settings().items()
+                  if state.get(k) != v]
+        if differ:
+            raise ResumeError("the saved order was made with other settings: " + ", ".join(differ))
+        try:
+            epoch = int(state["epoch"])
+            plan = [(int(w), int(k)) for w, k in state["plan"]]
+        except (TypeError, ValueError):
+            raise ResumeError(f"corrupted sampler state: epoch {state['epoch']!r}, "
+                              f"plan {state['plan']!r}") from None
+        if epoch < 0 or any(w < 1 or k < 0 for w, k in plan):
+            raise ResumeError(f"corrupted sampler state: epoch {epoch}, plan {plan}")
+        self._next_epoch, self._pending = epoch, plan
+        self._current, self._done = None, False
+
+
+def _merge(plan: Plan, world: int, batches: int) -> Plan:
+    """``plan`` followed by ``batches`` at ``world`` ranks (joined with a last segment at the same
+    world size, which re-splits to the same order)."""
+    if plan and plan[-1][0] == world:
+        return [*plan[:-1], (world, plan[-1][1] + batches)]
+    return [*plan, (world, batches)] if batches else list(plan)
 
 
 class EpochBatchSampler(_SeededSampler):
@@ -135,22 +217,40 @@ class EpochBatchSampler(_SeededSampler):
         self.shuffle = shuffle
         self.drop_last = drop_last
 
-    def indices(self, epoch: int) -> np.ndarray:
-        """This rank's indices for ``epoch``, in order."""
-        order = self.rng(epoch).permutation(self.size) if self.shuffle else np.arange(self.size)
-        if self.world_size > 1:
-            share = per_rank(self.size, self.world_size, self.drop_last)
-            order = np.resize(order, share * self.world_size)  # cut short, or wrapped round
-            order = order[self.rank :: self.world_size]
-        return order
+    def settings(self) -> dict[str, Any]:
+        return {"seed": self.seed, "size": self.size, "batch_size": self.batch_size,
+                "shuffle": self.shuffle, "drop_last": self.drop_last}
+
+    def indices(self, epoch: int, plan: Plan = ()) -> np.ndarray:
+        """This rank's indices for ``epoch``, in order (the rest of it after ``plan``'s
+        segments, re-split over this world size)."""
+        full = self.rng(epoch).permutation(self.size) if self.shuffle else np.arange(self.size)
+        rest = full
+        for world, batches in plan:
+            rest = rest[min(batches * self.batch_size * world, len(rest)):]
+        if self.world_size == 1:
+            return rest
+        share = per_rank(len(rest), self.world_size, self.drop_last)
+        pad = share * self.world_size - len(rest)
+        # cut short, or wrapped round with the epoch's first samples (the same pad however the
+        # epoch was split into segments)
+        order = rest[: share * self.world_size] if pad <= 0 else np.concatenate(
+            [rest, np.resize(full, pad)])
+        return order[self.rank :: self.world_size]
 
     def __iter__(self) -> Iterator[list[int]]:
-        order = self.indices(self._begin_epoch())
+        # a generator: the epoch begins at the first batch asked for, not at iter() (DataLoader
+        # calls iter() on its sampler twice for a first epoch)
+        epoch, plan = self._begin_epoch()
+        order = self.indices(epoch, plan)
         stop = len(order) - len(order) % self.batch_size if self.drop_last else len(order)
-        for start in range(0, stop, self.batch_size):
-            yield order[start : start + self.batch_size].tolist()
+        batches = [order[a : a + self.batch_size] for a in range(0, stop, self.batch_size)]
+        yield from self._serve(epoch, plan, batches)
 
     def __len__(self) -> int:
+        """Batches per epoch on each rank (every rank the same: ``ceil(size / world)`` samples,
+        the last few wrapped round, or with ``drop_last`` ``floor(size / world)`` samples in
+        whole batches only)."""
         n = per_rank(self.size, self.world_size, self.drop_last)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
@@ -198,7 +298,7 @@ class LengthBucketBatchSampler(_SeededSampler):
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.shuffle = shuffle
         self.bucket_width = bucket_width
-        self._cache: tuple[int, list[np.ndarray]] | None = None
+        self._cache: tuple[tuple[int, int], list[np.ndarray]] | None = None
 
     def _bucket_keys(self, rng: np.random.Generator | None) -> np.ndarray:
         if self.bucket_width == 0:
@@ -207,10 +307,23 @@ class LengthBucketBatchSampler(_SeededSampler):
         # bucket edges move each epoch, so lengths near an edge meet different neighbours
         return np.floor(scaled + (rng.random() if rng is not None else 0.0))
 
-    def batches(self, epoch: int) -> list[np.ndarray]:
+    def settings(self) -> dict[str, Any]:
+        return {"seed": self.seed, "size": len(self.lengths), "batch_size": self.batch_size,
+                "max_tokens": self.max_tokens, "bucket_width": self.bucket_width,
+                "shuffle": self.shuffle,
+                "lengths_crc": zlib.crc32(np.ascontiguousarray(self.lengths).data)}
+
+    def batches(self, epoch: int, plan: Plan = ()) -> list[np.ndarray]:
         """Every batch of ``epoch`` over all ranks, in serving order (rank ``r`` takes every
-        ``world_size``-th from the ``r``-th)."""
-        if self._cache is not None and self._cache[0] == epoch:
+        ``world_size``-th from the ``r``-th); after ``plan``'s segments, the rest of them."""
+        worlds = [w for w, _ in plan] + [self.world_size]
+        batches = self._epoch_batches(epoch, worlds[0])
+        for world, taken in plan:
+            batches = _even_for_ranks(list(batches), world)[taken * world:]
+        return _even_for_ranks(list(batches), self.world_size)
+
+    def _epoch_batches(self, epoch: int, world_size: int) -> list[np.ndarray]:
+        if self._cache is not None and self._cache[0] == (epoch, world_size):
             return self._cache[1]
         rng = self.rng(epoch)
         n = len(self.lengths)
@@ -221,10 +334,10 @@ class LengthBucketBatchSampler(_SeededSampler):
             batches = np.split(order, range(self.batch_size, n, self.batch_size))
         else:
             batches = _budget_batches(order, self.lengths[order], self.max_tokens)  # type: ignore[arg-type]
-        batches = _even_for_ranks(batches, self.world_size)
+        batches = _even_for_ranks(batches, world_size)
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
-        self._cache = (epoch, batches)
+        self._cache = ((epoch, world_size), batches)
         return batches
 
     def padding_fraction(self, epoch: int | None = None) -> float:
@@ -234,12 +347,14 @@ class LengthBucketBatchSampler(_SeededSampler):
                                 self.lengths)
 
     def __iter__(self) -> Iterator[list[int]]:
-        batches = self.batches(self._begin_epoch())
-        for batch in batches[self.rank :: self.world_size]:
-            yield batch.tolist()
+        # a generator: the epoch begins at the first batch asked for, not at iter() (DataLoader
+        # calls iter() on its sampler twice for a first epoch)
+        epoch, plan = self._begin_epoch()
+        yield from self._serve(epoch, plan, self.batches(epoch, plan)[self.rank :: self.world_size])
 
     def __len__(self) -> int:
-        return len(self.batches(self._next_epoch)) // self.world_size
+        """Batches the next epoch serves on each rank (every rank the same)."""
+        return len(self.batches(self._next_epoch, self._pending)) // self.world_size
 
 
 def _budget_batches(order: np.ndarray, lengths: np.ndarray, max_tokens: int) -> list[np.ndarray]:

@@ -54,6 +54,8 @@ class StreamingDataset(IterableDataset):
         self.chunk = chunk
         self.drop_last = drop_last
         self._epoch = SharedEpoch()
+        self._skip = 0  # samples of the next epoch already served before a resume
+        self._running: tuple[int, int] | None = None  # (epoch, samples yielded) in this process
         shards = self.dataset.manifest.extra.get("shards")
         if shards:
             bounds = np.cumsum([0] + [s["count"] for s in shards]).tolist()
@@ -64,7 +66,47 @@ class StreamingDataset(IterableDataset):
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iteration runs (reaches DataLoader workers, persistent or not)."""
+        if epoch != self._epoch.value:
+            self._skip = 0
         self._epoch.set(epoch)
+
+    def settings(self) -> dict[str, Any]:
+        """What fixes the order besides epoch and position (checked on load)."""
+        return {"seed": self.seed, "shuffle_buffer": self.shuffle_buffer, "chunk": self.chunk,
+                "drop_last": self.drop_last, "count": len(self.dataset),
+                "world_size": ddp_rank_world()[1]}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Epoch and position, O(1) in size. Mid-epoch positions are known when the stream is
+        iterated in this process (``num_workers=0``); with DataLoader workers save it between
+        epochs. (No prefetch runs at ``num_workers=0``: what was yielded is what was used.) A
+        resumed epoch replays its stream up to the position without yielding it (the shuffle
+        buffer's order depends on every sample before), so resuming costs reading that part."""
+        if self._running is not None:
+            epoch, position = self._running
+        else:
+            epoch, position = self._epoch.value + self._epoch._state[1], self._skip
+        if position >= len(self):
+            epoch, position = epoch + 1, 0
+        return {"sampler": type(self).__name__, "epoch": epoch, "position": position,
+                **self.settings()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the next iteration serves the rest of its epoch."""
+        from packdata.errors import ResumeError
+
+        if not isinstance(state, dict) or state.get("sampler") != type(self).__name__:
+            raise ResumeError(f"not a {type(self).__name__} state")
+        differ = [f"{k} {state.get(k)!r} (now {v!r})" for k, v in self.settings().items()
+                  if state.get(k) != v]
+        if differ:
+            raise ResumeError("the saved stream was made with other settings: " + ", ".join(differ))
+        if not (isinstance(state.get("epoch"), int) and isinstance(state.get("position"), int)
+                and state["epoch"] >= 0 and 0 <= state["position"] <= len(self)):
+            raise ResumeError(f"corrupted stream state: epoch {state.get('epoch')!r}, "
+                              f"position {state.get('position')!r}")
+        self._epoch.set(state["epoch"])
+        self._skip, self._running = state["position"], None
 
     def __len__(self) -> int:
         """Samples this DDP rank yields per epoch (over all its DataLoader workers). Not batches:
@@ -98,6 +140,23 @@ class StreamingDataset(IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         epoch = self._epoch.begin_iteration()
+        skip, self._skip = self._skip, 0
+        if get_worker_info() is not None:
+            if skip:
+                from packdata.errors import ResumeError
+
+                raise ResumeError("a StreamingDataset resumed mid-epoch must be read with "
+                                  "num_workers=0 (each worker streams its own part)")
+            yield from self._stream(epoch)
+            return
+        self._running = (epoch, skip)
+        for i, sample in enumerate(self._stream(epoch)):
+            if i >= skip:  # replayed up to the position: the buffer's order depends on it all
+                self._running = (epoch, i + 1)
+                yield sample
+        self._running = None
+
+    def _stream(self, epoch: int) -> Iterator[Any]:
         if self.shuffle_buffer <= 1:
             yield from self._samples(epoch)
             return

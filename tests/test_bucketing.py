@@ -98,3 +98,14 @@ def test_bucketing_pads_far_less_than_random(lengths):
     assert budget.padding_fraction() < 0.05
     wide = LengthBucketBatchSampler(lengths, 64, seed=0, bucket_width=0.5)
     assert bucketed.padding_fraction() < wide.padding_fraction() < random
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("size", [57, 203])
+def test_every_rank_runs_the_same_number_of_batches(world, size):
+    lengths = np.random.default_rng(size).integers(1, 500, size=size)
+    for options in ({"batch_size": 8}, {"max_tokens": 1500}):
+        ranks = [LengthBucketBatchSampler(lengths, seed=4, rank=r, world_size=world, **options)
+                 for r in range(world)]
+        counts = [len(list(s)) for s in ranks]
+        assert len(set(counts)) == 1 and counts[0] == len(ranks[0])

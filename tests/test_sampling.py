@@ -46,3 +46,20 @@ def test_sequential_and_drop_last():
     assert list(s) == [[0, 1, 2, 3], [4, 5, 6, 7]] and len(s) == 2
     with pytest.raises(ValueError, match="rank 3"):
         EpochBatchSampler(10, 4, rank=3, world_size=2)
+
+
+@pytest.mark.parametrize("size", [97, 101, 130])
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_every_rank_runs_the_same_number_of_batches(size, world, drop_last):
+    ranks = [EpochBatchSampler(size, 8, drop_last=drop_last, seed=1, rank=r, world_size=world)
+             for r in range(world)]
+    counts = [len(list(s)) for s in ranks]
+    assert len(set(counts)) == 1 and counts[0] == len(ranks[0])
+    # after a mid-epoch resume too: the rest of the epoch at another world size
+    state = ranks[0].state_dict(position=2)
+    others = [EpochBatchSampler(size, 8, drop_last=drop_last, seed=1, rank=r, world_size=5 - world)
+              for r in range(5 - world)]
+    for s in others:
+        s.load_state_dict(state)
+    assert len({len(list(s)) for s in others}) == 1

@@ -60,3 +60,50 @@ def test_ranks_and_workers_get_equal_shares_covering_the_epoch(packed, container
         assert len(set(served)) == len(served)  # nothing twice
     else:
         assert set(served) == set(range(120))  # everything, a few wrapped round twice
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("workers", [1, 3])
+def test_every_rank_runs_the_same_number_of_batches(packed, world, workers):
+    """With a DataLoader each worker batches its own part: the batches of a rank are the sum over
+    its workers, the same on every rank because shares and their split are."""
+    stream = packdata.StreamingDataset(packed["tar"], chunk=32)
+    batch = 8
+    counts = [sum(-(-sum(b - a for a, b in stream.spans_for(1, rank, world, w, workers)) // batch)
+                  for w in range(workers)) for rank in range(world)]
+    assert len(set(counts)) == 1
+
+
+def sample_key(sample):
+    from packdata.resume_check import sample_ids
+
+    return sample_ids([sample])
+
+
+@pytest.mark.parametrize("k", [1, 50, 119, 130])
+@pytest.mark.parametrize("buffer", [1, 40])
+def test_stream_resumes_mid_epoch_in_process(packed, k, buffer):
+    from packdata.resume import resumable
+
+    ok, why = resumable(lambda: packdata.StreamingDataset(packed["tar"], shuffle_buffer=buffer,
+                                                          seed=2, chunk=16),
+                        k, epochs=2, key=sample_key)
+    assert ok, why
+
+
+def test_stream_refuses_a_state_of_other_settings_or_a_mid_epoch_resume_in_workers(packed):
+    from packdata.errors import ResumeError
+
+    stream = packdata.StreamingDataset(packed["tar"], shuffle_buffer=40, seed=2)
+    it = iter(stream)
+    next(it)
+    state = stream.state_dict()
+    assert state["position"] == 1
+    with pytest.raises(ResumeError, match="seed 2 .now 3"):
+        packdata.StreamingDataset(packed["tar"], shuffle_buffer=40, seed=3).load_state_dict(state)
+    with pytest.raises(ResumeError, match="corrupted"):
+        stream.load_state_dict({**state, "position": -1})
+    again = packdata.StreamingDataset(packed["tar"], shuffle_buffer=40, seed=2)
+    again.load_state_dict(state)
+    with pytest.raises(ResumeError, match="num_workers=0"):
+        list(DataLoader(again, batch_size=8, num_workers=1))

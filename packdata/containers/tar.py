@@ -9,7 +9,9 @@ Layout of a dataset directory:
 - ``index.npz`` (numpy, no pickle): per field ``<field>.shard`` (int32), ``<field>.offset`` and
   ``<field>.nbytes`` (int64) locating each record's payload bytes, and ``<field>.values`` for
   scalar fields, so labels need no member reads;
-- ``manifest.json``: the manifest; ``extra.shards`` lists shard names and record counts.
+- ``manifest.json``: the manifest; ``extra.shards`` lists shard names and record counts;
+- ``shard-000000.idx`` … and ``wids-index.json``: indexes for DALI's and wids' readers (see
+  :mod:`packdata.reader_index`).
 
 Reads memory-map the shards; where a shard's records sit at a constant stride (the usual case for
 fixed-shape fields) a batch is one numpy gather through a strided view.
@@ -28,6 +30,7 @@ import numpy as np
 from packdata.containers.base import Batch, Reader, Select, Writer, map_file
 from packdata.errors import ArgumentError, DatasetError, PackdataError
 from packdata.manifest import Field, Manifest
+from packdata.reader_index import idx_path, write_idx, write_wids_index
 
 NAME = "tar"
 SUFFIXES = (".tar",)
@@ -129,6 +132,9 @@ class TarWriter(Writer):
         self.columns = {n: tuple(self.index[f"{n}.{col}"] for col in ("shard", "offset", "nbytes"))
                         for n in fields}  # the index lists each record appends to
         self.member_keys: dict[str, str] = {}  # member name stem → record key
+        self.shard_first = 0  # the open shard's first record
+        self.shard_keys: list[str] = []  # its records' member keys, for its DALI index
+        self.suffixes = {n: [] for n, f in fields.items() if f.codec}  # png/jpg vary per record
 
     def _shard(self) -> Any:
         full = self.file is not None and (
@@ -149,6 +155,13 @@ class TarWriter(Writer):
             self.file.write(bytes(1024 + (-end) % tarfile.RECORDSIZE))
             self.file.close()
             self.file = None
+            lo, hi = self.shard_first, self.count
+            columns = [(self.suffixes[n][lo:hi] if n in self.suffixes else
+                        [member_suffix(n, f, np.zeros(0, f.np_dtype))] * (hi - lo),
+                        self.columns[n][1][lo:hi], self.columns[n][2][lo:hi])
+                       for n, f in self.fields.items()]
+            write_idx(idx_path(self.path, self.shards[-1]["name"]), self.shard_keys, columns)
+            self.shard_first, self.shard_keys = hi, []
 
     def append(self, key: str, record: dict[str, np.ndarray]) -> None:
         member_key = key.replace(".", "_")  # webdataset splits member names at the first dot
@@ -171,12 +184,15 @@ class TarWriter(Writer):
             out.write(header + payload + bytes(-len(payload) % 512))
             data_start = self.offset + len(header)
             self.offset = data_start + len(payload) + (-len(payload) % 512)
+            if name in self.suffixes:
+                self.suffixes[name].append(suffix)
             shards, offsets, sizes = self.columns[name]
             shards.append(len(self.shards) - 1)
             offsets.append(data_start + skip)
             sizes.append(len(payload) - skip)
             if name in self.values:
                 self.values[name].append(value)
+        self.shard_keys.append(member_key)
         self.shards[-1]["count"] += 1
         self.count += 1
 
@@ -190,7 +206,8 @@ class TarWriter(Writer):
             arrays[f"{name}.values"] = np.asarray(vals, dtype=self.fields[name].np_dtype)
         np.savez(self.path / INDEX, **arrays)
         manifest.extra["shards"] = self.shards
-        (self.path / MANIFEST).write_text(manifest.to_json())
+        write_wids_index(self.path, self.shards)
+        (self.path / MANIFEST).write_text(manifest.to_json())  # last: what makes it a dataset
 
     def abort(self) -> None:
         if self.file is not None:

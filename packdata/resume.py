@@ -1,0 +1,136 @@
+"""Loader state for mid-epoch resume, and the definition of "resumable" that checks it.
+
+A loader's state is O(1) in the dataset size: the sampler's epoch and position (batches each
+rank took, and at which world size), the settings that fix the order, a fingerprint of the
+dataset's manifest and the packdata version. :func:`resumable` runs a loader, snapshots it after
+``k`` batches, rebuilds it from the snapshot and compares the rest with the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+import zlib
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from packdata.errors import ResumeError
+
+STATE_FORMAT = 1
+
+
+def packdata_version() -> str:
+    from packdata import __version__
+
+    return __version__
+
+
+def fingerprint(dataset: Any) -> str:
+    """CRC-32 of what the dataset's manifest says of its records (kind, fields, keys, record
+    checksums, classes), as hex: the same records in another container share it."""
+    m = getattr(dataset, "manifest", None)
+    if m is None:
+        return f"len:{len(dataset)}"
+    records = json.dumps([m.kind, {k: f.to_dict() for k, f in m.fields.items()}, m.count, m.keys,
+                          m.checksums, m.classes], separators=(",", ":"))
+    return f"{zlib.crc32(records.encode()):08x}"
+
+
+def loader_state(loader: Any, delivered: int | None,
+                 sampler_state: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The state of ``loader`` after it delivered ``delivered`` batches of its epoch in progress
+    (None: no epoch in progress), or with the sampler state given."""
+    sampler = loader.batch_sampler
+    if not hasattr(sampler, "state_dict"):
+        raise TypeError(f"{type(sampler).__name__} has no state_dict(): its position cannot be "
+                        "saved (packdata's samplers have one)")
+    if sampler_state is not None:
+        state = sampler_state
+    else:
+        state = sampler.state_dict(delivered) if delivered is not None else sampler.state_dict()
+    return {"format": STATE_FORMAT, "packdata": packdata_version(),
+            "dataset": fingerprint(loader.dataset), "count": len(loader.dataset),
+            "sampler": state, "crc": _crc(state)}
+
+
+def load_loader_state(loader: Any, state: dict[str, Any]) -> None:
+    """Check ``state`` against ``loader`` (same dataset, packdata version, intact) and hand its
+    position to the sampler; raises :class:`ResumeError` naming the difference."""
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise ResumeError(f"not a packdata loader state (format {_get(state, 'format')!r}, "
+                          f"expected {STATE_FORMAT})")
+    if state.get("packdata") != packdata_version():
+        raise ResumeError(f"the state was saved by packdata {state.get('packdata')}, this is "
+                          f"{packdata_version()}: the order may differ, so it is refused")
+    if state.get("crc") != _crc(state.get("sampler")):
+        raise ResumeError("the state is corrupted: its checksum does not match its contents")
+    here = fingerprint(loader.dataset)
+    if state.get("dataset") != here or state.get("count") != len(loader.dataset):
+        raise ResumeError(f"the state belongs to another dataset: manifest fingerprint "
+                          f"{state.get('dataset')} with {state.get('count')} samples, this one "
+                          f"is {here} with {len(loader.dataset)}")
+    sampler = loader.batch_sampler
+    if not hasattr(sampler, "load_state_dict"):
+        raise TypeError(f"{type(sampler).__name__} has no load_state_dict()")
+    sampler.load_state_dict(state["sampler"])
+
+
+def _get(state: Any, key: str) -> Any:
+    return state.get(key) if isinstance(state, dict) else None
+
+
+def _crc(sampler_state: Any) -> str:
+    return f"{zlib.crc32(json.dumps(sampler_state, sort_keys=True).encode()):08x}"
+
+
+def resumable(build: Callable[[], Any], k: int, *, epochs: int = 1,
+              key: Callable[[Any], Iterable[Any]] = lambda batch: batch) -> tuple[bool, str]:
+    """Whether what ``build()`` makes (a loader or sampler with ``state_dict``) resumes exactly:
+    run ``epochs`` epochs uninterrupted; run again, snapshot after ``k`` batches, rebuild with
+    ``build()``, load the snapshot and run to the end. The batches after the snapshot (mapped
+    by ``key``, e.g. to sample keys) must equal the uninterrupted run's. Returns (ok, why)."""
+    with warnings.catch_warnings():  # rebuilding a loader here is the point
+        warnings.simplefilter("ignore", UserWarning)
+        return _resumable(build, k, epochs, key)
+
+
+def _resumable(build: Callable[[], Any], k: int, epochs: int,
+               key: Callable[[Any], Iterable[Any]]) -> tuple[bool, str]:
+    reference = [list(map(_hashable, key(b))) for b in _run(build(), epochs)]
+    first = build()
+    taken: list[list[Any]] = []
+    state = None
+    for _ in range(epochs):
+        for batch in first:
+            taken.append(list(map(_hashable, key(batch))))
+            if len(taken) == k:
+                state = json.loads(json.dumps(first.state_dict()))  # what a checkpoint keeps
+                break
+        if state is not None:
+            break
+    if state is None:
+        return False, f"the run has only {len(taken)} batches, fewer than k={k}"
+    if taken != reference[:k]:
+        return False, "two uninterrupted runs differ before the snapshot (an unseeded order?)"
+    again = build()
+    again.load_state_dict(state)
+    rest = [list(map(_hashable, key(b))) for b in _run(again, epochs)][: len(reference) - k]
+    if rest != reference[k:]:
+        where = next((i for i, (a, b) in enumerate(zip(rest, reference[k:])) if a != b),
+                     min(len(rest), len(reference) - k))
+        return False, (f"after resuming at batch {k} the order differs from batch {k + where} "
+                       f"({len(rest)} batches served, {len(reference) - k} expected)")
+    return True, "ok"
+
+
+def _run(iterable: Any, epochs: int) -> list[Any]:
+    out = []
+    for _ in range(epochs):
+        out.extend(iterable)
+    return out
+
+
+def _hashable(x: Any) -> Any:
+    if hasattr(x, "tolist"):
+        x = x.tolist()
+    return tuple(map(_hashable, x)) if isinstance(x, (list, tuple)) else x

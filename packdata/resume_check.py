@@ -1,0 +1,237 @@
+"""``packdata check-resume``: prove that packdata's loading stack resumes mid-epoch exactly.
+
+For each scenario (a sampler, a world size, a worker setup) and each trial: run two epochs on
+every simulated rank uninterrupted; run again, stop every rank after a random number of batches,
+save the loader state, rebuild everything (another ``num_workers``, sometimes another world
+size), load the state and run on. Samples are identified by a checksum of their bytes. A trial
+passes when every rank got the same number of batches, each epoch served every sample exactly
+once (up to the stated remainder rule: fewer than ``world size`` repeats that pad the last
+batches, or with ``drop_last`` fewer than ``world size × batch size`` left out and none
+repeated), two uninterrupted runs agree (a seeded order), and at the same world size the order
+after resume equals the uninterrupted order.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+import zlib
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from packdata.sampling import EpochBatchSampler, LengthBucketBatchSampler
+
+# (world size, num_workers, workers): in-process; two thread workers; DataLoader processes
+SETUPS: tuple[tuple[int, int, str | None], ...] = ((1, 0, None), (2, 2, "thread"),
+                                                   (3, 2, "process"))
+SamplerFactory = Callable[[Any, int, int], Any]  # (dataset, rank, world size) → batch sampler
+
+
+@dataclass
+class ScenarioResult:
+    """One scenario's trials: what ran and every failure found."""
+
+    name: str
+    trials: int = 0
+    failures: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def default_samplers(dataset: Any, batch_size: int, seed: int) -> dict[str, SamplerFactory]:
+    """packdata's samplers: sequential, shuffled, shuffled with drop_last, and length-bucketed
+    when the dataset has one variable-length field."""
+    n = len(dataset)
+    out: dict[str, SamplerFactory] = {
+        "sequential": lambda ds, r, w: EpochBatchSampler(
+            n, batch_size, shuffle=False, seed=seed, rank=r, world_size=w),
+        "shuffled": lambda ds, r, w: EpochBatchSampler(
+            n, batch_size, seed=seed, rank=r, world_size=w),
+        "shuffled drop_last": lambda ds, r, w: EpochBatchSampler(
+            n, batch_size, drop_last=True, seed=seed, rank=r, world_size=w),
+    }
+    manifest = getattr(dataset, "manifest", None)
+    if manifest is not None and len(manifest.variable_fields) == 1:
+        lengths = dataset.lengths()
+        out["bucketed"] = lambda ds, r, w: LengthBucketBatchSampler(
+            lengths, batch_size, seed=seed, rank=r, world_size=w)
+    return out
+
+
+def sample_ids(batch: Any) -> list[int]:
+    """A checksum per sample of a batch (its tensors' bytes), to compare orders by. A batch is a
+    tuple of parts (each a batched tensor or a list with one tensor per sample), a batched tensor,
+    or a list of samples (variable-length documents)."""
+    if isinstance(batch, list):
+        samples = [s if isinstance(s, (tuple, list)) else (s,) for s in batch]
+    else:
+        parts = batch if isinstance(batch, tuple) else (batch,)
+        samples = list(zip(*(list(p) for p in parts if isinstance(p, (torch.Tensor, list)))))
+    out = []
+    for sample in samples:
+        crc = 0
+        for t in sample:
+            if isinstance(t, torch.Tensor):
+                crc = zlib.crc32(np.ascontiguousarray(t.numpy()).data, crc)
+        out.append(crc)
+    return out
+
+
+def check_resume(
+    dataset: Any,
+    *,
+    samplers: dict[str, SamplerFactory] | None = None,
+    setups: Sequence[tuple[int, int, str | None]] = SETUPS,
+    trials: int = 2,
+    seed: int = 0,
+    batch_size: int = 64,
+    log: Callable[[str], None] | None = None,
+) -> list[ScenarioResult]:
+    """Run every sampler under every ``(world size, num_workers, workers)`` setup for ``trials``
+    random interruptions; resumes go to another setup of the list (another ``num_workers``, and
+    every other trial another world size). Returns one result per scenario."""
+    with warnings.catch_warnings():  # rebuilding loaders is the point here
+        warnings.simplefilter("ignore", UserWarning)
+        return _check(dataset, samplers, setups, trials, seed, batch_size, log)
+
+
+def _check(dataset: Any, samplers: dict[str, SamplerFactory] | None, setups: Sequence[tuple],
+           trials: int, seed: int, batch_size: int,
+           log: Callable[[str], None] | None) -> list[ScenarioResult]:
+    from packdata.loading import Loader
+
+    rng = np.random.default_rng(seed)
+    samplers = samplers or default_samplers(dataset, batch_size, seed)
+    everything = Counter(_all_ids(dataset, batch_size))
+    results = []
+    for name, factory in samplers.items():
+        for s, (world, workers, kind) in enumerate(setups):
+            result = ScenarioResult(f"{name}, {world} rank{'s' * (world > 1)}, "
+                                    f"{workers} {kind or ''} workers".replace("  ", " "))
+            start = time.perf_counter()
+
+            def build(setup: tuple[int, int, str | None], rank: int, factory=factory) -> Loader:
+                w, n, how = setup
+                return Loader(dataset, factory(dataset, rank, w), num_workers=n, workers=how)
+
+            for t in range(trials):
+                other = setups[(s + 1 + t) % len(setups)] if len(setups) > 1 else setups[s]
+                if t % 2 == 0:  # the same world size, another worker setup
+                    other = (world, *other[1:])
+                result.failures += _trial(build, setups[s], other, everything, rng)
+                result.trials += 1
+            result.seconds = time.perf_counter() - start
+            results.append(result)
+            if log:
+                log(format_row(result))
+    if getattr(dataset, "path", None) is not None:
+        results.append(_check_stream(dataset, trials, seed, rng))
+        if log:
+            log(format_row(results[-1]))
+    return results
+
+
+def _check_stream(dataset: Any, trials: int, seed: int,
+                  rng: np.random.Generator) -> ScenarioResult:
+    """StreamingDataset read in process (its mid-epoch position is known there), shuffle buffer
+    of 1,000: interrupted at random samples of two epochs, resumed by :func:`resumable`."""
+    from packdata.resume import resumable
+    from packdata.streaming import StreamingDataset
+
+    result = ScenarioResult("streaming, 1 rank, 0 workers")
+    start = time.perf_counter()
+    for _ in range(trials):
+        k = int(rng.integers(1, 2 * len(dataset)))
+        ok, why = resumable(lambda: StreamingDataset(dataset.path, shuffle_buffer=1000, seed=seed),
+                            k, epochs=2, key=lambda sample: sample_ids([sample]))
+        if not ok:
+            result.failures.append(f"resume at sample {k}: {why}")
+        result.trials += 1
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _trial(build: Callable, setup: tuple, other: tuple, everything: Counter,
+           rng: np.random.Generator) -> list[str]:
+    world, new_world = setup[0], other[0]
+    reference = [[_epoch(loader) for _ in range(2)] for loader in
+                 (build(setup, r) for r in range(world))]
+    fails = []
+    counts = {len(ref[0]) for ref in reference}
+    if len(counts) > 1:
+        fails.append(f"ranks got unequal batch counts {[len(ref[0]) for ref in reference]}")
+    batches = min(len(ref[0]) for ref in reference)
+    drop_last = bool(getattr(build(setup, 0).batch_sampler, "drop_last", False))
+    fails += _exactly_once([b for ref in reference for b in ref[0]], everything, world,
+                           drop_last, "uninterrupted epoch")
+    if batches < 2:
+        return fails + [f"too few batches ({batches}) to interrupt"]
+    k = int(rng.integers(1, batches))
+    first, states = [], []
+    for r in range(world):
+        loader = build(setup, r)
+        it = iter(loader)
+        first.append([next(it) for _ in range(k)])
+        states.append(json.loads(json.dumps(loader.state_dict())))
+        del it
+    if any(st != states[0] for st in states):
+        fails.append("ranks saved different states")
+    if [[sample_ids(b) for b in f] for f in first] != [ref[0][:k] for ref in reference]:
+        fails.append("two uninterrupted runs differ (is the order seeded?)")
+    resumed = []
+    for r in range(new_world):
+        loader = build(other, r)
+        loader.load_state_dict(states[0])
+        resumed.append([_epoch(loader) for _ in range(2)])
+    if len({len(res[0]) for res in resumed}) > 1:
+        fails.append(f"after resume ranks got unequal batch counts "
+                     f"{[len(res[0]) for res in resumed]}")
+    where = f"resume at batch {k} from {world} to {new_world} ranks"
+    if new_world == world and [res[0] for res in resumed] != [ref[0][k:] for ref in reference]:
+        fails.append(f"{where}: the rest of the epoch differs from the uninterrupted order")
+    if new_world == world and [res[1] for res in resumed] != [ref[1] for ref in reference]:
+        fails.append(f"{where}: the next epoch differs from the uninterrupted one")
+    served = [sample_ids(b) for f in first for b in f] + [b for res in resumed for b in res[0]]
+    fails += _exactly_once(served, everything, max(world, new_world), drop_last, where)
+    return fails
+
+
+def _epoch(loader: Any) -> list[list[int]]:
+    return [sample_ids(batch) for batch in loader]
+
+
+def _all_ids(dataset: Any, batch_size: int) -> list[int]:
+    ids: list[int] = []
+    for start in range(0, len(dataset), 1024):
+        ids += sample_ids(dataset.get_batch(np.arange(start, min(start + 1024, len(dataset)))))
+    return ids
+
+
+def _exactly_once(batches: list[list[int]], everything: Counter, world: int, drop_last: bool,
+                  where: str) -> list[str]:
+    served = Counter(i for b in batches for i in b)
+    missing = sum((everything - served).values())
+    repeated = sum((served - everything).values())
+    batch = max((len(b) for b in batches), default=1)
+    if drop_last and (repeated or missing >= 2 * world * batch):
+        return [f"{where}: {missing} samples left out, {repeated} repeated (drop_last allows "
+                f"fewer than {2 * world * batch} out, none repeated)"]
+    if not drop_last and (missing or repeated >= 2 * world):
+        return [f"{where}: {missing} samples left out, {repeated} repeated (allowed: none out, "
+                f"fewer than {2 * world} repeated as padding)"]
+    return []
+
+
+def format_row(result: ScenarioResult) -> str:
+    verdict = "PASS" if result.ok else "FAIL"
+    line = f"{verdict}  {result.name:<42} {result.trials} trials  {result.seconds:6.1f} s"
+    return line + "".join(f"\n      {f}" for f in result.failures[:3])
