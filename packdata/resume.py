@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from packdata.errors import ResumeError
+from packdata.errors import ArgumentTypeError, ResumeError
 
 STATE_FORMAT = 1
 
@@ -42,7 +42,7 @@ def loader_state(loader: Any, delivered: int | None,
     (None: no epoch in progress), or with the sampler state given."""
     sampler = loader.batch_sampler
     if not hasattr(sampler, "state_dict"):
-        raise TypeError(f"{type(sampler).__name__} has no state_dict(): its position cannot be "
+        raise ArgumentTypeError(f"{type(sampler).__name__} has no state_dict(): its position cannot be "
                         "saved (packdata's samplers have one)")
     if sampler_state is not None:
         state = sampler_state
@@ -71,7 +71,7 @@ def load_loader_state(loader: Any, state: dict[str, Any]) -> None:
                           f"is {here} with {len(loader.dataset)}")
     sampler = loader.batch_sampler
     if not hasattr(sampler, "load_state_dict"):
-        raise TypeError(f"{type(sampler).__name__} has no load_state_dict()")
+        raise ArgumentTypeError(f"{type(sampler).__name__} has no load_state_dict()")
     sampler.load_state_dict(state["sampler"])
 
 
