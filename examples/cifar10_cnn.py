@@ -46,7 +46,8 @@ class TutorialCNN(nn.Module):
     def __init__(self, num_classes: int = 10) -> None:
         super().__init__()
         self.conv1, self.conv2 = nn.Conv2d(3, 6, 5), nn.Conv2d(6, 16, 5)
-        self.fc1, self.fc2, self.fc3 = nn.Linear(16 * 5 * 5, 120), nn.Linear(120, 84), nn.Linear(84, num_classes)
+        self.fc1, self.fc2 = nn.Linear(16 * 5 * 5, 120), nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                               "expected images")
                 train, test, sampler = packdata_loaders(ds, args, device, train_idx, test_idx)
 
-            def step(batch: Any) -> common.StepResult:
+            def step(batch: Any, model: nn.Module = model, opt: Any = opt) -> common.StepResult:
                 images, labels = (t.to(device, non_blocking=True) for t in batch)
                 with torch.autocast(device.type, torch.bfloat16, enabled=args.amp):
                     out = model(images)

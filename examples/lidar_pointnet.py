@@ -131,14 +131,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 test = packdata.loader(ds, sampler=common.SubsetBatches(test_idx, 256, shuffle=False),
                                        device=device)
 
-            def step(batch: Any) -> common.StepResult:
+            def step(batch: Any, model: torch.nn.Module = model, opt: Any = opt) -> common.StepResult:
                 points, target = (t.to(device, non_blocking=True) for t in batch[:2])
                 out = model(points)
                 loss = F.cross_entropy(out, target)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
-                return loss.item() * len(target), len(target), int((out.argmax(1) == target).sum())
+                correct = int((out.argmax(1) == target).sum())
+                return loss.item() * len(target), len(target), correct
 
             rows = []
             for epoch in range(args.epochs):

@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 test = packdata.loader(pds, sampler=BucketSubset(test_idx, lengths, 256, 0, False),
                                        collate=collate, device=device)
 
-            def step(batch: Any) -> common.StepResult:
+            def step(batch: Any, model: nn.Module = model, opt: Any = opt) -> common.StepResult:
                 ids, mask = (t.to(device, non_blocking=True) for t in batch)
                 loss, n = lm_loss(model, ids, mask)
                 opt.zero_grad(set_to_none=True)
