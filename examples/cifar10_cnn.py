@@ -3,7 +3,8 @@
     python examples/cifar10_cnn.py --data path/to/cifar10-png --epochs 3 --json cifar.json
 
 ``--data`` is an image folder as ``packdata convert`` reads it (a flat folder with
-``labels.json|csv|pkl``, or class sub-folders). Samples are sorted; every 10th is held out for
+``labels.json|csv|pkl``, or class sub-folders; ``--labels FILE`` names a labels file kept
+elsewhere). Samples are sorted; every 10th is held out for
 testing (10,000 images → 9,000 train / 1,000 test), identically for both loaders.
 
 - baseline: the tutorial's Dataset — one PNG opened with PIL per sample, then a per-sample CPU
@@ -85,7 +86,10 @@ class NormalizeOnly:
 
 
 def baseline_loaders(args: Any, train_idx: Any, test_idx: Any) -> tuple[Any, Any]:
-    files = PerFileImageDataset.from_source(args.data)
+    if args.labels:
+        files = PerFileImageDataset(args.data, args.labels)
+    else:
+        files = PerFileImageDataset.from_source(args.data)
     if files.labels is None:
         raise common.ExampleError(f"{args.data}: the images have no labels (expected labels.json|"
                                   "csv|pkl in the folder, or class sub-folders)")
@@ -113,19 +117,20 @@ def convert(args: Any, workdir: Path) -> tuple[packdata.PackedDataset, float | N
     if dst.exists():
         return packdata.open(dst), None
     start = time.perf_counter()
-    packdata.convert(packdata.open_source(args.data, kind="image"), dst)
+    packdata.convert(packdata.open_source(args.data, kind="image", labels=args.labels), dst)
     return packdata.open(dst), time.perf_counter() - start
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = common.parser(__doc__.split("\n")[0], batch_size=64, epochs=3)
+    p.add_argument("--labels", type=Path, help="labels file (json, csv, pkl) outside --data")
     p.add_argument("--model", choices=sorted(MODELS), default="tutorial")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--amp", action="store_true", help="bfloat16 autocast (CUDA or CPU)")
     args = p.parse_args(argv)
     common.check_kind(args.data, "image", "an image folder (PNG/JPEG + labels)")
     device = common.device_of(args.device)
-    count = len(packdata.open_source(args.data, kind="image").items())
+    count = len(packdata.open_source(args.data, kind="image", labels=args.labels).items())
     train_idx, test_idx = common.split_indices(count)
     results: dict[str, list[dict[str, Any]]] = {}
     extra: dict[str, Any] = {"train_samples": len(train_idx), "test_samples": len(test_idx)}

@@ -62,6 +62,9 @@ def tile_clouds(src: Path, dst: Path, *, max_pieces: int, max_points: int, min_p
     origin, :data:`LIDAR_CLASSES`). Returns the number of pieces per class."""
     import laspy
 
+    if not any(src.glob(pattern) for patterns in LIDAR_CLASSES.values() for pattern in patterns):
+        raise FileNotFoundError(f"{src}: none of the LiDAR clouds the pieces are cut from "
+                                "(trees/, laspy-samples/)")
     rng = np.random.default_rng(seed)
     counts: dict[str, int] = {}
     for label, patterns in LIDAR_CLASSES.items():
