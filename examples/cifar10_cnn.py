@@ -132,19 +132,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = common.device_of(args.device)
     count = len(packdata.open_source(args.data, kind="image", labels=args.labels).items())
     train_idx, test_idx = common.split_indices(count)
-    results: dict[str, list[dict[str, Any]]] = {}
     extra: dict[str, Any] = {"train_samples": len(train_idx), "test_samples": len(test_idx)}
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
+        runs = {}
         for name in common.loaders_of(args.loader):
-            torch.manual_seed(args.seed)
-            model = MODELS[args.model](num_classes=10).to(device)
-            opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-            sampler = None
             if name == "baseline":
                 train, test = baseline_loaders(args, train_idx, test_idx)
+                sampler = None
             else:
                 ds, seconds = convert(args, workdir)
                 extra["convert_seconds"] = seconds
@@ -152,29 +149,34 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     raise common.ExampleError(f"{args.data}: converted to {ds.manifest.kind}, "
                                               "expected images")
                 train, test, sampler = packdata_loaders(ds, args, device, train_idx, test_idx)
-
-            def step(batch: Any, model: nn.Module = model, opt: Any = opt) -> common.StepResult:
-                images, labels = (t.to(device, non_blocking=True) for t in batch)
-                with torch.autocast(device.type, torch.bfloat16, enabled=args.amp):
-                    out = model(images)
-                    loss = F.cross_entropy(out, labels)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                return (loss.item() * len(labels), len(labels),
-                        int((out.argmax(1) == labels).sum()))
-
-            rows = []
-            for epoch in range(args.epochs):
-                if sampler is not None:
-                    sampler.set_epoch(epoch)
-                model.train()
-                row = common.timed_epoch(train, step, device)
-                row["test_accuracy"] = evaluate(model, test, device, args.amp)
-                common.print_epoch(name, epoch, row)
-                rows.append(row)
-            results[name] = rows
+            runs[name] = make_run(args, device, train, test, sampler)
+        results = common.train_interleaved(runs, args.epochs, device)
     return common.finish("cifar10_cnn", args, device, results, extra)
+
+
+def make_run(args: Any, device: torch.device, train: Any, test: Any, sampler: Any) -> common.Run:
+    """A fresh model (the same initial weights for every loader) and its training step."""
+    torch.manual_seed(args.seed)
+    model = MODELS[args.model](num_classes=10).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+
+    def step(batch: Any) -> common.StepResult:
+        images, labels = (t.to(device, non_blocking=True) for t in batch)
+        with torch.autocast(device.type, torch.bfloat16, enabled=args.amp):
+            out = model(images)
+            loss = F.cross_entropy(out, labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.item() * len(labels), len(labels), int((out.argmax(1) == labels).sum())
+
+    def before_epoch(epoch: int) -> None:
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        model.train()
+
+    return common.Run(train, step, lambda: {"test_accuracy": evaluate(model, test, device, args.amp)},
+                      before_epoch)
 
 
 @torch.no_grad()

@@ -16,6 +16,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,33 @@ def timed_epoch(batches: Iterable[Any], step: Callable[[Any], StepResult],
         "train_accuracy": correct / count if has_accuracy and count else None,
         "step_losses": step_losses,
     }
+
+
+@dataclass
+class Run:
+    """One data path's training state: its batches, its step, and what it does around epochs."""
+
+    train: Iterable[Any]
+    step: Callable[[Any], StepResult]
+    evaluate: Callable[[], dict[str, Any]]
+    before_epoch: Callable[[int], None] = lambda epoch: None
+    after_epoch: Callable[[dict[str, Any]], None] = lambda row: None
+
+
+def train_interleaved(runs: dict[str, Run], epochs: int,
+                      device: torch.device) -> dict[str, list[dict[str, Any]]]:
+    """Train every run for ``epochs``, alternating epoch by epoch (baseline, packdata, baseline…)
+    so that load from other jobs on the machine falls on both paths alike."""
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in runs}
+    for epoch in range(epochs):
+        for name, run in runs.items():
+            run.before_epoch(epoch)
+            row = timed_epoch(run.train, run.step, device)
+            run.after_epoch(row)
+            row.update(run.evaluate())
+            print_epoch(name, epoch, row)
+            results[name].append(row)
+    return results
 
 
 def print_epoch(loader: str, epoch: int, row: dict[str, Any]) -> None:

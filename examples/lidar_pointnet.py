@@ -99,19 +99,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     classes = len(source.classes or []) or max(item.label for item in items) + 1
     train_idx, test_idx = common.split_indices(len(items))
     files, labels = [item.path for item in items], [int(item.label) for item in items]
-    results: dict[str, list[dict[str, Any]]] = {}
     extra: dict[str, Any] = {"classes": source.classes, "train_samples": len(train_idx),
                              "test_samples": len(test_idx)}
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
+        runs = {}
         for name in common.loaders_of(args.loader):
-            torch.manual_seed(args.seed)
-            np.random.seed(args.seed)
-            model = PointNet(num_classes=classes).to(device)
-            opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-            sampler = None
+            ds = sampler = None
             if name == "baseline":
                 def subset(idx: np.ndarray, augment: bool) -> RawCloudDataset:
                     return RawCloudDataset([files[i] for i in idx], [labels[i] for i in idx],
@@ -130,29 +126,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 train = packdata.loader(ds, sampler=sampler, device=device, augment=augment)
                 test = packdata.loader(ds, sampler=common.SubsetBatches(test_idx, 256, shuffle=False),
                                        device=device)
-
-            def step(batch: Any, model: torch.nn.Module = model, opt: Any = opt) -> common.StepResult:
-                points, target = (t.to(device, non_blocking=True) for t in batch[:2])
-                out = model(points)
-                loss = F.cross_entropy(out, target)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                correct = int((out.argmax(1) == target).sum())
-                return loss.item() * len(target), len(target), correct
-
-            rows = []
-            for epoch in range(args.epochs):
-                if sampler is not None:
-                    sampler.set_epoch(epoch)
-                    ds.set_epoch(epoch)  # each cloud serves another of its K presamples
-                model.train()
-                row = common.timed_epoch(train, step, device)
-                row["test_accuracy"] = evaluate(model, test, device)
-                common.print_epoch(name, epoch, row)
-                rows.append(row)
-            results[name] = rows
+            runs[name] = make_run(args, device, classes, train, test, sampler, ds)
+        results = common.train_interleaved(runs, args.epochs, device)
     return common.finish("lidar_pointnet", args, device, results, extra)
+
+
+def make_run(args: Any, device: torch.device, classes: int, train: Any, test: Any,
+             sampler: Any, ds: Any) -> common.Run:
+    """A fresh PointNet (the same initial weights for every loader) and its training step."""
+    torch.manual_seed(args.seed)
+    np.random.seed(args.seed)
+    model = PointNet(num_classes=classes).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+
+    def step(batch: Any) -> common.StepResult:
+        points, target = (t.to(device, non_blocking=True) for t in batch[:2])
+        out = model(points)
+        loss = F.cross_entropy(out, target)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.item() * len(target), len(target), int((out.argmax(1) == target).sum())
+
+    def before_epoch(epoch: int) -> None:
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+            ds.set_epoch(epoch)  # each cloud serves another of its K presamples
+        model.train()
+
+    return common.Run(train, step, lambda: {"test_accuracy": evaluate(model, test, device)},
+                      before_epoch)
 
 
 @torch.no_grad()

@@ -169,20 +169,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
+        runs = {}
         for name in common.loaders_of(args.loader):
-            torch.manual_seed(args.seed)
-            model = CausalLM(tokenizer.vocab_size, args.max_length, dim=args.dim).to(device)
-            opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
             sampler = None
             if name == "baseline":
                 ds = LineDataset(lines, str(args.tokenizer), args.max_length)
                 ds.bos, ds.eos = bos, eos
-
-                def collate(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-                    return pad_collate(seqs, pad_id)  # pad to the batch's longest
                 g = torch.Generator().manual_seed(args.seed)
                 options = {"num_workers": args.workers, "persistent_workers": args.workers > 0,
-                           "collate_fn": collate}
+                           "collate_fn": PadToLongest(pad_id)}
                 train = DataLoader(torch.utils.data.Subset(ds, train_idx.tolist()),
                                    args.batch_size, shuffle=True, generator=g, **options)
                 test = DataLoader(torch.utils.data.Subset(ds, test_idx.tolist()), 256, **options)
@@ -198,32 +193,52 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 train = packdata.loader(pds, sampler=sampler, collate=collate, device=device)
                 test = packdata.loader(pds, sampler=BucketSubset(test_idx, lengths, 256, 0, False),
                                        collate=collate, device=device)
-
-            def step(batch: Any, model: nn.Module = model, opt: Any = opt) -> common.StepResult:
-                ids, mask = (t.to(device, non_blocking=True) for t in batch)
-                loss, n = lm_loss(model, ids, mask)
-                opt.zero_grad(set_to_none=True)
-                (loss / max(n, 1)).backward()
-                opt.step()
-                step.positions += mask.numel()
-                return loss.item(), n, None
-
-            rows = []
-            for epoch in range(args.epochs):
-                if sampler is not None:
-                    sampler.set_epoch(epoch)
-                model.train()
-                step.positions = 0
-                row = common.timed_epoch(train, step, device)
-                real = row["loss_count"]
-                row["tokens_per_s"] = real / row["seconds"] if row["seconds"] else None
-                row["padding"] = 1 - (real + row["samples"]) / step.positions  # + the first id
-                row["test_loss"] = evaluate(model, test, device)
-                common.print_epoch(name, epoch, row)
-                rows.append(row)
-            results[name] = rows
+            runs[name] = make_run(args, device, tokenizer.vocab_size, train, test, sampler)
+        results = common.train_interleaved(runs, args.epochs, device)
     print_test_losses(results)
     return common.finish("text_lm", args, device, results, extra)
+
+
+class PadToLongest:
+    """The baseline's collate: pad each batch to its longest line (picklable for workers)."""
+
+    def __init__(self, pad_id: int) -> None:
+        self.pad_id = pad_id
+
+    def __call__(self, seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        return pad_collate(seqs, self.pad_id)
+
+
+def make_run(args: Any, device: torch.device, vocab_size: int, train: Any, test: Any,
+             sampler: Any) -> common.Run:
+    """A fresh model (the same initial weights for every loader) and its training step."""
+    torch.manual_seed(args.seed)
+    model = CausalLM(vocab_size, args.max_length, dim=args.dim).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    positions = [0]  # token positions computed this epoch, pads included
+
+    def step(batch: Any) -> common.StepResult:
+        ids, mask = (t.to(device, non_blocking=True) for t in batch)
+        loss, n = lm_loss(model, ids, mask)
+        opt.zero_grad(set_to_none=True)
+        (loss / max(n, 1)).backward()
+        opt.step()
+        positions[0] += mask.numel()
+        return loss.item(), n, None
+
+    def before_epoch(epoch: int) -> None:
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        model.train()
+        positions[0] = 0
+
+    def after_epoch(row: dict[str, Any]) -> None:
+        real = row["loss_count"]  # real next tokens; each sequence's first id is not predicted
+        row["tokens_per_s"] = real / row["seconds"] if row["seconds"] else None
+        row["padding"] = 1 - (real + row["samples"]) / max(positions[0], 1)
+
+    return common.Run(train, step, lambda: {"test_loss": evaluate(model, test, device)},
+                      before_epoch, after_epoch)
 
 
 def print_test_losses(results: dict[str, list[dict[str, Any]]]) -> None:
