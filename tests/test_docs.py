@@ -45,13 +45,15 @@ def test_extract_reads_blocks_markers_and_continuations(tmp_path):
         "Text.\n\n```bash\npackdata inspect a.h5   # comment\npackdata convert ./x y.h5 \\\n"
         "    --points 8\n```\n\n<!-- skip: needs a GPU -->\n```python\nimport torch\n```\n\n"
         "<!-- skip-line pip install: network -->\n```sh\npip install packdata\necho ok\n```\n\n"
-        "```\nnot a snippet\n```\n\n```text\nnor this\n```\n")
-    first, second, third = doc_snippets.extract(md)
+        "```\nnot a snippet\n```\n\n```text\nnor this\n```\n\n"
+        "```console\n$ packdata inspect b.h5\nb.h5: 3 samples\n```\n")
+    first, second, third, fourth = doc_snippets.extract(md)
     assert (first.lang, first.line, first.skip) == ("bash", 3, None)
     assert doc_snippets.commands(first) == [("packdata inspect a.h5", None),
                                             ("packdata convert ./x y.h5 --points 8", None)]
     assert (second.lang, second.skip, second.code) == ("python", "needs a GPU", "import torch\n")
     assert doc_snippets.commands(third) == [("pip install packdata", "network"), ("echo ok", None)]
+    assert doc_snippets.commands(fourth) == [("packdata inspect b.h5", None)]
 
 
 def test_a_failing_snippet_names_its_file_line_and_command(tmp_path):

@@ -9,7 +9,8 @@ uses what an earlier one wrote (``packdata convert … cifar.lmdb`` then ``packd
 "cifar.lmdb")``); Python blocks of one file share one namespace. The workspace starts with
 small real inputs under the names the docs use (:data:`WORKSPACE`), built from the repository's
 own fixtures. Shell commands run one logical line at a time (``\\`` continues a line, ``#``
-starts a comment): ``packdata …`` in this process through the CLI, anything else with bash.
+starts a comment; in a ``console`` block only lines after a ``$ `` prompt): ``packdata …`` in
+this process through the CLI, anything else with bash.
 
 Markers, HTML comments on the lines just above a block (invisible when rendered):
 
@@ -70,6 +71,7 @@ class Snippet:
     line: int  # 1-based line of the opening fence
     lang: str  # "bash" or "python"
     code: str
+    prompts: bool = False  # a console block: only lines starting with "$ " are commands
     skip: str | None = None
     skip_lines: list[tuple[str, str]] = field(default_factory=list)
 
@@ -116,7 +118,8 @@ def extract(path: Path) -> list[Snippet]:
                 skip_lines.append((s.group(1), s.group(2)))
             j -= 1
         snippets.append(Snippet(path, start + 1, "python" if lang.startswith("py") else "bash",
-                                "\n".join(body) + "\n", skip, skip_lines[::-1]))
+                                "\n".join(body) + "\n", lang == "console", skip,
+                                skip_lines[::-1]))
     return snippets
 
 
@@ -125,6 +128,8 @@ def commands(snippet: Snippet) -> list[tuple[str, str | None]]:
     out: list[tuple[str, str | None]] = []
     pending = ""
     for raw in snippet.code.splitlines():
+        if snippet.prompts and not pending and not raw.startswith("$ "):
+            continue  # output shown in a console block
         line = raw.rstrip()
         if line.endswith("\\"):
             pending += line[:-1] + " "
