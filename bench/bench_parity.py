@@ -73,7 +73,8 @@ def cifar(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         runs.append(run("cifar10_cnn", [
             "--data", str(args.data / "cifar10" / "test-png"),
             "--labels", str(args.data / "cifar10" / "labels.json"), "--epochs", str(args.cifar_epochs),
-            "--model", args.cifar_model, "--batch-size", "64", "--device", "cpu",
+            "--model", args.cifar_model, "--batch-size", "64", "--lr", str(args.cifar_lr),
+            "--device", "cpu",
             "--seed", str(seed), "--workdir", str(work / "cifar")]))
     acc = {k: [r["epochs"][k][-1]["test_accuracy"] * 100 for r in runs] for k in ("baseline", "packdata")}
     share = {k: [mean_share(r["epochs"][k]) for r in runs] for k in ("baseline", "packdata")}
@@ -81,7 +82,7 @@ def cifar(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     gap = abs(statistics.mean(acc["packdata"]) - statistics.mean(acc["baseline"]))
     allowed = max(2.0, spread(acc["baseline"]), spread(acc["packdata"]))
     summary = {
-        "model": args.cifar_model, "epochs": args.cifar_epochs, "seeds": args.seeds,
+        "model": args.cifar_model, "lr": args.cifar_lr, "epochs": args.cifar_epochs, "seeds": args.seeds,
         "test_accuracy_pct": {k: {"mean": statistics.mean(v), "spread": spread(v), "runs": v}
                               for k, v in acc.items()},
         "load_share": {k: statistics.mean(v) for k, v in share.items()},
@@ -152,6 +153,7 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--cifar-epochs", type=int, default=3)
     p.add_argument("--cifar-model", default="small-cnn")
+    p.add_argument("--cifar-lr", type=float, default=0.05, help="peak; decays linearly to 0")
     p.add_argument("--text-every", type=int, default=100, help="use every N-th PEP (sorted by name)")
     p.add_argument("--text-epochs", type=int, default=2)
     p.add_argument("--lidar-pieces", type=int, default=16)

@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--labels", type=Path, help="labels file (json, csv, pkl) outside --data")
     p.add_argument("--model", choices=sorted(MODELS), default="tutorial")
     p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--schedule", choices=("linear", "constant"), default="linear",
+                   help="learning rate: linear decay to zero over the run (default), or constant")
     p.add_argument("--amp", action="store_true", help="bfloat16 autocast (CUDA or CPU)")
     args = p.parse_args(argv)
     common.check_kind(args.data, "image", "an image folder (PNG/JPEG + labels)")
@@ -159,6 +161,10 @@ def make_run(args: Any, device: torch.device, train: Any, test: Any, sampler: An
     torch.manual_seed(args.seed)
     model = MODELS[args.model](num_classes=10).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    total = max(1, args.epochs * len(train))
+    # linear decay to zero over the run: the last epochs' accuracy settles instead of jumping
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: 1 - i / total if args.schedule == "linear" else 1.0)
 
     def step(batch: Any) -> common.StepResult:
         images, labels = (t.to(device, non_blocking=True) for t in batch)
@@ -168,6 +174,7 @@ def make_run(args: Any, device: torch.device, train: Any, test: Any, sampler: An
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        schedule.step()
         return loss.item() * len(labels), len(labels), int((out.argmax(1) == labels).sum())
 
     def before_epoch(epoch: int) -> None:
