@@ -17,7 +17,8 @@ seed and initial weights) on the real data of DATA and checks the parity targets
 
 Everything runs on the CPU in this process, one example after another; the containers are
 converted once into a temporary folder (conversion time is reported apart, not in the epochs).
-Writes ``bench/results/parity.json``: every epoch of every run, and the summary printed.
+Writes ``bench/results/parity-PART.json`` per part: every epoch of every run, and the
+summary printed.
 """
 
 from __future__ import annotations
@@ -159,26 +160,24 @@ def main() -> None:
     p.add_argument("--lidar-pieces", type=int, default=16)
     p.add_argument("--lidar-points", type=int, default=1024)
     p.add_argument("--lidar-epochs", type=int, default=10)
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "parity.json")
+    p.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "results",
+                   help="each part writes parity-PART.json here")
     args = p.parse_args()
     parts = {"cifar": cifar, "text": text, "lidar": lidar}
-    out: dict[str, Any] = {
-        "command": " ".join(["python bench/bench_parity.py", *sys.argv[1:]]),
-        "environment": {"torch": torch.__version__, "python": platform.python_version(),
-                        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                        "machine": platform.machine(), "cuda": torch.cuda.is_available()},
-    }
-    if args.out.exists():  # keep the parts not rerun
-        previous = json.loads(args.out.read_text())
-        out.update({k: v for k, v in previous.items() if k in parts})
+    environment = {"torch": torch.__version__, "python": platform.python_version(),
+                   "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                   "machine": platform.machine(), "cuda": torch.cuda.is_available()}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only or parts:
-            out[name] = parts[name](args, Path(tmp) / name)
-            out[name]["command"] = out["command"]
-            print(f"\n== {name}: " + json.dumps(out[name]["summary"], indent=1))
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {args.out}")
+            start = time.perf_counter()
+            result = parts[name](args, Path(tmp) / name)
+            doc = {"command": " ".join(["python bench/bench_parity.py", *sys.argv[1:]]),
+                   "environment": environment, "seconds": time.perf_counter() - start, **result}
+            print(f"\n== {name}: " + json.dumps(result["summary"], indent=1))
+            out = args.out_dir / f"parity-{name}.json"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(doc, indent=1) + "\n")
+            print(f"wrote {out}")
 
 
 if __name__ == "__main__":
