@@ -77,6 +77,8 @@ def cifar(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "--model", args.cifar_model, "--batch-size", "64", "--lr", str(args.cifar_lr),
             "--device", "cpu",
             "--seed", str(seed), "--workdir", str(work / "cifar")]))
+        partial = args.out_dir / "parity-cifar.partial.json"  # seeds so far, if a run is cut short
+        partial.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
     acc = {k: [r["epochs"][k][-1]["test_accuracy"] * 100 for r in runs] for k in ("baseline", "packdata")}
     share = {k: [mean_share(r["epochs"][k]) for r in runs] for k in ("baseline", "packdata")}
     secs = {k: [sum(e["seconds"] for e in r["epochs"][k]) for r in runs] for k in ("baseline", "packdata")}
@@ -178,6 +180,7 @@ def main() -> None:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(doc, indent=1) + "\n")
             print(f"wrote {out}")
+            (args.out_dir / f"parity-{name}.partial.json").unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
