@@ -18,7 +18,7 @@ seed and initial weights) on the real data of DATA and checks the parity targets
 Everything runs on the CPU in this process, one example after another; the containers are
 converted once into a temporary folder (conversion time is reported apart, not in the epochs).
 Writes ``bench/results/parity-PART.json`` per part: every epoch of every run, and the
-summary printed.
+summary printed (paths under DATA and the temporary folder written as ``DATA`` and ``TMP``).
 """
 
 from __future__ import annotations
@@ -178,7 +178,10 @@ def main() -> None:
             print(f"\n== {name}: " + json.dumps(result["summary"], indent=1))
             out = args.out_dir / f"parity-{name}.json"
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(doc, indent=1) + "\n")
+            text = json.dumps(doc, indent=1) + "\n"
+            # no machine paths in the results: the data folder and the temporary folder by name
+            text = text.replace(str(args.data), "DATA").replace(str(Path(tmp)), "TMP")
+            out.write_text(text)
             print(f"wrote {out}")
             (args.out_dir / f"parity-{name}.partial.json").unlink(missing_ok=True)
 
