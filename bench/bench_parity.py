@@ -178,10 +178,10 @@ def main() -> None:
             print(f"\n== {name}: " + json.dumps(result["summary"], indent=1))
             out = args.out_dir / f"parity-{name}.json"
             out.parent.mkdir(parents=True, exist_ok=True)
-            text = json.dumps(doc, indent=1) + "\n"
+            written = json.dumps(doc, indent=1) + "\n"
             # no machine paths in the results: the data folder and the temporary folder by name
-            text = text.replace(str(args.data), "DATA").replace(str(Path(tmp)), "TMP")
-            out.write_text(text)
+            written = written.replace(str(args.data), "DATA").replace(str(Path(tmp)), "TMP")
+            out.write_text(written)
             print(f"wrote {out}")
             (args.out_dir / f"parity-{name}.partial.json").unlink(missing_ok=True)
 
