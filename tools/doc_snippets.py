@@ -1,0 +1,280 @@
+"""Extract and run the shell commands and Python snippets of README.md and docs/*.md.
+
+    python tools/doc_snippets.py --list            # every snippet, and why any is skipped
+    python tools/doc_snippets.py [FILE.md ...]     # run them (default: README.md, docs/*.md)
+
+A snippet is a fenced block tagged ``bash``/``sh``/``shell``/``console`` or ``python``. The
+blocks of one file run in order in one fresh workspace (a temporary folder), so a later block
+uses what an earlier one wrote (``packdata convert … cifar.lmdb`` then ``packdata.open(
+"cifar.lmdb")``); Python blocks of one file share one namespace. The workspace starts with
+small real inputs under the names the docs use (:data:`WORKSPACE`), built from the repository's
+own fixtures. Shell commands run one logical line at a time (``\\`` continues a line, ``#``
+starts a comment; in a ``console`` block only lines after a ``$ `` prompt): ``packdata …`` in
+this process through the CLI, anything else with bash.
+
+Markers, HTML comments on the lines just above a block (invisible when rendered):
+
+- ``<!-- skip: REASON -->`` — the block is not run (it needs a GPU, a cluster, the network or
+  data that is not in the repository); the reason is reported.
+- ``<!-- skip-line PREFIX: REASON -->`` — commands of the block starting with PREFIX are not run
+  (e.g. ``pip install`` or a benchmark that measures for minutes); repeat for several prefixes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import io
+import json
+import os
+import pickle
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHELL = ("bash", "sh", "shell", "console")
+FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*([\w+-]*)")
+SKIP = re.compile(r"^\s*<!--\s*skip:\s*(.+?)\s*-->\s*$")
+SKIP_LINE = re.compile(r"^\s*<!--\s*skip-line\s+(.+?):\s+(.+?)\s*-->\s*$")
+
+#: what a fresh workspace holds, name → what it is (built by :func:`make_workspace`)
+WORKSPACE = {
+    "cifar-png/": "40 real CIFAR-10 PNGs (4 per class) and their labels.json",
+    "labels.pkl": "the same labels as a pickled dict {file name: class index}",
+    "imagenet-style/": "20 of those PNGs in class sub-folders",
+    "photos/": "10 of those PNGs, no labels",
+    "scans/": "5 real LAS/LAZ clouds (AHN4 trees, a laspy sample) in class sub-folders",
+    "trees/": "the same clouds",
+    "peps/": "21 real PEPs (.txt)",
+    "lines.txt": "one PEP, for per-line conversion",
+    "tokenizer.json": "the GPT-2 tokenizer.json",
+}
+
+
+class SnippetError(AssertionError):
+    """A documented command or snippet failed; the message says where and how."""
+
+
+@dataclass
+class Snippet:
+    """One fenced block: where it is, its language, its code and any skip markers."""
+
+    file: Path
+    line: int  # 1-based line of the opening fence
+    lang: str  # "bash" or "python"
+    code: str
+    prompts: bool = False  # a console block: only lines starting with "$ " are commands
+    skip: str | None = None
+    skip_lines: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def where(self) -> str:
+        try:
+            name = self.file.resolve().relative_to(ROOT).as_posix()
+        except ValueError:
+            name = str(self.file)
+        return f"{name}:{self.line}"
+
+
+def doc_files(root: Path = ROOT) -> list[Path]:
+    """README.md and docs/*.md, in that order."""
+    return [p for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))] if p.exists()]
+
+
+def extract(path: Path) -> list[Snippet]:
+    """The shell and Python blocks of one markdown file, with the markers above each."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    snippets: list[Snippet] = []
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, fence, lang = m.group(1), m.group(2), m.group(3).lower()
+        start = i
+        body = []
+        i += 1
+        while i < len(lines) and not lines[i].strip().startswith(fence):
+            body.append(lines[i][len(indent):] if lines[i].startswith(indent) else lines[i])
+            i += 1
+        i += 1
+        if lang not in (*SHELL, "python", "py"):
+            continue
+        skip, skip_lines = None, []
+        j = start - 1  # markers: the comment lines just above the fence (blank lines between)
+        while j >= 0 and (SKIP.match(lines[j]) or SKIP_LINE.match(lines[j]) or not lines[j].strip()):
+            if s := SKIP.match(lines[j]):
+                skip = s.group(1)
+            elif s := SKIP_LINE.match(lines[j]):
+                skip_lines.append((s.group(1), s.group(2)))
+            j -= 1
+        snippets.append(Snippet(path, start + 1, "python" if lang.startswith("py") else "bash",
+                                "\n".join(body) + "\n", lang == "console", skip,
+                                skip_lines[::-1]))
+    return snippets
+
+
+def commands(snippet: Snippet) -> list[tuple[str, str | None]]:
+    """A shell block's logical command lines, each with the reason it is skipped (or None)."""
+    out: list[tuple[str, str | None]] = []
+    pending = ""
+    for raw in snippet.code.splitlines():
+        if snippet.prompts and not pending and not raw.startswith("$ "):
+            continue  # output shown in a console block
+        line = raw.rstrip()
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line = (pending + line).strip()
+        pending = ""
+        line = line[2:] if line.startswith("$ ") else line
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError as exc:
+            raise SnippetError(f"{snippet.where}: cannot parse {line!r}: {exc}") from None
+        if not words:
+            continue
+        text = shlex.join(words)
+        reason = next((r for prefix, r in snippet.skip_lines if line.startswith(prefix)), None)
+        out.append((text, reason))
+    return out
+
+
+def make_workspace(dst: Path, root: Path = ROOT) -> Path:
+    """Fill ``dst`` with the small real inputs the docs name (:data:`WORKSPACE`)."""
+    cifar = root / "packdata" / "demo_data" / "cifar10"
+    fixtures = root / "tests" / "fixtures"
+    meta = json.loads((cifar / "labels.json").read_text())
+    names = [n for n in sorted(meta["labels"]) if int(n.rsplit("_", 1)[1][:4]) < 4]
+    labels = {n: meta["labels"][n] for n in names}
+    (dst / "cifar-png").mkdir(parents=True)
+    for n in names:
+        shutil.copyfile(cifar / n, dst / "cifar-png" / n)
+    (dst / "cifar-png" / "labels.json").write_text(json.dumps({"classes": meta["classes"],
+                                                                "labels": labels}))
+    (dst / "labels.pkl").write_bytes(pickle.dumps(labels))
+    for n in names[::2]:
+        folder = dst / "imagenet-style" / meta["classes"][labels[n]]
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(cifar / n, folder / n)
+    (dst / "photos").mkdir()
+    for n in names[::4]:
+        shutil.copyfile(cifar / n, dst / "photos" / n)
+    for folder in ("scans", "trees"):
+        for cloud in sorted((fixtures / "lidar").glob("*.la[sz]")):
+            if cloud.name == "simple.laz":  # the same key as simple.las
+                continue
+            group = "tree" if cloud.name.startswith("ahn") else "sample"
+            (dst / folder / group).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(cloud, dst / folder / group / cloud.name)
+    shutil.copytree(fixtures / "text" / "peps", dst / "peps")
+    shutil.copyfile(fixtures / "text" / "peps" / "pep-0294.txt", dst / "lines.txt")
+    (dst / "tokenizer.json").write_bytes(
+        gzip.decompress((fixtures / "text" / "gpt2" / "tokenizer.json.gz").read_bytes()))
+    return dst
+
+
+def _run_command(snippet: Snippet, command: str, workdir: Path) -> None:
+    words = shlex.split(command)
+    if words[0] == "packdata":
+        from typer.testing import CliRunner
+
+        from packdata.cli import app
+
+        result = CliRunner().invoke(app, words[1:])
+        code, output = result.exit_code, result.output
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            output += "".join(traceback.format_exception(result.exception))
+    else:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        proc = subprocess.run(["bash", "-c", command], cwd=workdir, env=env, text=True,
+                              capture_output=True, timeout=300)
+        code, output = proc.returncode, proc.stdout + proc.stderr
+    if code != 0:
+        raise SnippetError(f"{snippet.where}: `{command}` exited with {code}:\n"
+                           f"{output[-3000:]}\n{_workspace_note(workdir)}")
+
+
+def _workspace_note(workdir: Path) -> str:
+    given = ", ".join(WORKSPACE)
+    return (f"(the workspace starts with {given}; it now holds "
+            f"{', '.join(sorted(p.name for p in workdir.iterdir()))})")
+
+
+def _run_python(snippet: Snippet, namespace: dict, workdir: Path) -> None:
+    try:
+        code = compile(snippet.code, snippet.where, "exec")
+        with contextlib.redirect_stdout(io.StringIO()):
+            exec(code, namespace)  # noqa: S102 - running the documentation is the point
+    except Exception as exc:
+        tb = "".join(traceback.format_exception(exc)[-6:])
+        raise SnippetError(f"{snippet.where}: the Python snippet failed:\n{tb}\n"
+                           f"{_workspace_note(workdir)}") from exc
+
+
+def run_file(path: Path, workdir: Path | None = None) -> list[tuple[Snippet, str, str]]:
+    """Run every snippet of ``path`` in order in a fresh workspace (``workdir`` or a temporary
+    folder). Returns what was skipped: (snippet, command or "", reason). Raises SnippetError."""
+    skipped: list[tuple[Snippet, str, str]] = []
+    with contextlib.ExitStack() as stack:
+        if workdir is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="docs-")))
+        make_workspace(workdir)
+        before = Path.cwd()
+        os.chdir(workdir)
+        stack.callback(os.chdir, before)
+        namespace: dict = {"__name__": "__docs__"}
+        for snippet in extract(path):
+            if snippet.skip:
+                skipped.append((snippet, "", snippet.skip))
+                continue
+            if snippet.lang == "python":
+                _run_python(snippet, namespace, workdir)
+                continue
+            for command, reason in commands(snippet):
+                if reason:
+                    skipped.append((snippet, command, reason))
+                else:
+                    _run_command(snippet, command, workdir)
+    return skipped
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("files", nargs="*", type=Path)
+    p.add_argument("--list", action="store_true", help="list the snippets, run nothing")
+    args = p.parse_args(argv)
+    files = args.files or doc_files()
+    if args.list:
+        for path in files:
+            for s in extract(path):
+                status = f"skip: {s.skip}" if s.skip else f"{s.lang}, {len(s.code.splitlines())} lines"
+                print(f"{s.where}  {status}")
+                for prefix, reason in s.skip_lines:
+                    print(f"    skip-line {prefix}: {reason}")
+        return 0
+    failed = 0
+    for path in files:
+        try:
+            for snippet, command, reason in run_file(path):
+                print(f"{snippet.where}  skipped {command or 'block'}: {reason}")
+            print(f"{path}: ok")
+        except SnippetError as exc:
+            failed += 1
+            print(exc, file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
