@@ -9,8 +9,8 @@ uses what an earlier one wrote (``packdata convert … cifar.lmdb`` then ``packd
 "cifar.lmdb")``); Python blocks of one file share one namespace. The workspace starts with
 small real inputs under the names the docs use (:data:`WORKSPACE`), built from the repository's
 own fixtures. Shell commands run one logical line at a time (``\\`` continues a line, ``#``
-starts a comment; in a ``console`` block only lines after a ``$ `` prompt): ``packdata …`` in
-this process through the CLI, anything else with bash.
+starts a comment; in a ``console`` block only lines after a ``$ `` prompt; ``a && b`` runs
+``a`` then ``b``): ``packdata …`` in this process through the CLI, anything else with bash.
 
 Markers, HTML comments on the lines just above a block (invisible when rendered):
 
@@ -50,6 +50,8 @@ WORKSPACE = {
     "cifar-png/": "40 real CIFAR-10 PNGs (4 per class) and their labels.json",
     "labels.pkl": "the same labels as a pickled dict {file name: class index}",
     "imagenet-style/": "20 of those PNGs in class sub-folders",
+    "imagenet/": "train/ and val/ class folders (cat, coffee) of JPEG crops of several sizes "
+                 "from two real photographs",
     "photos/": "10 of those PNGs, no labels",
     "scans/": "5 real LAS/LAZ clouds (AHN4 trees, a laspy sample) in class sub-folders",
     "trees/": "the same clouds",
@@ -143,10 +145,22 @@ def commands(snippet: Snippet) -> list[tuple[str, str | None]]:
             raise SnippetError(f"{snippet.where}: cannot parse {line!r}: {exc}") from None
         if not words:
             continue
-        text = shlex.join(words)
         reason = next((r for prefix, r in snippet.skip_lines if line.startswith(prefix)), None)
-        out.append((text, reason))
+        for part in _and_chain(words):
+            out.append((shlex.join(part), reason))
     return out
+
+
+def _and_chain(words: list[str]) -> list[list[str]]:
+    """``a && b`` as the commands ``a`` and ``b`` (run in order, stopping at the first
+    failure, as bash does); any other line as itself."""
+    parts: list[list[str]] = [[]]
+    for word in words:
+        if word == "&&":
+            parts.append([])
+        else:
+            parts[-1].append(word)
+    return [part for part in parts if part]
 
 
 def make_workspace(dst: Path, root: Path = ROOT) -> Path:
@@ -166,6 +180,7 @@ def make_workspace(dst: Path, root: Path = ROOT) -> Path:
         folder = dst / "imagenet-style" / meta["classes"][labels[n]]
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(cifar / n, folder / n)
+    _imagenet_like(fixtures / "images", dst / "imagenet")
     (dst / "photos").mkdir()
     for n in names[::4]:
         shutil.copyfile(cifar / n, dst / "photos" / n)
@@ -181,6 +196,21 @@ def make_workspace(dst: Path, root: Path = ROOT) -> Path:
     (dst / "tokenizer.json").write_bytes(
         gzip.decompress((fixtures / "text" / "gpt2" / "tokenizer.json.gz").read_bytes()))
     return dst
+
+
+def _imagenet_like(photos: Path, dst: Path) -> None:
+    """ImageNet's layout in miniature: split/class/file.jpg, crops of different sizes and
+    aspects (landscape and portrait) of the fixture photographs, re-encoded as JPEG."""
+    from PIL import Image
+
+    boxes = [(0, 0, 300, 260), (40, 20, 300, 300), (100, 0, 380, 210), (0, 50, 240, 300)]
+    for photo, label in (("chelsea.jpg", "cat"), ("coffee.jpg", "coffee")):
+        with Image.open(photos / photo) as im:
+            im = im.convert("RGB")
+            for i, box in enumerate(boxes):
+                split = "val" if i == len(boxes) - 1 else "train"
+                (dst / split / label).mkdir(parents=True, exist_ok=True)
+                im.crop(box).save(dst / split / label / f"{label}_{i}.jpg", quality=90)
 
 
 def _run_command(snippet: Snippet, command: str, workdir: Path) -> None:
