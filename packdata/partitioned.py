@@ -202,6 +202,7 @@ def _join_tar(work: Path, paths: list[Path], manifest: Manifest,
     import numpy as np
 
     from packdata.containers import tar
+    from packdata.reader_index import idx_path, write_wids_index
 
     pattern = {**tar.TarWriter.OPTIONS, **options}["pattern"]
     shards: list[dict[str, Any]] = []
@@ -214,13 +215,12 @@ def _join_tar(work: Path, paths: list[Path], manifest: Manifest,
                 columns.setdefault(key, []).append(column)
         for shard in part.extra["shards"]:
             name = pattern % len(shards)
-            # a hard link, not a move: killed halfway, the parts are still whole for --resume
-            link = work / f".{name}.link"
-            link.unlink(missing_ok=True)
-            os.link(path / shard["name"], link)
-            os.replace(link, work / name)
+            _link(path / shard["name"], work / name)
+            if idx_path(path, shard["name"]).is_file():  # offsets within the shard: still valid
+                _link(idx_path(path, shard["name"]), idx_path(work, name))
             shards.append({"name": name, "count": shard["count"]})
     np.savez(work / tar.INDEX, **{k: np.concatenate(v) for k, v in columns.items()})
+    write_wids_index(work, shards)
     for path in paths:  # manifests first: a part half deleted is no longer taken as finished
         (path / tar.MANIFEST).unlink()
     for path in paths:
@@ -230,6 +230,15 @@ def _join_tar(work: Path, paths: list[Path], manifest: Manifest,
     manifest.extra = {k: v for k, v in manifest.extra.items() if k != "parts"}
     manifest.extra["shards"] = shards
     return manifest
+
+
+def _link(src: Path, dst: Path) -> None:
+    """``src`` also at ``dst``: a hard link, not a move, so that killed halfway the parts are
+    still whole for --resume."""
+    link = dst.parent / f".{dst.name}.link"
+    link.unlink(missing_ok=True)
+    os.link(src, link)
+    os.replace(link, dst)
 
 
 def _default_part_size(count: int, workers: int | None) -> int:

@@ -49,9 +49,11 @@ def write_idx(target: Path, member_keys: Sequence[str], columns: Sequence[Column
 
 
 def write_wids_index(dataset: str | Path, shards: list[dict[str, Any]]) -> Path:
-    """The wids shard list of ``shards`` (name and record count each), as JSON in ``dataset``."""
+    """The wids shard list of ``shards`` (name and record count each), as JSON in ``dataset``.
+    It has no ``name``: the folder is written under a temporary name and may be renamed later,
+    so wids names the dataset from its shard list."""
     dataset = Path(dataset)
-    spec = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": dataset.name,
+    spec = {"__kind__": "wids-shard-index-v1", "wids_version": 1,
             "shardlist": [{"url": s["name"], "nsamples": s["count"],
                            "filesize": (dataset / s["name"]).stat().st_size} for s in shards]}
     target = dataset / WIDS_INDEX

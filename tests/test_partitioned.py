@@ -76,7 +76,8 @@ def test_cli_resume_option(tmp_path, png_folder):
     assert [s["name"] for s in ds.manifest.extra["shards"]] == [
         "shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
     assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == [
-        "index.npz", "manifest.json", "shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
+        "index.npz", "manifest.json", "shard-000000.idx", "shard-000000.tar", "shard-000001.idx",
+        "shard-000001.tar", "shard-000002.idx", "shard-000002.tar", "wids-index.json"]
 
 
 def test_killed_while_joining_tar_parts_resumes(tmp_path, png_folder, packed, monkeypatch):
@@ -115,3 +116,17 @@ def test_parts_written_where_this_machine_cannot_see_them_are_an_error(tmp_path,
         packdata.convert(packdata.open_source(png_folder), tmp_path / "ds.h5", part_size=60,
                          workers=1)
     assert not (tmp_path / "ds.h5").exists()
+
+
+def test_joined_tar_parts_carry_the_reader_indexes_of_one_process(tmp_path, png_folder):
+    from packdata.reader_index import WIDS_INDEX
+
+    source = packdata.open_source(png_folder)
+    one = packdata.convert(source, tmp_path / "one", container_options={"shard_size": "40"}).path
+    parts = packdata.convert(source, tmp_path / "parts", part_size=40, workers=1,
+                             container_options={"shard_size": "40"}).path
+    idx = {p.name: p.read_text() for p in one.glob("*.idx")}
+    assert len(idx) > 1 and {p.name: p.read_text() for p in parts.glob("*.idx")} == idx
+    spec = json.loads((parts / WIDS_INDEX).read_text())
+    assert spec == json.loads((one / WIDS_INDEX).read_text())
+    assert "name" not in spec  # not the hidden folder it was built in
