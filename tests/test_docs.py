@@ -46,14 +46,19 @@ def test_extract_reads_blocks_markers_and_continuations(tmp_path):
         "    --points 8\n```\n\n<!-- skip: needs a GPU -->\n```python\nimport torch\n```\n\n"
         "<!-- skip-line pip install: network -->\n```sh\npip install packdata\necho ok\n```\n\n"
         "```\nnot a snippet\n```\n\n```text\nnor this\n```\n\n"
-        "```console\n$ packdata inspect b.h5\nb.h5: 3 samples\n```\n")
-    first, second, third, fourth = doc_snippets.extract(md)
+        "```console\n$ packdata inspect b.h5\nb.h5: 3 samples\n```\n\n"
+        "<!-- skip-line packdata demo: minutes -->\n```bash\n"
+        "packdata demo --workdir d && packdata convert d/png c.lmdb\npackdata convert x y '&&'\n```\n")
+    first, second, third, fourth, fifth = doc_snippets.extract(md)
     assert (first.lang, first.line, first.skip) == ("bash", 3, None)
     assert doc_snippets.commands(first) == [("packdata inspect a.h5", None),
                                             ("packdata convert ./x y.h5 --points 8", None)]
     assert (second.lang, second.skip, second.code) == ("python", "needs a GPU", "import torch\n")
     assert doc_snippets.commands(third) == [("pip install packdata", "network"), ("echo ok", None)]
     assert doc_snippets.commands(fourth) == [("packdata inspect b.h5", None)]
+    assert doc_snippets.commands(fifth) == [  # a && chain: its commands in order, one reason
+        ("packdata demo --workdir d", "minutes"), ("packdata convert d/png c.lmdb", "minutes"),
+        ("packdata convert x y '&&'", None)]  # a quoted && is an argument
 
 
 def test_a_failing_snippet_names_its_file_line_and_command(tmp_path):

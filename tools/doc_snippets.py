@@ -139,28 +139,40 @@ def commands(snippet: Snippet) -> list[tuple[str, str | None]]:
         line = (pending + line).strip()
         pending = ""
         line = line[2:] if line.startswith("$ ") else line
-        try:
-            words = shlex.split(line, comments=True)
-        except ValueError as exc:
-            raise SnippetError(f"{snippet.where}: cannot parse {line!r}: {exc}") from None
-        if not words:
-            continue
         reason = next((r for prefix, r in snippet.skip_lines if line.startswith(prefix)), None)
-        for part in _and_chain(words):
-            out.append((shlex.join(part), reason))
+        for part in _and_chain(line):
+            try:
+                words = shlex.split(part, comments=True)
+            except ValueError as exc:
+                raise SnippetError(f"{snippet.where}: cannot parse {line!r}: {exc}") from None
+            if words:
+                out.append((shlex.join(words), reason))
     return out
 
 
-def _and_chain(words: list[str]) -> list[list[str]]:
-    """``a && b`` as the commands ``a`` and ``b`` (run in order, stopping at the first
-    failure, as bash does); any other line as itself."""
-    parts: list[list[str]] = [[]]
-    for word in words:
-        if word == "&&":
-            parts.append([])
-        else:
-            parts[-1].append(word)
-    return [part for part in parts if part]
+def _and_chain(line: str) -> list[str]:
+    """``a && b`` as the commands ``a`` and ``b`` (run in order, stopping at the first failure,
+    as bash does); a quoted ``&&`` or one in a comment is not a separator."""
+    parts, start, quote, i = [], 0, None, 0
+    while i < len(line):
+        c = line[i]
+        if quote:
+            if c == quote:
+                quote = None
+            elif c == "\\" and quote == '"':
+                i += 1
+        elif c in "'\"":
+            quote = c
+        elif c == "\\":
+            i += 1
+        elif c == "#" and (i == 0 or line[i - 1].isspace()):
+            break
+        elif line.startswith("&&", i):
+            parts.append(line[start:i])
+            start = i = i + 2
+            continue
+        i += 1
+    return [*parts, line[start:i]]
 
 
 def make_workspace(dst: Path, root: Path = ROOT) -> Path:
