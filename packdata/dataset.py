@@ -20,6 +20,7 @@ from packdata import containers, sources
 from packdata.containers.base import Reader
 from packdata.manifest import Manifest
 from packdata.sampling import SharedEpoch
+from packdata.verify import ChecksummedReader, at_open
 
 Transform = Callable[[Any], Any]
 
@@ -41,6 +42,7 @@ class PackedDataset(Dataset):
         path: str | Path,
         transform: Transform | None = None,
         batch_transform: Transform | None = None,
+        verify: str = "sample",
     ) -> None:
         self.path = Path(path)
         if self.container is None:
@@ -48,8 +50,9 @@ class PackedDataset(Dataset):
         else:
             self.container_name = self.container
         reader = containers.get(self.container_name).READER(self.path)
-        self.manifest: Manifest = reader.manifest
-        reader.close()  # handles must not cross a fork; each process opens its own
+        self.verify = verify  # see packdata.verify: "off", "sample" (checked here) or "full"
+        at_open(reader, self.path, verify).close()
+        self.manifest: Manifest = reader.manifest  # handles must not cross a fork; each process opens its own
         self.transform = transform
         self.batch_transform = batch_transform
         self._epoch = SharedEpoch()
@@ -63,6 +66,8 @@ class PackedDataset(Dataset):
             if self._reader is not None:  # inherited through fork: release the parent's copy
                 self._reader.close()
             self._reader = containers.get(self.container_name).READER(self.path)
+            if self.verify == "full":
+                self._reader = ChecksummedReader(self._reader, self.path)
             self._pid = os.getpid()
         return self._reader
 
@@ -196,8 +201,11 @@ def open_dataset(
     path: str | Path,
     transform: Transform | None = None,
     batch_transform: Transform | None = None,
+    verify: str = "sample",
 ) -> PackedDataset:
-    """Open any packdata dataset; the container is recognised from what is at ``path``."""
+    """Open any packdata dataset; the container is recognised from what is at ``path``.
+    ``verify``: "sample" checks a few records' CRC-32 at open, "full" every record read, "off"
+    neither (the structural checks at open always run)."""
     name = containers.for_existing(path).NAME
     cls = next((c for c in PackedDataset.__subclasses__() if c.container == name), PackedDataset)
-    return cls(path, transform=transform, batch_transform=batch_transform)
+    return cls(path, transform=transform, batch_transform=batch_transform, verify=verify)

@@ -22,6 +22,7 @@ import numpy as np
 from packdata.containers.base import Batch, Reader, Select, Writer, apply_select
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest
+from packdata.verify import check_manifest
 
 NAME = "lmdb"
 SUFFIXES = (".lmdb",)
@@ -120,10 +121,12 @@ class LMDBReader(Reader):
             if raw is None:
                 raise DatasetError(f"{self.path}: LMDB has no packdata manifest")
             self.manifest = Manifest.from_json(raw, str(self.path))
+            check_manifest(self.manifest, self.path)
             self._lengths = {
-                n: np.frombuffer(txn.get(lengths_key(n)), dtype="<i8")
+                n: _lengths(txn, self.path, n, self.manifest.count)
                 for n in self.manifest.variable_fields
             }
+            self._check_layout(txn)
         self._keys: np.ndarray | None = None
         fixed = self.manifest.fixed_fields
         self.fixed_bytes = sum(f.nbytes for f in fixed.values())
@@ -132,6 +135,27 @@ class LMDBReader(Reader):
         for name, field in fixed.items():
             self.columns.append((name, field, start, start + field.nbytes))
             start += field.nbytes
+
+    def _check_layout(self, txn: lmdb.Transaction) -> None:
+        """The records the manifest promises, and no more: one entry per record plus the
+        manifest and the length tables; the first and last record of the right size."""
+        m, where = self.manifest, self.path
+        expected = m.count + len(m.variable_fields) + 1
+        entries = self.env.stat()["entries"]
+        if entries != expected:
+            raise DatasetError(f"{where}: LMDB holds {entries} entries, the manifest's {m.count} "
+                               f"records need {expected}; the dataset is damaged")
+        fixed = sum(f.nbytes for f in m.fixed_fields.values())
+        for i in {0, m.count - 1} if m.count else ():
+            value = txn.get(record_key(i))
+            if value is None:
+                raise DatasetError(f"{where}: record {i} is missing; the dataset is damaged")
+            size = fixed + 8 * len(m.variable_fields) + sum(
+                int(self._lengths[n][i]) * int(np.prod(f.row_shape, dtype=np.int64))
+                * f.np_dtype.itemsize for n, f in m.variable_fields.items())
+            if len(value) != size:
+                raise DatasetError(f"{where}: record {i} holds {len(value)} bytes, its fields "
+                                   f"{size}; the dataset is damaged (or the manifest edited)")
 
     @staticmethod
     def detect(path: Path) -> bool:
@@ -203,3 +227,14 @@ class LMDBReader(Reader):
 
 WRITER = LMDBWriter
 READER = LMDBReader
+
+
+def _lengths(txn: lmdb.Transaction, where: Path, name: str, count: int) -> np.ndarray:
+    raw = txn.get(lengths_key(name))
+    if raw is None or len(raw) != 8 * count:
+        raise DatasetError(f"{where}: the length table of '{name}' does not hold {count} "
+                           "records; the dataset is damaged")
+    lengths = np.frombuffer(raw, dtype="<i8")
+    if count and lengths.min() < 0:
+        raise DatasetError(f"{where}: negative lengths in '{name}'; the dataset is damaged")
+    return lengths
