@@ -235,8 +235,8 @@ def run_in_child(path: Path, digests: list[str], level: str) -> dict:
     if pid == 0:  # the child: limit, read, report, exit without cleanup handlers
         os.close(read_fd)
         try:
-            vm = int(next(line.split()[1] for line in open("/proc/self/status")
-                          if line.startswith("VmSize:"))) * 1024
+            status = Path("/proc/self/status").read_text().splitlines()
+            vm = int(next(line.split()[1] for line in status if line.startswith("VmSize:"))) * 1024
             resource.setrlimit(resource.RLIMIT_AS, (vm + MEMORY_HEADROOM, vm + MEMORY_HEADROOM))
             result = child_read(path, digests, level)
         except BaseException as exc:  # noqa: BLE001 - whatever happens goes back to the parent

@@ -192,9 +192,9 @@ def verify(path: str | Path, source: Any = None, deep: bool = False,
             problem = _record_problem(record, m, i, deep)
             if problem:
                 report.add_bad(i, key, problem)
-            elif deep and (alone := _read_alone(reader, i, path)) is not None:
-                if not _same(alone, record):
-                    report.add_bad(i, key, "reads differently alone than in a batch")
+            elif deep and (alone := _read_alone(reader, i, path)) is not None \
+                    and not _same(alone, record):
+                report.add_bad(i, key, "reads differently alone than in a batch")
     if source is not None:
         _compare_source(reader, source, report, path)
     reader.close()

@@ -116,6 +116,13 @@ class LMDBReader(Reader):
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.env = shared_env(self.path)
+        try:
+            self._open()
+        except lmdb.Error as exc:  # a damaged B-tree: LMDB's message, with the path in front
+            raise DatasetError(f"{self.path}: LMDB cannot be read ({type(exc).__name__}: {exc}); "
+                               "the dataset is damaged") from None
+
+    def _open(self) -> None:
         with self.env.begin() as txn:
             raw = txn.get(MANIFEST_KEY)
             if raw is None:
@@ -161,9 +168,13 @@ class LMDBReader(Reader):
     def detect(path: Path) -> bool:
         if not (path / "data.mdb").is_file():
             return False
-        with shared_env(path).begin() as txn:
-            raw = txn.get(MANIFEST_KEY)
-            return raw is not None and Manifest.is_packdata(raw)
+        try:
+            with shared_env(path).begin() as txn:
+                raw = txn.get(MANIFEST_KEY)
+                return raw is not None and Manifest.is_packdata(raw)
+        except lmdb.Error as exc:
+            raise DatasetError(f"{path}: LMDB cannot be read ({type(exc).__name__}: {exc}); "
+                               "the dataset is damaged") from None
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         return apply_select(self._read(indices), select)  # LMDB copies whole values anyway

@@ -200,6 +200,15 @@ class TarReader(Reader):
         self.path = Path(path)
         if not (self.path / MANIFEST).is_file():
             raise DatasetError(f"{self.path}: no {MANIFEST}; not a packdata tar dataset")
+        try:
+            self._open()
+        except PackdataError:
+            raise
+        except Exception as exc:  # numpy or the OS on a damaged index or shard list
+            raise DatasetError(f"{self.path}: the dataset cannot be read ({type(exc).__name__}: "
+                               f"{exc}); the dataset is damaged") from None
+
+    def _open(self) -> None:
         self.manifest = Manifest.from_json((self.path / MANIFEST).read_bytes(), str(self.path))
         check_manifest(self.manifest, self.path)
         self.index = _load_index(self.path / INDEX, self.manifest)
