@@ -170,6 +170,9 @@ def convert(
                       highlight=False)
         raise typer.Exit(130) from None
     m = result.manifest
+    for stale in result.removed_stale:
+        console.print(f"removed stale partial output of a killed conversion: {stale}",
+                      highlight=False, markup=False)
     console.print(
         f"wrote {result.path}: {m.count} {m.kind} samples ({m.container}) in "
         f"{result.seconds:.1f} s", highlight=False, markup=False,

@@ -8,12 +8,14 @@ opens as a dataset.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob
 import itertools
 import multiprocessing as mp
 import os
 import shutil
 import signal
+import sys
 import time
 import uuid
 from collections import deque
@@ -46,6 +48,8 @@ class ConvertResult:
     path: Path
     manifest: Manifest
     seconds: float
+    #: partial outputs of killed earlier conversions to the same destination, removed by this one
+    removed_stale: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def skipped(self) -> list[dict[str, str]]:
@@ -56,11 +60,28 @@ class ConvertResult:
 _worker_source: Source | None = None
 
 
-def _init_worker(source: Source) -> None:
+def _init_worker(source: Source, parent: int) -> None:
     global _worker_source
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # undo the parent's handler inherited by fork
+    _die_with_parent(parent)
     _worker_source = source
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this worker when the converting process dies, however it dies
+    (a SIGKILL leaves it no chance to stop its pool): Linux's parent-death signal."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
 
 
 def _load_block(items: list[Item]) -> list[Loaded]:
@@ -89,7 +110,7 @@ def _records(
             yield from zip(block, _load_block_with(source, block))
         return
     pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"),
-                               initializer=_init_worker, initargs=(source,))
+                               initializer=_init_worker, initargs=(source, os.getpid()))
     pending: deque = deque()
     todo = iter(blocks)
     block: list[Item] = []
@@ -143,15 +164,20 @@ def _check_destination(dst: Path, src: Path, overwrite: bool) -> None:
         ) from None
 
 
-def _remove_stale_partials(dst: Path) -> None:
+def _remove_stale_partials(dst: Path) -> list[str]:
     """Delete partial outputs for ``dst`` left by conversions that were killed (SIGKILL, power
-    loss): their process id is in the name, and that process no longer exists."""
+    loss): their process id is in the name, and that process no longer exists. Returns what
+    was removed."""
+    removed = []
     for partial in dst.parent.glob(f".{glob.escape(dst.name)}.partial-*"):
         pid = partial.name.rsplit(".partial-", 1)[1].split("-")[0]
         if pid.isdigit() and not _alive(int(pid)):
-            _remove(partial)
-            for spool in partial.parent.glob(f"{glob.escape(partial.name)}.*.spool"):
-                spool.unlink(missing_ok=True)
+            removed.append(str(partial))
+            if partial.name.endswith(".spool"):
+                partial.unlink(missing_ok=True)
+            else:
+                _remove(partial)
+    return removed
 
 
 def _alive(pid: int) -> bool:
@@ -223,7 +249,7 @@ def convert(
     workers = max(1, min(workers or os.cpu_count() or 1, len(blocks)))
 
     dst.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_partials(dst)
+    stale = _remove_stale_partials(dst)
     tmp = dst.parent / f".{dst.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     writer = None
     keys: list[str] = []
@@ -271,7 +297,7 @@ def convert(
             writer.abort()
         _remove(tmp)
         raise
-    return ConvertResult(dst, manifest, time.perf_counter() - start)
+    return ConvertResult(dst, manifest, time.perf_counter() - start, stale)
 
 
 def _pairs(item: Item, loaded: Loaded) -> list[tuple[str, dict]] | SampleError:

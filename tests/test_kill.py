@@ -1,0 +1,59 @@
+"""Kill anywhere, bounded for CI: conversions SIGKILLed at random points (main process, a
+worker, the whole group) never leave a partial dataset that opens, nor processes, nor
+leftovers a rerun does not clean up and report. The long run is bench/kill_conversions.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from packdata.sources.images import ImageSource
+
+HARNESS = Path(__file__).resolve().parents[1] / "bench" / "kill_conversions.py"
+spec = importlib.util.spec_from_file_location("kill_conversions", HARNESS)
+kill = importlib.util.module_from_spec(spec)
+sys.modules["kill_conversions"] = kill
+spec.loader.exec_module(kill)
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Linux process groups and /proc")
+
+
+@pytest.mark.parametrize("container", ["lmdb", "hdf5", "tar"])
+def test_random_kills_leave_no_partial_dataset(tmp_path, container):
+    result = kill.run(tmp_path, container, kills=3, rng=random.Random(container), count=200)
+    assert result["failed_trials"] == 0, result["failures"]
+    assert sum(result["counts"].get(f"{t} killed", 0) for t in kill.KILL_TARGETS) == 3
+
+
+class SlowImages(ImageSource):
+    """Tasks of 4 images taking 2 s each: workers are busy when their parent dies."""
+
+    def blocks(self, items):
+        return [items[i : i + 4] for i in range(0, len(items), 4)]
+
+    def load(self, item):
+        time.sleep(0.5)
+        return super().load(item)
+
+
+def test_workers_die_with_a_sigkilled_parent(tmp_path, png_folder):
+    dst = tmp_path / "out.lmdb"
+    pid = kill.start_conversion(png_folder, dst, "lmdb", source=SlowImages(png_folder))
+    deadline = time.monotonic() + 10
+    while len(kill.children_of(pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    workers = kill.children_of(pid)
+    assert len(workers) == 2
+    time.sleep(0.3)  # the workers are inside a task
+    kill.os.kill(pid, kill.signal.SIGKILL)
+    kill.os.waitpid(pid, 0)
+    deadline = time.monotonic() + 1.0  # a worker's task alone lasts 2 s
+    while kill.group_members(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert kill.group_members(pid) == []
+    assert kill.rerun(png_folder, dst, "lmdb") == []  # cleans the leftover up and says so
