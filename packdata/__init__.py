@@ -6,25 +6,88 @@
 ...     ...
 """
 
-from packdata.bench.timer import StepTimer
-from packdata.collate import PackCollate, PadCollate
-from packdata.convert import ConvertResult, convert
-from packdata.dataset import HDF5Dataset, LMDBDataset, PackedDataset, TarDataset
-from packdata.dataset import open_dataset as open  # noqa: A001 - the package's front door
-from packdata.device import DeviceLoader
-from packdata.errors import (
-    DatasetError,
-    MissingExtraError,
-    OutputExistsError,
-    PackdataError,
-    SampleError,
-)
-from packdata.loading import loader
-from packdata.manifest import Field, Manifest
-from packdata.resident import ResidentLoader
-from packdata.sampling import EpochBatchSampler, LengthBucketBatchSampler
-from packdata.sources import open_source
-from packdata.streaming import StreamingDataset
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+# Names are imported on first use (PEP 562): `import packdata` costs nothing until then, so the
+# command line can install its Ctrl-C handling before torch and friends load.
+_HOMES = {
+    "StepTimer": "packdata.bench.timer",
+    "PackCollate": "packdata.collate", "PadCollate": "packdata.collate",
+    "ConvertResult": "packdata.convert", "convert": "packdata.convert",
+    "HDF5Dataset": "packdata.dataset", "LMDBDataset": "packdata.dataset",
+    "PackedDataset": "packdata.dataset", "TarDataset": "packdata.dataset",
+    "open": "packdata.dataset",
+    "DeviceLoader": "packdata.device",
+    "DatasetError": "packdata.errors", "MissingExtraError": "packdata.errors",
+    "OutputExistsError": "packdata.errors", "PackdataError": "packdata.errors",
+    "SampleError": "packdata.errors",
+    "loader": "packdata.loading",
+    "Field": "packdata.manifest", "Manifest": "packdata.manifest",
+    "ResidentLoader": "packdata.resident",
+    "EpochBatchSampler": "packdata.sampling", "LengthBucketBatchSampler": "packdata.sampling",
+    "open_source": "packdata.sources",
+    "StreamingDataset": "packdata.streaming",
+}
+_RENAMED = {"open": "open_dataset"}  # the package's front door
+
+if TYPE_CHECKING:
+    from packdata.bench.timer import StepTimer
+    from packdata.collate import PackCollate, PadCollate
+    from packdata.convert import ConvertResult, convert
+    from packdata.dataset import HDF5Dataset, LMDBDataset, PackedDataset, TarDataset
+    from packdata.dataset import open_dataset as open  # noqa: A004
+    from packdata.device import DeviceLoader
+    from packdata.errors import (
+        DatasetError,
+        MissingExtraError,
+        OutputExistsError,
+        PackdataError,
+        SampleError,
+    )
+    from packdata.loading import loader
+    from packdata.manifest import Field, Manifest
+    from packdata.resident import ResidentLoader
+    from packdata.sampling import EpochBatchSampler, LengthBucketBatchSampler
+    from packdata.sources import open_source
+    from packdata.streaming import StreamingDataset
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        try:  # a submodule (packdata.containers...) not imported yet
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module 'packdata' has no attribute '{name}'") from None
+    value = getattr(importlib.import_module(home), _RENAMED.get(name, name))
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})
+
+
+class _Package(types.ModuleType):
+    """Loading a submodule sets it as an attribute of its package: ``packdata.convert`` would
+    become the module, hiding the function of that name. The export wins (as it did when this
+    file imported everything up front); the module stays in ``sys.modules``."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _HOMES and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
 
 __version__ = "0.1.0"
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+import warnings
+from collections.abc import Callable, Iterable
 from enum import Enum
+from inspect import Parameter, signature
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -15,14 +17,12 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 from rich.table import Table
 
+from packdata import interrupts, sources
 from packdata.containers import CONTAINERS
 from packdata.convert import ON_ERROR
-from packdata.errors import PackdataError
-from packdata.prep import pointsample
+from packdata.errors import InputWarning, PackdataError
 from packdata.sources import KINDS
-from packdata.sources.images import ENCODINGS
-from packdata.sources.pointclouds import VARIANT_ORDERS
-from packdata.sources.text import TEXT_ERRORS
+from packdata.sources.options import Option
 
 app = typer.Typer(
     help="Pack one-file-per-sample datasets into LMDB, HDF5 or tar shards, and load them fast.",
@@ -39,13 +39,6 @@ def _choices(name: str, values: Iterable[str]) -> type[Enum]:
 
 ContainerName = _choices("ContainerName", CONTAINERS)
 Kind = _choices("Kind", KINDS)
-Encoding = _choices("Encoding", ENCODINGS)
-TextErrors = _choices("TextErrors", TEXT_ERRORS)
-Sampling = _choices("Sampling", pointsample.METHODS)
-Normalize = _choices("Normalize", pointsample.NORMALIZE)
-PointDtype = _choices("PointDtype", pointsample.DTYPES)
-Fewer = _choices("Fewer", pointsample.FEWER)
-VariantOrder = _choices("VariantOrder", VARIANT_ORDERS)
 OnError = _choices("OnError", ON_ERROR)
 
 
@@ -54,7 +47,41 @@ def _fail(exc: Exception) -> None:
     raise typer.Exit(2)
 
 
+def _source_options() -> list[Parameter]:
+    """One ``packdata convert`` flag per source option, from every kind's ``OPTIONS`` (an option
+    several kinds share, such as --labels or --dtype, is one flag)."""
+    by_name: dict[str, list[tuple[str, Option]]] = {}
+    for kind in KINDS:
+        for option in sources.get(kind).OPTIONS:
+            by_name.setdefault(option.name, []).append((kind, option))
+    params = []
+    for name, declared in by_name.items():
+        first_kind = {o: kind for kind, o in reversed(declared)}  # kinds sharing one: one help
+        options = list(first_kind)
+        helps = [("" if len(options) == 1 else f"{first_kind[o]}: ") + o.help
+                 + ("" if o.default in (None, False) else f" (default {o.default})")
+                 for o in options]
+        choices = tuple(dict.fromkeys(c for o in options for c in o.choices))
+        value_type = _choices(f"{name}_choices", choices) if choices else options[0].type
+        info = typer.Option(options[0].flag, help=" ".join(helps),
+                            rich_help_panel=" and ".join(k for k, _ in declared) + " options")
+        params.append(Parameter(name, Parameter.KEYWORD_ONLY, default=None,
+                                annotation=Annotated[value_type | None, info]))
+    return params
+
+
+def _with_source_options(command: Callable) -> Callable:
+    """``command`` taking ``**source_options`` gets one typed parameter per source option: typer
+    reads the signature, so the command line follows the kinds' ``OPTIONS`` tables."""
+    declared = signature(command, eval_str=True)
+    fixed = [p for p in declared.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    command.__signature__ = declared.replace(  # type: ignore[attr-defined]
+        parameters=[*fixed, *_source_options()])
+    return command
+
+
 @app.command()
+@_with_source_options
 def convert(
     src: Annotated[Path, typer.Argument(help="Input: a folder of files, one per sample.")],
     dst: Annotated[Path, typer.Argument(
@@ -66,15 +93,6 @@ def convert(
         help="Sample kind; detected from file suffixes when omitted.")] = None,
     workers: Annotated[int, typer.Option(
         help="Parallel decode processes (default: CPU count).")] = os.cpu_count() or 1,
-    encoding: Annotated[Encoding, typer.Option(
-        help="Images: 'raw' stores decoded uint8 pixels (no decode when loading); 'keep' "
-        "stores the original file bytes (smaller, for large JPEGs).")] = Encoding["raw"],
-    resize: Annotated[str | None, typer.Option(
-        help="Images: resize to N×N or WxH pixels at conversion (needs --encoding raw).")] = None,
-    labels: Annotated[Path | None, typer.Option(
-        help="Labels file: .json, .csv or .pkl mapping file name → class index. Found "
-        "automatically as SRC/labels.*; class sub-folders need none. A .pkl is unpickled: "
-        "use only one you trust.")] = None,
     on_error: Annotated[OnError, typer.Option(
         help="'fail' stops at the first bad input, naming it; 'skip' skips, counts and "
         "records bad inputs in the manifest.")] = OnError["fail"],
@@ -82,93 +100,31 @@ def convert(
         help="Replace DST if it is an existing packdata dataset.")] = False,
     shard_size: Annotated[str | None, typer.Option(
         help="Tar: samples per shard (10000) or bytes per shard (e.g. 512MB).")] = None,
-    tokenizer: Annotated[str | None, typer.Option(
-        help="Text: 'bytes' (built in, the default), a Hugging Face tokenizer.json, or a "
-        "tiktoken BPE file (*.tiktoken). Used offline; its saved truncation is ignored.")] = None,
-    text_field: Annotated[str | None, typer.Option(
-        help="Text: the field holding the document in *.jsonl lines (default 'text').")] = None,
-    per_line: Annotated[bool, typer.Option(
-        help="Text: one document per non-blank line of each *.txt file.")] = False,
-    add_bos: Annotated[bool, typer.Option(help="Text: start each document with BOS.")] = False,
-    add_eos: Annotated[bool, typer.Option(help="Text: end each document with EOS.")] = False,
-    max_length: Annotated[int | None, typer.Option(
-        help="Text: at most this many ids per record (BOS/EOS included); longer documents are "
-        "truncated, or cut into chunks with --split.")] = None,
-    split: Annotated[bool, typer.Option(
-        help="Text: cut documents longer than --max-length into chunks (keys KEY#0, KEY#1...) "
-        "instead of truncating them.")] = False,
-    text_errors: Annotated[TextErrors, typer.Option(
-        help="Text: bytes that are not UTF-8 stop the conversion naming file and byte offset "
-        "('strict'), become U+FFFD ('replace'), or skip the document ('skip').")
-    ] = TextErrors["strict"],
-    points: Annotated[int | None, typer.Option(
-        help="Point clouds: points per stored sample, N (default 4096).")] = None,
-    sampling: Annotated[Sampling | None, typer.Option(
-        help="Point clouds: presampling method (default fps).")] = None,
-    voxel_size: Annotated[float | None, typer.Option(
-        help="Point clouds, --sampling voxel: voxel edge in file units (default: chosen so "
-        "that about N voxels are occupied).")] = None,
-    variants: Annotated[int | None, typer.Option(
-        help="Point clouds: presamples stored per cloud, K; one is served per epoch "
-        "(default 1).")] = None,
-    seed: Annotated[int | None, typer.Option(help="Point clouds: sampling seed (default 0).")] = None,
-    fields: Annotated[str | None, typer.Option(
-        help="Point clouds: comma-separated fields, xyz always first: xyz,intensity,"
-        "classification,rgb or any column name (default xyz).")] = None,
-    normalize: Annotated[Normalize | None, typer.Option(
-        help="Point clouds: centre each cloud, or centre and scale it into the unit sphere "
-        "(default none).")] = None,
-    dtype: Annotated[PointDtype | None, typer.Option(
-        help="Point clouds: stored float type (default float32; float16 halves storage).")] = None,
-    fewer: Annotated[Fewer | None, typer.Option(
-        help="Point clouds with fewer than N points: 'replace' repeats points, 'pad' pads "
-        "with zeros and stores a mask (default replace).")] = None,
-    point_labels: Annotated[str | None, typer.Option(
-        help="Point clouds: per-point labels from this column (e.g. classification).")] = None,
-    variant_order: Annotated[VariantOrder | None, typer.Option(
-        help="Point clouds: serve variant (index + epoch) % K, or a seeded random one "
-        "(default epoch).")] = None,
+    **source_options: Any,
 ) -> None:
-    """Convert a one-file-per-sample dataset into a packed one.
+    """Convert a one-file-per-sample dataset into a packed one. Options of a sample kind apply
+    to its sources only (an image option given for text is an error).
 
     Example: packdata convert ./cifar-png cifar.lmdb --labels labels.pkl
 
     Point clouds: packdata convert ./scans trees.h5 --points 4096 --sampling fps --variants 4
     """
-    from packdata.convert import convert as run_convert
-    from packdata.sources import open_source
-
-    options = {"labels": labels, "encoding": encoding.value, "resize": resize}
-    defaults: dict = {"encoding": "raw"}
-    options.update(tokenizer=tokenizer, text_field=text_field, per_line=per_line, add_bos=add_bos,
-                   add_eos=add_eos, max_length=max_length, split=split,
-                   text_errors=text_errors.value)
-    defaults.update(per_line=False, add_bos=False, add_eos=False, split=False, text_errors="strict")
-    options |= {"points": points, "sampling": sampling, "voxel_size": voxel_size,
-                "variants": variants, "seed": seed, "fields": fields, "normalize": normalize,
-                "dtype": dtype, "fewer": fewer, "point_labels": point_labels,
-                "variant_order": variant_order}
-    options = {k: v.value if isinstance(v, Enum) else v for k, v in options.items()}
-    source_options = {k: v for k, v in options.items() if v is not None and defaults.get(k) != v}
+    given = {k: v.value if isinstance(v, Enum) else v for k, v in source_options.items()
+             if v is not None}  # only what the user gave: each kind knows its own defaults
     try:
-        source = open_source(src, kind.value if kind else None, **source_options)
-        with Progress(
-            "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-            TimeRemainingColumn(), console=console, transient=True,
-        ) as bar:
-            task = bar.add_task(escape(f"converting {src}"), total=None)
-            result = run_convert(
-                source, dst, container=format.value if format else None,
-                container_options={"shard_size": shard_size} if shard_size else None,
-                workers=workers, on_error=on_error.value, overwrite=overwrite,
-                progress=lambda done, total: bar.update(task, completed=done, total=total),
-            )
+        with warnings.catch_warnings():  # inputs left out, precision lost: one line each
+            warnings.simplefilter("always", InputWarning)
+            warnings.showwarning = _show_warning
+            result = _run_convert(src, dst, kind, given, format=format, shard_size=shard_size,
+                                  workers=workers, on_error=on_error, overwrite=overwrite)
     except (PackdataError, OSError, ValueError) as exc:
-        _fail(exc)
+        if not interrupts.received():  # else a worker stopped by the same Ctrl-C: interrupted
+            _fail(exc)
+        _interrupted(f"nothing was written to {dst}")
     except KeyboardInterrupt:
-        console.print(f"[red]interrupted:[/red] nothing was written to {escape(str(dst))}",
-                      highlight=False)
-        raise typer.Exit(130) from None
+        _interrupted(f"nothing was written to {dst}")
+    if interrupts.received():  # arrived after the output was complete, and was swallowed
+        _interrupted(f"{dst} had already been written in full")
     m = result.manifest
     for stale in result.removed_stale:
         console.print(f"removed stale partial output of a killed conversion: {stale}",
@@ -181,6 +137,41 @@ def convert(
         console.print(f"[yellow]skipped {len(m.skipped)} inputs:[/yellow]")
         for s in m.skipped:
             console.print(f"  {s['path']}: {s['reason']}", highlight=False, markup=False)
+
+
+_announced = False  # whether the command said it was interrupted, and how
+
+
+def _interrupted(what: str) -> None:
+    global _announced
+    _announced = True
+    console.print(f"[red]interrupted:[/red] {escape(what)}", highlight=False)
+    raise typer.Exit(130)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    console.print(f"[yellow]warning:[/yellow] {escape(str(message))}", highlight=False)
+
+
+def _run_convert(src: Path, dst: Path, kind: Enum | None, options: dict[str, Any], *,
+                 format: Enum | None, shard_size: str | None, workers: int, on_error: Enum,
+                 overwrite: bool):
+    from packdata.convert import convert as run_convert
+    from packdata.sources import open_source
+
+    source = open_source(src, kind.value if kind else None, **options)
+    with Progress(
+        "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+        TimeRemainingColumn(), console=console, transient=True,
+    ) as bar:
+        task = bar.add_task(escape(f"converting {src}"), total=None)
+        return run_convert(
+            source, dst, container=format.value if format else None,
+            container_options={"shard_size": shard_size} if shard_size else None,
+            workers=workers, on_error=on_error.value, overwrite=overwrite,
+            progress=lambda done, total: (interrupts.check(),
+                                          bar.update(task, completed=done, total=total)),
+        )
 
 
 @app.command()
@@ -363,5 +354,21 @@ def bench(
         _fail(exc)
 
 
+def run(args: list[str] | None = None) -> int:
+    """Run the command line; its exit status. Ctrl-C anywhere is one line and status 130 (see
+    :mod:`packdata.interrupts`, installed by ``packdata.__main__`` before this module loads)."""
+    try:
+        app(args, prog_name="packdata")  # standalone: usage errors shown, ends in SystemExit
+        status = 0
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    if interrupts.received() and not _announced:  # typer turns KeyboardInterrupt into a silent 130
+        console.print("[red]interrupted[/red]", highlight=False)
+        status = 130
+    return status
+
+
 if __name__ == "__main__":
-    app()
+    from packdata.__main__ import main
+
+    raise SystemExit(main())

@@ -19,10 +19,12 @@ from dataclasses import dataclass
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from packdata.errors import ArgumentError
+
 
 def _lengths_and_flat(seqs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     if not len(seqs):
-        raise ValueError("cannot collate an empty batch")
+        raise ArgumentError("cannot collate an empty batch")
     lengths = torch.tensor([len(s) for s in seqs], dtype=torch.int64)
     return lengths, torch.cat(list(seqs)).to(torch.int64)
 
@@ -33,7 +35,7 @@ def pad_collate(
     """``(ids, attention_mask)``: ids int64 B×L padded with ``pad_id`` to the longest sequence
     (rounded up to ``multiple_of``, which some kernels prefer), mask bool B×L, True on tokens."""
     if not len(seqs):
-        raise ValueError("cannot collate an empty batch")
+        raise ArgumentError("cannot collate an empty batch")
     lengths = torch.tensor([len(s) for s in seqs], dtype=torch.int64)
     # pad_sequence copies row by row in C++: measured 2.5× faster than a masked scatter
     ids = pad_sequence(list(seqs), batch_first=True, padding_value=pad_id).to(torch.int64)
@@ -77,7 +79,7 @@ def pack_sequences(seqs: Sequence[torch.Tensor], block_size: int, pad_id: int = 
     """Concatenate ``seqs`` and cut the stream into blocks of ``block_size`` tokens; only the last
     block is padded. Documents are kept in order and whole, though one may span two blocks."""
     if block_size < 1:
-        raise ValueError(f"block_size must be ≥ 1, got {block_size}")
+        raise ArgumentError(f"block_size must be ≥ 1, got {block_size}")
     lengths, flat = _lengths_and_flat(seqs)
     total = len(flat)
     blocks = max(1, -(-total // block_size))

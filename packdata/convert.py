@@ -13,6 +13,7 @@ import glob
 import itertools
 import multiprocessing as mp
 import os
+import pickle
 import shutil
 import signal
 import sys
@@ -35,7 +36,7 @@ from packdata.errors import (
     SkippedSample,
 )
 from packdata.manifest import Manifest, record_checksum
-from packdata.sources.base import BLOCK, Item, Loaded, Source, safe_load
+from packdata.sources.base import BLOCK, SHOWN, STOPS, Item, Loaded, Source, reason_of, safe_load
 
 ON_ERROR = ("fail", "skip")
 __all__ = ["BLOCK", "ConvertResult", "convert"]
@@ -85,15 +86,24 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _load_block(items: list[Item]) -> list[Loaded]:
-    return _load_block_with(_worker_source, items)  # type: ignore[arg-type]
+    """The worker's task. What it raises travels back pickled: an error that cannot be (a
+    library's own exception class) is replaced by a PackdataError keeping its type and message."""
+    try:
+        return _load_block_with(_worker_source, items)  # type: ignore[arg-type]
+    except BaseException as exc:
+        try:
+            pickle.loads(pickle.dumps(exc))
+        except Exception:
+            raise PackdataError(f"{items[0].path}: {reason_of(exc)}") from None
+        raise
 
 
 def _load_block_with(source: Source, items: list[Item]) -> list[Loaded]:
     try:
         return source.load_block(items)
-    except PackdataError:
+    except (PackdataError, *STOPS):
         raise
-    except Exception:  # a batch call failed as a whole: find the culprit item by item
+    except BaseException:  # a batch call failed as a whole: find the culprit item by item
         return [safe_load(source, item) for item in items]
 
 
@@ -261,7 +271,7 @@ def convert(
                 pairs = _pairs(item, loaded)  # one input may make several records (chunks)
                 if writer is None and pairs and not isinstance(pairs, SampleError):
                     fields, first = source.fields(pairs[0][1]), item
-                    writer = module.WRITER(tmp, fields, len(items), options)
+                    writer = module.WRITER(tmp, fields, options)
                 if not isinstance(pairs, SampleError):
                     pairs = _checked(pairs, fields, item, source, first)
                 if isinstance(pairs, SampleError):
@@ -288,6 +298,10 @@ def convert(
                 **source.describe(),
             )
             manifest.options.update(options)
+            ignored = {why: {"count": len(names), "first": names[:SHOWN]}
+                       for why, names in getattr(source, "ignored", {}).items() if names}
+            if ignored:  # what the listing left out, so that it is never silent
+                manifest.source["ignored"] = ignored
             writer.finish(manifest)
             if dst.exists():
                 _remove(dst)

@@ -17,7 +17,6 @@ builds a CPU-only pipeline (what CI runs).
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -27,14 +26,23 @@ import numpy as np
 import torch
 
 from packdata.augment.ops import CIFAR10_MEAN, CIFAR10_STD
+from packdata.containers.tar import image_suffix, read_manifest, shard_paths
 from packdata.dataset import PackedDataset
-from packdata.errors import DatasetError, require
+from packdata.errors import ArgumentError, DatasetError, require
+from packdata.manifest import Manifest
 
 LABEL_DIGITS = 20  # .cls members are decimal text: padded to this many bytes, parsed in torch
 
 
 def _dali() -> Any:
     return require("nvidia.dali", "dali", "the DALI pipeline")
+
+
+def _image_manifest(path: Path) -> Manifest:
+    manifest = read_manifest(path)
+    if manifest.container != "tar" or manifest.kind != "image":
+        raise DatasetError(f"{path}: the DALI tar reader needs a tar dataset of images")
+    return manifest
 
 
 def write_dali_index(path: str | Path, out_dir: str | Path) -> tuple[list[str], list[str], str]:
@@ -47,17 +55,14 @@ def write_dali_index(path: str | Path, out_dir: str | Path) -> tuple[list[str], 
     if not (path / "manifest.json").is_file() or not (path / "index.npz").is_file():
         raise DatasetError(f"{path}: the DALI tar reader needs a packdata tar dataset "
                            "(a directory with manifest.json and index.npz)")
-    manifest = json.loads((path / "manifest.json").read_text())["packdata"]
-    if manifest.get("container") != "tar" or manifest.get("kind") != "image":
-        raise DatasetError(f"{path}: the DALI tar reader needs a tar dataset of images")
-    image = manifest["fields"]["image"]
+    manifest = _image_manifest(path)
     index = np.load(path / "index.npz")
-    shards = [path / s["name"] for s in manifest["extra"]["shards"]]
-    keys = [k.replace(".", "_").replace(" ", "_") for k in manifest["keys"]]
+    shards = shard_paths(path)
+    keys = [k.replace(".", "_").replace(" ", "_") for k in manifest.keys]
     # keep: the member's own suffix (png/jpg) is the extension DALI sees, so match either
-    keep = image.get("codec") == "image"
+    keep = manifest.fields["image"].codec == "image"
     ext = "png;jpg;jpeg" if keep else "image.npy"
-    has_label = "label" in manifest["fields"]
+    has_label = "label" in manifest.fields
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     index_paths = []
@@ -72,7 +77,7 @@ def write_dali_index(path: str | Path, out_dir: str | Path) -> tuple[list[str], 
                     off, size = off - header, size + header
                 else:
                     f.seek(off)
-                    suffix = "png" if f.read(4).startswith(b"\x89PNG") else "jpg"
+                    suffix = image_suffix(f.read(4))
                 line = f"{suffix} {off} {size} {keys[i]}.{suffix}"
                 if has_label:
                     line += (f" cls {int(index['label.offset'][i])} "
@@ -152,11 +157,11 @@ def _device(device: str, device_id: int | None) -> tuple[str, int | None]:
     if device == "auto":
         device = "gpu" if torch.cuda.is_available() else "cpu"
     if device not in ("cpu", "gpu"):
-        raise ValueError(f"device '{device}': expected 'cpu', 'gpu' or 'auto'")
+        raise ArgumentError(f"device '{device}': expected 'cpu', 'gpu' or 'auto'")
     if device == "cpu":
         return device, None
     if not torch.cuda.is_available():
-        from packdata.device import DeviceError
+        from packdata.errors import DeviceError
 
         raise DeviceError("the DALI GPU pipeline needs a CUDA device; use device='cpu'")
     return device, torch.cuda.current_device() if device_id is None else device_id
@@ -177,13 +182,13 @@ def tar_loader(path: str | Path, batch_size: int, *, device: str = "auto",
         keep = tempfile.TemporaryDirectory(prefix="packdata-dali-")
         index_dir = keep.name
     shards, index_paths, ext = write_dali_index(path, index_dir)
-    manifest = json.loads((Path(path) / "manifest.json").read_text())["packdata"]
-    stored = manifest["fields"]["image"]["shape"]
-    raw = manifest["fields"]["image"].get("codec") != "image"
+    image = _image_manifest(Path(path)).fields["image"]
+    stored = list(image.shape)
+    raw = image.codec != "image"
     header = npy_header_size(path) if raw else 0
     if size is None:
         if not raw:
-            raise ValueError("give size= for keep-encoded images (their size is not in the manifest)")
+            raise ArgumentError("give size= for keep-encoded images (their size is not in the manifest)")
         size = (stored[0], stored[1])
     size = (size, size) if isinstance(size, int) else tuple(size)
 

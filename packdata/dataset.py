@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 
 from packdata import containers, sources
 from packdata.containers.base import Reader
+from packdata.errors import ArgumentError, ArgumentTypeError
 from packdata.manifest import Manifest
 from packdata.sampling import SharedEpoch
 from packdata.verify import ChecksummedReader, at_open
@@ -93,7 +94,7 @@ class PackedDataset(Dataset):
         if field is None:
             names = list(self.manifest.variable_fields)
             if len(names) != 1:
-                raise ValueError(f"name the field: variable-length fields are {names}")
+                raise ArgumentError(f"name the field: variable-length fields are {names}")
             field = names[0]
         return self.reader.lengths(field)
 
@@ -158,7 +159,7 @@ class PackedDataset(Dataset):
         if array.size == 0:
             return array.astype(np.int64).reshape(0)
         if array.dtype.kind not in "iu":
-            raise TypeError(f"sample indices must be integers, got {array.dtype} ({indices!r:.60})")
+            raise ArgumentTypeError(f"sample indices must be integers, got {array.dtype} ({indices!r:.60})")
         if array.ndim != 1:
             raise IndexError(f"expected one index or a flat list of them, got shape {array.shape}")
         return array.astype(np.int64, copy=False)

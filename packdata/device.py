@@ -14,13 +14,9 @@ from typing import Any
 
 import torch
 
-from packdata.errors import PackdataError
+from packdata.errors import DeviceError, PackdataError
 
 Augment = Callable[[torch.Tensor], torch.Tensor]
-
-
-class DeviceError(PackdataError, RuntimeError):
-    """The device asked for is not present (e.g. ``device="cuda"`` on a machine without CUDA)."""
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:

@@ -62,3 +62,33 @@ def require(module: str, extra: str, purpose: str):
 class BenchError(PackdataError, ValueError):
     """``packdata bench`` cannot run as asked: no such device, a model that does not fit the
     batch, an input that is neither a packdata dataset nor an image folder."""
+
+
+class ArgumentError(PackdataError, ValueError):
+    """An argument whose value cannot work (a batch size of 0, a rank outside the world size,
+    an unknown choice), named with the value given."""
+
+
+class ArgumentTypeError(PackdataError, TypeError):
+    """An argument of the wrong type (e.g. float sample indices)."""
+
+
+class OptionError(ArgumentError):
+    """A conversion option that the sample kind does not have, or a value it does not accept."""
+
+
+class InputWarning(UserWarning):
+    """Conversion goes on but the user should know: inputs left out (files with other suffixes,
+    labels naming no file), or precision a stored type loses. ``packdata convert`` prints these."""
+
+
+class AugmentInputError(PackdataError, ValueError):
+    """A batch given to an augmentation is not what it expects (type, dtype, layout, shape)."""
+
+
+class DeviceError(PackdataError, RuntimeError):
+    """The device asked for is not present (e.g. ``device="cuda"`` on a machine without CUDA)."""
+
+
+class ResidentMemoryError(PackdataError, MemoryError):
+    """The dataset does not fit in the memory of the device asked for resident mode."""

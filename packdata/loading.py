@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from packdata.dataset import PackedDataset
 from packdata.device import Augment, DeviceLoader, resolve_device
+from packdata.errors import ArgumentError
 from packdata.sampling import EpochBatchSampler
 
 
@@ -98,12 +99,12 @@ def loader(
     serves the same batches from there (:class:`~packdata.resident.ResidentLoader`).
     """
     if (batch_size is None) == (sampler is None):
-        raise ValueError("give exactly one of batch_size or a batch sampler")
+        raise ArgumentError("give exactly one of batch_size or a batch sampler")
     if resident:
         from packdata.resident import ResidentLoader
 
         if batch_size is None:
-            raise ValueError("resident=True needs batch_size (it samples on the device)")
+            raise ArgumentError("resident=True needs batch_size (it samples on the device)")
         return ResidentLoader(dataset, batch_size, device="cpu" if device is None else device,
                               shuffle=shuffle, drop_last=drop_last, seed=seed, augment=augment)
     target = None if device is None else resolve_device(device)
@@ -116,7 +117,7 @@ def loader(
             True if persistent_workers is None else persistent_workers)
         dataloader_options["prefetch_factor"] = 4 if prefetch_factor is None else prefetch_factor
     elif persistent_workers or prefetch_factor is not None:
-        raise ValueError("persistent_workers and prefetch_factor need num_workers > 0")
+        raise ArgumentError("persistent_workers and prefetch_factor need num_workers > 0")
     if sampler is None:
         sampler = EpochBatchSampler(
             len(dataset), batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from packdata.errors import DatasetError
+from packdata.errors import ArgumentError, DatasetError
 
 FORMAT_VERSION = 1
 
@@ -29,7 +29,7 @@ class Field:
 
     def __post_init__(self) -> None:
         if any(s is None for s in self.shape[1:]):
-            raise ValueError(f"only the first axis may be variable, got shape {self.shape}")
+            raise ArgumentError(f"only the first axis may be variable, got shape {self.shape}")
 
     @property
     def variable(self) -> bool:
@@ -48,7 +48,7 @@ class Field:
     def nbytes(self) -> int:
         """Bytes per record of a fixed field."""
         if self.variable:
-            raise ValueError("a variable-length field has no fixed size")
+            raise ArgumentError("a variable-length field has no fixed size")
         return int(np.prod(self.shape, dtype=np.int64)) * self.np_dtype.itemsize
 
     def to_dict(self) -> dict[str, Any]:
@@ -64,12 +64,12 @@ class Field:
     def check(self, name: str, value: np.ndarray) -> None:
         """Raise ValueError unless ``value`` fits this field."""
         if value.dtype != self.np_dtype:
-            raise ValueError(f"field '{name}': expected dtype {self.dtype}, got {value.dtype}")
+            raise ArgumentError(f"field '{name}': expected dtype {self.dtype}, got {value.dtype}")
         expected = self.row_shape if self.variable else self.shape
         got = value.shape[1:] if self.variable else value.shape
         if tuple(got) != tuple(expected) or (self.variable and value.ndim != len(self.shape)):
             shape = ["N" if s is None else s for s in self.shape]
-            raise ValueError(f"field '{name}': expected shape {shape}, got {list(value.shape)}")
+            raise ArgumentError(f"field '{name}': expected shape {shape}, got {list(value.shape)}")
 
 
 def record_checksum(record: dict[str, np.ndarray], fields: dict[str, Field]) -> int:

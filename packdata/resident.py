@@ -17,14 +17,10 @@ import torch
 
 from packdata.dataset import PackedDataset
 from packdata.device import Augment, augment_images, resolve_device
-from packdata.errors import PackdataError
+from packdata.errors import PackdataError, ResidentMemoryError
 from packdata.sampling import EpochBatchSampler
 
 CHUNK = 8192  # samples read per call while loading: bounded host memory for a GPU load
-
-
-class ResidentMemoryError(PackdataError, MemoryError):
-    """The dataset does not fit in the memory of the device asked for resident mode."""
 
 
 def available_bytes(device: torch.device) -> int:

@@ -17,6 +17,8 @@ import numpy as np
 import torch.distributed as dist
 from torch.utils.data import Sampler, get_worker_info
 
+from packdata.errors import ArgumentError
+
 
 def ddp_rank_world() -> tuple[int, int]:
     """(rank, world size) of the default process group, or (0, 1) outside DDP."""
@@ -85,7 +87,7 @@ class _SeededSampler(Sampler[list[int]]):
         self.rank = default_rank if rank is None else rank
         self.world_size = default_world if world_size is None else world_size
         if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {self.rank} is outside world size {self.world_size}")
+            raise ArgumentError(f"rank {self.rank} is outside world size {self.world_size}")
         self.seed = seed
         self.epoch = 0
         self._next_epoch = 0
@@ -126,7 +128,7 @@ class EpochBatchSampler(_SeededSampler):
         world_size: int | None = None,
     ) -> None:
         if batch_size < 1:
-            raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
+            raise ArgumentError(f"batch_size must be ≥ 1, got {batch_size}")
         super().__init__(seed, rank, world_size)
         self.size = size
         self.batch_size = batch_size
@@ -183,15 +185,15 @@ class LengthBucketBatchSampler(_SeededSampler):
         world_size: int | None = None,
     ) -> None:
         if (batch_size is None) == (max_tokens is None):
-            raise ValueError("give exactly one of batch_size (documents) or max_tokens (a budget)")
+            raise ArgumentError("give exactly one of batch_size (documents) or max_tokens (a budget)")
         if (batch_size or max_tokens or 0) < 1:
-            raise ValueError(f"batch size must be ≥ 1, got {batch_size or max_tokens}")
+            raise ArgumentError(f"batch size must be ≥ 1, got {batch_size or max_tokens}")
         if bucket_width < 0:
-            raise ValueError(f"bucket_width must be ≥ 0, got {bucket_width}")
+            raise ArgumentError(f"bucket_width must be ≥ 0, got {bucket_width}")
         super().__init__(seed, rank, world_size)
         self.lengths = np.asarray(lengths, dtype=np.int64)
         if len(self.lengths) < self.world_size:
-            raise ValueError(f"{len(self.lengths)} documents cannot be split over "
+            raise ArgumentError(f"{len(self.lengths)} documents cannot be split over "
                              f"{self.world_size} ranks")
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.shuffle = shuffle

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from packdata.containers.base import Batch, Reader, Select, apply_select
-from packdata.errors import DatasetError, PackdataError
+from packdata.errors import ArgumentError, DatasetError, PackdataError
 from packdata.manifest import Manifest, record_checksum
 
 LEVELS = ("off", "sample", "full")
@@ -157,7 +157,7 @@ class ChecksummedReader(Reader):
 def at_open(reader: Reader, where: str | Path, level: str) -> Reader:
     """The reader to use for ``level``: checked now (``"sample"``) or wrapped (``"full"``)."""
     if level not in LEVELS:
-        raise ValueError(f"verify={level!r}: expected one of {', '.join(LEVELS)}")
+        raise ArgumentError(f"verify={level!r}: expected one of {', '.join(LEVELS)}")
     if level == "sample":
         check_sample(reader, where)
     return ChecksummedReader(reader, where) if level == "full" else reader

@@ -4,6 +4,7 @@ conversions into every container."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -33,6 +34,18 @@ def copy_sample(dst: Path, count: int = 120) -> Path:
     labels = {n: meta["labels"][n] for n in names}
     (dst / "labels.json").write_text(json.dumps({"classes": meta["classes"], "labels": labels}))
     return dst
+
+
+def fifo_folder(folder: Path, png_folder: Path, count: int = 4) -> Path:
+    """``count`` real PNGs (links) and, sorted last, a named pipe with an image's name: opening
+    it blocks until someone opens it for writing, so converting this folder cannot end before
+    it is stopped. Past 256 images (one worker task) the first records are written meanwhile."""
+    folder.mkdir()
+    pngs = sorted(png_folder.glob("*.png"))
+    for i in range(count):
+        (folder / f"img_{i:04d}.png").symlink_to(pngs[i % len(pngs)])
+    os.mkfifo(folder / "zz_blocks.png")
+    return folder
 
 
 @pytest.fixture(scope="session")

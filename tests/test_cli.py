@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from PIL import Image
+from typer.main import get_command
 from typer.testing import CliRunner
 
 from packdata.cli import app
+from tests.conftest import fifo_folder
 
 runner = CliRunner()
 
@@ -53,6 +60,29 @@ def folder_with_a_broken_png(tmp_path: Path, png_folder: Path, name: str) -> Pat
     return folder
 
 
+def test_convert_flags_are_the_kinds_options(tmp_path, png_folder):
+    """Every kind's OPTIONS is a `packdata convert` flag, and a flag reaches the source."""
+    from packdata import sources
+    from packdata.sources.options import Option
+
+    declared = {o.flag for k in sources.KINDS for o in sources.get(k).OPTIONS}
+    command = get_command(app).commands["convert"]
+    flags = {f for p in command.params for f in p.opts}
+    assert declared <= flags, declared - flags
+    assert {"--mode", "--labels", "--dtype"} <= declared  # e.g. mode was once library-only
+    out = tmp_path / "grey.h5"
+    result = runner.invoke(app, ["convert", str(png_folder), str(out), "--mode", "L",
+                                 "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(runner.invoke(app, ["inspect", str(out), "--json"]).stdout)[
+        "fields"]["image"]["shape"] == [32, 32]
+    result = runner.invoke(app, ["convert", str(png_folder), str(tmp_path / "t.h5"), "--per-line"])
+    assert result.exit_code == 2 and "'per_line' does not apply to image" in result.output
+    assert Option("n", int, 1, "").check(2) == 2
+    with pytest.raises(ValueError, match="n '2': expected int"):  # OptionError is a ValueError
+        Option("n", int, 1, "").check("2")
+
+
 def test_skip_lists_bad_inputs(tmp_path, png_folder):
     folder = folder_with_a_broken_png(tmp_path, png_folder, "broken.png")
     result = runner.invoke(app, ["convert", str(folder), str(tmp_path / "o"), "--on-error", "skip"])
@@ -91,3 +121,52 @@ def test_readme_quickstart_matches_ci():
     commands = [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
     assert len(commands) == 2
     assert commands[1] in (root / ".ci" / "run").read_text()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("moment", ["typer", "torch", "packdata.cli", "h5py"])
+def test_ctrl_c_at_any_moment_is_one_line(tmp_path, png_folder, moment):
+    """SIGINT to the process group (as a terminal's Ctrl-C) right after a module finished
+    importing (-X importtime reports each): while starting up, or converting (h5py loads when the
+    first record is written). One line, status 130, never a traceback, never ignored."""
+    folder = fifo_folder(tmp_path / "in", png_folder)
+    proc = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", "packdata", "convert", str(folder),
+         str(tmp_path / "o.h5"), "--workers", "1"],
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+        cwd=Path(__file__).parents[1],
+    )
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith("import time:") and line.rsplit("|", 1)[1].strip() == moment:
+            break
+    else:
+        pytest.fail(f"never imported {moment}: {''.join(seen[-5:])}")
+    os.killpg(proc.pid, signal.SIGINT)
+    said = [line for line in proc.stderr if not line.startswith("import time:") and line.strip()]
+    assert proc.wait() == 130, said
+    assert len(said) == 1 and said[0].startswith("interrupted"), said
+    assert not (tmp_path / "o.h5").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["in"]
+
+
+def test_an_interrupt_python_swallowed_still_counts():
+    """A KeyboardInterrupt raised inside a finaliser is dropped by Python ("Exception ignored");
+    the command line still notices it at its next check."""
+    script = (
+        "import gc, os, signal\n"
+        "from packdata import interrupts\n"
+        "interrupts.install()\n"
+        "class Finalised:\n"
+        "    def __del__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "Finalised()\n"
+        "gc.collect()\n"
+        "print('still running')\n"
+        "interrupts.check()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, cwd=Path(__file__).parents[1])
+    assert "still running" in done.stdout and "Exception ignored" in done.stderr
+    assert done.returncode != 0 and done.stderr.rstrip().endswith("KeyboardInterrupt")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import multiprocessing
 import os
@@ -18,9 +19,9 @@ import numpy as np
 import pytest
 
 import packdata
-from packdata.errors import OutputExistsError, PackdataError, SampleError
+from packdata.errors import InputWarning, OutputExistsError, PackdataError, SampleError
 from packdata.sources.images import ImageSource
-from tests.conftest import copy_sample
+from tests.conftest import copy_sample, fifo_folder
 
 
 def test_container_is_chosen_by_suffix_or_format(tmp_path, png_folder):
@@ -70,6 +71,27 @@ def test_bad_images_skipped_and_recorded(tmp_path, bad_folder, target):
     again = packdata.convert(packdata.open_source(bad_folder), tmp_path / f"again-{target}",
                              on_error="skip", workers=1)
     assert again.skipped == result.skipped  # same output for the same input, reasons included
+
+
+def test_what_the_listing_leaves_out_is_reported(tmp_path):
+    """Files with other suffixes and labels naming no file: warned, with a count and the first
+    names, and recorded in the manifest (the labels file itself is an input, not ignored)."""
+    folder = copy_sample(tmp_path / "f", count=20)
+    for i in range(7):
+        (folder / f"notes{i}.txt").write_text("not an image")
+    meta = json.loads((folder / "labels.json").read_text())
+    meta["labels"]["gone_0001.png"] = 3
+    (folder / "labels.json").write_text(json.dumps(meta))
+    with pytest.warns(InputWarning) as warned:
+        result = packdata.convert(packdata.open_source(folder), tmp_path / "o.h5", workers=1)
+    messages = " | ".join(str(w.message) for w in warned)
+    assert "ignored 7 files that are not image inputs" in messages
+    assert "notes0.txt, notes1.txt, notes2.txt, notes3.txt, notes4.txt and 2 more" in messages
+    assert "ignored 1 entries of" in messages and "gone_0001.png" in messages
+    ignored = result.manifest.source["ignored"]
+    assert [v["count"] for v in ignored.values()] == [7, 1]
+    assert ignored[next(iter(ignored))]["first"][0] == "notes0.txt"
+    assert result.manifest.count == 20
 
 
 def test_missing_label_is_a_clear_error(tmp_path, png_folder):
@@ -250,26 +272,41 @@ def test_dead_worker_is_an_error_naming_its_files_not_a_hang(tmp_path, png_folde
     assert list(tmp_path.iterdir()) == []
 
 
-def test_killed_conversion_leaves_nothing_that_opens(tmp_path, png_folder):
-    """SIGTERM mid-conversion: the process cleans up; nothing at DST opens as a dataset."""
-    big = tmp_path / "big"
-    from packdata.bench.baselines import tile_image_folder
-    from packdata.demo import SAMPLE
+class _UnpicklableFailure(_SmallBlocks):
+    """A source whose error cannot travel back from a worker (it holds a lambda)."""
 
-    tile_image_folder(SAMPLE, big, 3000)
+    def load_block(self, items):
+        exc = PackdataError("the tokeniser does not fit")
+        exc.hook = lambda: None
+        raise exc
+
+
+def test_what_leaves_a_worker_always_pickles(tmp_path, png_folder):
+    with pytest.raises(PackdataError, match="airplane_0000.png: PackdataError: the tokeniser"):
+        packdata.convert(_UnpicklableFailure(png_folder), tmp_path / "u.h5", workers=2)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(120)
+def test_killed_conversion_leaves_nothing_that_opens(tmp_path, png_folder):
+    """SIGTERM mid-conversion: the process cleans up; nothing at DST opens as a dataset. The
+    last input is a named pipe, so the conversion cannot finish before the signal: no race."""
+    folder = fifo_folder(tmp_path / "in", png_folder, count=300)  # two tasks: the pipe's waits
     out = tmp_path / "out"
     out.mkdir()
     log = open(tmp_path / "stderr.txt", "w+")  # noqa: SIM115 - a pipe nobody reads could fill up
     proc = subprocess.Popen(
-        [sys.executable, "-m", "packdata.cli", "convert", str(big), str(out / "k.lmdb"),
-         "--workers", "2"], stderr=log,
+        [sys.executable, "-m", "packdata", "convert", str(folder), str(out / "k.lmdb"),
+         "--workers", "2"], stderr=log, cwd=Path(__file__).parents[1],
     )
-    deadline = time.time() + 30
-    while time.time() < deadline and not any(out.iterdir()):
-        time.sleep(0.02)
-    time.sleep(0.2)
+    while not any(out.iterdir()):  # the partial output exists: converting
+        assert proc.poll() is None, "the conversion ended on its own"
+        time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=60)
+    while proc.poll() is None:  # a worker may be reading the pipe: give it an end
+        with contextlib.suppress(OSError):  # no reader (yet, or any more)
+            os.close(os.open(folder / "zz_blocks.png", os.O_WRONLY | os.O_NONBLOCK))
+        time.sleep(0.01)
     assert proc.returncode == 130
     log.seek(0)
     assert "interrupted" in log.read()

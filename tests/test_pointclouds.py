@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import shutil
+import struct
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import laspy
@@ -16,7 +18,7 @@ from typer.testing import CliRunner
 import packdata
 from packdata.cli import app
 from packdata.containers import get as get_container
-from packdata.errors import MissingExtraError, PackdataError, SampleError
+from packdata.errors import InputWarning, MissingExtraError, PackdataError, SampleError
 from packdata.prep.pointsample import coverage_radius
 from packdata.sources import pointfiles
 
@@ -279,6 +281,68 @@ def test_bad_las_files(tmp_path):
     assert sorted(skipped) == ["b_truncated.las", "c_header.las", "d_truncated.laz", "e_short.las"]
     assert "truncated: the header says 4040 points" in skipped["e_short.las"]
     assert packdata.open(result.path).keys == ["a_good"]
+
+
+def panicking_laz(data: bytes) -> bytes:
+    """A real LAZ damaged the way lazrs does not check: its LASzip record made to say
+    variable-size chunks, and its chunk table to say there are none."""
+    out = bytearray(data)
+    vlr = out.find(b"laszip encoded") - 2 + 54  # VLR header: 54 bytes from its reserved field
+    struct.pack_into("<I", out, vlr + 12, 0xFFFFFFFF)  # chunk size: variable
+    point_data = struct.unpack_from("<I", out, 96)[0]  # LAS header: offset to point data
+    table = struct.unpack_from("<q", out, point_data)[0]  # LAZ: chunk table offset comes first
+    struct.pack_into("<I", out, table + 4, 0)  # chunk table: version, then chunk count
+    return bytes(out)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_decoder_panic_is_that_files_error(tmp_path, workers):
+    """lazrs panics (pyo3's PanicException, a BaseException) on some damaged LAZ files: that is
+    the file's SampleError, or a counted skip, in the parent and in workers alike."""
+    folder = tmp_path / "p"
+    folder.mkdir()
+    shutil.copy(FIXTURES / "simple.laz", folder / "a_good.laz")
+    (folder / "b_panics.laz").write_bytes(panicking_laz((FIXTURES / "simple.laz").read_bytes()))
+    with pytest.raises(BaseException) as raised:
+        laspy.read(folder / "b_panics.laz", laz_backend=laspy.LazBackend.Lazrs)
+    assert not isinstance(raised.value, Exception)  # it does panic, past `except Exception`
+    source = packdata.open_source(folder, points=256)
+    with pytest.raises(SampleError, match="b_panics.laz: cannot read point cloud .*Panic"):
+        packdata.convert(source, tmp_path / "o.h5", workers=workers)
+    result = packdata.convert(source, tmp_path / "o.h5", workers=workers, on_error="skip")
+    assert [Path(s["path"]).name for s in result.skipped] == ["b_panics.laz"]
+    assert packdata.open(result.path).keys == ["a_good"]
+
+
+def test_a_header_claiming_billions_of_points_says_so(tmp_path):
+    folder = tmp_path / "h"
+    folder.mkdir()
+    for name, src in (("a.las", FILTERED[0]), ("b.laz", FIXTURES / "simple.laz")):
+        data = bytearray(src.read_bytes())
+        struct.pack_into("<I", data, 107, 2**32 - 1)  # LAS 1.2 header: legacy point count
+        (folder / name).write_bytes(bytes(data))
+    reasons = {}
+    for name in ("a.las", "b.laz"):
+        with pytest.raises(SampleError) as info:
+            pointfiles.read_columns(folder / name, ["x", "y", "z"])
+        reasons[name] = info.value.reason
+    assert reasons["a.las"] == "truncated: the header says 4294967295 points, the file holds 4040"
+    assert reasons["b.laz"].startswith("the header says 4294967295 points, more than fit")
+
+
+def test_float32_precision_loss_is_warned_and_the_manifest_says_what_was_applied(
+        tmp_path, tree_folder):
+    """The fixtures' scale is 1 cm; float32 at y ≈ 487,434 m steps by 3.1 cm."""
+    with pytest.warns(InputWarning, match=r"float32 stores coordinates in steps of up to 0.0312 "
+                                          r"\(file units\) where the files' own scale is 0.01"):
+        raw = convert(tree_folder, tmp_path / "raw.h5", variants=1).manifest
+    assert raw.extra["precision"]["largest_step"] == 2.0**-5
+    assert raw.extra["coordinates"].startswith("stored = file coordinates (no offset")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InputWarning)  # centred, float32 keeps the centimetres
+        centred = convert(tree_folder, tmp_path / "c.h5", variants=1, normalize="center").manifest
+    assert centred.extra["precision"]["files_coarser_than_their_scale"] == 0
+    assert "per-record field 'center'" in centred.extra["coordinates"]
 
 
 def test_missing_field_names_field_and_file(tmp_path):

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import packdata
 from packdata.cli import app
-from packdata.collate import PadCollate
+from packdata.collate import PackCollate, PadCollate
 from packdata.errors import PackdataError, SampleError, TokenizerError
 from packdata.prep.tokenizers import load_tokenizer
 from packdata.sampling import LengthBucketBatchSampler
@@ -135,6 +135,18 @@ def test_text_errors_replace_or_skip_and_empty_documents_counted(tmp_path, bad_t
                for s in skipped.skipped)
 
 
+def test_binary_text_is_refused(tmp_path, peps_dir):
+    """A .txt of NUL bytes is valid UTF-8 but not text: refused, naming the file."""
+    folder = tmp_path / "nul"
+    folder.mkdir()
+    (folder / "a.txt").write_bytes((peps_dir / "pep-0210.txt").read_bytes())
+    (folder / "b.txt").write_bytes(b"\0" * 4096)
+    with pytest.raises(SampleError, match=r"b.txt: binary data, not text .*byte offset 0"):
+        packdata.convert(packdata.open_source(folder), tmp_path / "o.h5", workers=1)
+    skipped = packdata.convert(packdata.open_source(folder), tmp_path / "o.h5", on_error="skip")
+    assert [Path(s["path"]).name for s in skipped.skipped] == ["b.txt"]
+
+
 def test_errors_cross_from_worker_processes(tmp_path, bad_text, monkeypatch):
     monkeypatch.setattr(text_source, "BLOCK_BYTES", 1)  # one document per task, two workers
     result = packdata.convert(packdata.open_source(bad_text), tmp_path / "w.lmdb", workers=2,
@@ -232,3 +244,33 @@ def test_a_per_sample_transform_keeps_variable_length_batches(packed_text):
     assert isinstance(batch, list) and [len(x) for x in batch] == [len(ds[0]), len(ds[1])]
     assert batch[0].dtype == torch.int64
     assert ds[[]] == []
+
+
+def test_docs_packed_batch_mask_and_cu_seqlens(packed_text):
+    """docs/text.md's PackCollate example runs on real tokens, and its attention mask and
+    cu_seqlens are what brute force gives: one sequence per document piece in a block."""
+    doc = (Path(__file__).parents[1] / "docs" / "text.md").read_text()
+    block = doc.split("```python\nloader = packdata.loader(ds, sampler=sampler, collate=PackCollate")[1]
+    code = "loader = packdata.loader(ds, sampler=sampler, collate=PackCollate" + block.split("```")[0]
+    ds = packdata.open(packed_text["hdf5"])
+    sampler = LengthBucketBatchSampler(ds.lengths(), batch_size=4, seed=0)
+    scope = {"packdata": packdata, "torch": torch, "PackCollate": PackCollate, "ds": ds,
+             "sampler": sampler}
+    exec(code, scope)  # noqa: S102 - the documentation's own code
+    segments, mask, cu = scope["segments"], scope["mask"], scope["cu_seqlens"].tolist()
+    n, t = segments.shape
+    pieces = []  # (start, end) of each run of one segment id within one block, brute force
+    for b in range(n):
+        row = segments[b].tolist()
+        start = 0
+        for i in range(1, t + 1):
+            if i == t or row[i] != row[start]:
+                pieces.append((b * t + start, b * t + i))
+                start = i
+    assert cu == [p[0] for p in pieces] + [n * t]
+    for b in range(n):
+        for i in range(0, t, 97):
+            for j in range(0, t, 89):
+                same = segments[b, i] == segments[b, j]
+                assert bool(mask[b, i, j]) == bool(same and j <= i)
+    assert mask[:, range(t), range(t)].all()  # no empty row, padding included

@@ -14,14 +14,10 @@ from typing import Any, ClassVar
 import torch
 import torch.utils.data
 
-from packdata.errors import PackdataError
+from packdata.errors import AugmentInputError
 
 Params = dict[str, torch.Tensor]
 BACKENDS = ("auto", "torch", "kornia")
-
-
-class AugmentInputError(PackdataError, ValueError):
-    """A batch given to an augmentation is not what it expects (type, dtype, layout, shape)."""
 
 
 def check_images(x: Any, where: str, channels: tuple[int, ...] = (1, 3)) -> None:

@@ -17,6 +17,7 @@ import math
 import torch
 
 from packdata.augment.base import DeviceGenerators
+from packdata.errors import ArgumentError
 
 
 def _uniform(shape: tuple[int, ...], low: float, high: float, like: torch.Tensor,
@@ -86,7 +87,7 @@ class PointAugment:
 
     def __call__(self, points: torch.Tensor) -> torch.Tensor:
         if points.ndim != 3 or points.shape[-1] < 3:
-            raise ValueError(f"expected a B×N×F batch with F ≥ 3, got {list(points.shape)}")
+            raise ArgumentError(f"expected a B×N×F batch with F ≥ 3, got {list(points.shape)}")
         g = self.generator(points.device)
         if self.rotate:
             points = rotate_z(points, self.rotate, generator=g)

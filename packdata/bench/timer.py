@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from packdata.errors import ArgumentError
+
 T = TypeVar("T")
 
 
@@ -51,7 +53,7 @@ class StepTimer:
     def __init__(self, window: int = 50, device: str | torch.device | None = None,
                  skip: int = 0) -> None:
         if window < 1:
-            raise ValueError(f"window must be ≥ 1, got {window}")
+            raise ArgumentError(f"window must be ≥ 1, got {window}")
         self.window = window
         self.skip = skip
         self._sync = device_sync(device)

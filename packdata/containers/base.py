@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from packdata.errors import DatasetError
+from packdata.errors import ArgumentError, DatasetError
 from packdata.manifest import Field, Manifest
 
 Batch = dict[str, "np.ndarray | list[np.ndarray]"]
@@ -27,17 +27,16 @@ class Writer(ABC):
     OPTIONS: ClassVar[dict[str, Any]] = {}
 
     def __init__(
-        self, path: Path, fields: dict[str, Field], capacity: int, options: dict[str, Any]
+        self, path: Path, fields: dict[str, Field], options: dict[str, Any]
     ) -> None:
         unknown = set(options) - set(self.OPTIONS)
         if unknown:
             accepted = ", ".join(self.OPTIONS) or "none"
-            raise ValueError(
+            raise ArgumentError(
                 f"options {sorted(unknown)} do not apply to this container (accepted: {accepted})"
             )
         self.path = path
         self.fields = fields
-        self.capacity = capacity
         self.options = {**self.OPTIONS, **options}
         self.count = 0
 
@@ -117,13 +116,6 @@ def map_file(path: Path) -> np.ndarray:
             return np.empty(0, dtype=np.uint8)
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     return np.frombuffer(mapped, dtype=np.uint8)
-
-
-def split_rows(flat: np.ndarray, lengths: np.ndarray, field: Field) -> list[np.ndarray]:
-    """Cut one flat buffer into per-record arrays of ``field``'s row shape."""
-    ends = np.cumsum(lengths)
-    rows = flat.view(field.np_dtype).reshape(-1, *field.row_shape)
-    return np.split(rows, ends[:-1]) if len(lengths) else []
 
 
 def disk_size(path: Path) -> int:

@@ -36,9 +36,9 @@ def _offsets_name(name: str) -> str:
 
 class HDF5Writer(Writer):
     def __init__(
-        self, path: Path, fields: dict[str, Field], capacity: int, options: dict[str, Any]
+        self, path: Path, fields: dict[str, Field], options: dict[str, Any]
     ) -> None:
-        super().__init__(path, fields, capacity, options)
+        super().__init__(path, fields, options)
         self.spools = {
             name: Spool(path.with_name(f"{path.name}.{name}.spool"), field)
             for name, field in fields.items()

@@ -41,9 +41,9 @@ def lengths_key(name: str) -> bytes:
 
 class LMDBWriter(Writer):
     def __init__(
-        self, path: Path, fields: dict[str, Field], capacity: int, options: dict[str, Any]
+        self, path: Path, fields: dict[str, Field], options: dict[str, Any]
     ) -> None:
-        super().__init__(path, fields, capacity, options)
+        super().__init__(path, fields, options)
         self.env = lmdb.open(str(path), map_size=MAP_SIZE, subdir=True, sync=False)
         self.txn = self.env.begin(write=True)
         self.pending = 0

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import io
-import json
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from packdata.containers.base import Batch, Reader, Select, Writer, map_file
-from packdata.errors import DatasetError, PackdataError
+from packdata.errors import ArgumentError, DatasetError, PackdataError
 from packdata.manifest import Field, Manifest
 from packdata.verify import check_manifest
 
@@ -37,11 +36,15 @@ MANIFEST = "manifest.json"
 INDEX = "index.npz"
 
 
+def image_suffix(head: bytes) -> str:
+    """The extension encoded image bytes get, from their first 4 bytes: png, jpg, else img."""
+    return "png" if head.startswith(b"\x89PNG") else "jpg" if head[:2] == b"\xff\xd8" else "img"
+
+
 def member_suffix(name: str, field: Field, value: np.ndarray) -> str:
     """The webdataset extension a field's member gets."""
     if field.codec == "image":
-        head = value[:4].tobytes()
-        return "png" if head.startswith(b"\x89PNG") else "jpg" if head[:2] == b"\xff\xd8" else "img"
+        return image_suffix(value[:4].tobytes())
     if name == "label" and field.shape == () and field.np_dtype.kind in "iu":
         return "cls"
     return f"{name}.npy"
@@ -88,7 +91,7 @@ def parse_shard_size(text: str | int) -> tuple[int | None, int | None]:
     try:
         return int(s), None
     except ValueError:
-        raise ValueError(f"shard size '{text}': expected a sample count or a size like 512MB") \
+        raise ArgumentError(f"shard size '{text}': expected a sample count or a size like 512MB") \
             from None
 
 
@@ -112,9 +115,9 @@ class TarWriter(Writer):
     OPTIONS = {"shard_size": "10000", "pattern": "shard-%06d.tar"}
 
     def __init__(
-        self, path: Path, fields: dict[str, Field], capacity: int, options: dict[str, Any]
+        self, path: Path, fields: dict[str, Field], options: dict[str, Any]
     ) -> None:
-        super().__init__(path, fields, capacity, options)
+        super().__init__(path, fields, options)
         self.max_count, self.max_bytes = parse_shard_size(self.options["shard_size"])
         path.mkdir(parents=True)
         self.shards: list[dict[str, Any]] = []
@@ -209,7 +212,7 @@ class TarReader(Reader):
                                f"{exc}); the dataset is damaged") from None
 
     def _open(self) -> None:
-        self.manifest = Manifest.from_json((self.path / MANIFEST).read_bytes(), str(self.path))
+        self.manifest = read_manifest(self.path)
         check_manifest(self.manifest, self.path)
         self.index = _load_index(self.path / INDEX, self.manifest)
         shards = _shards(self.path, self.manifest)
@@ -329,10 +332,21 @@ class TarReader(Reader):
         self._maps.clear()
 
 
-def shard_paths(path: Path) -> list[Path]:
+def read_manifest(path: str | Path) -> Manifest:
+    """The manifest of the tar dataset at ``path`` (checked: packdata JSON, a version this
+    packdata reads)."""
+    path = Path(path)
+    try:
+        text = (path / MANIFEST).read_text()
+    except OSError as exc:
+        raise DatasetError(f"{path}: not a packdata tar dataset (no readable {MANIFEST}: "
+                           f"{exc.strerror})") from None
+    return Manifest.from_json(text, str(path))
+
+
+def shard_paths(path: str | Path) -> list[Path]:
     """The shard files of a tar dataset, in order (for webdataset or DALI readers)."""
-    manifest = json.loads((Path(path) / MANIFEST).read_text())["packdata"]
-    return [Path(path) / s["name"] for s in manifest["extra"]["shards"]]
+    return [Path(path) / s["name"] for s in read_manifest(path).extra["shards"]]
 
 
 WRITER = TarWriter

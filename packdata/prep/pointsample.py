@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from packdata.errors import ArgumentError, OptionError
+
 METHODS = ("random", "fps", "voxel")
 FEWER = ("replace", "pad")
 NORMALIZE = ("none", "center", "unit_sphere")
@@ -45,11 +47,11 @@ class SampleSpec:
                                      ("normalize", self.normalize, NORMALIZE),
                                      ("dtype", self.dtype, DTYPES)):
             if value not in allowed:
-                raise ValueError(f"{name} '{value}': expected one of {', '.join(allowed)}")
+                raise OptionError(f"{name} '{value}': expected one of {', '.join(allowed)}")
         if self.points < 1 or self.variants < 1:
-            raise ValueError(f"points ({self.points}) and variants ({self.variants}) must be >= 1")
+            raise OptionError(f"points ({self.points}) and variants ({self.variants}) must be >= 1")
         if self.voxel_size is not None and (self.method != "voxel" or not 0 < self.voxel_size < math.inf):
-            raise ValueError("voxel_size must be finite and > 0, and needs sampling 'voxel'")
+            raise OptionError("voxel_size must be finite and > 0, and needs sampling 'voxel'")
 
 
 @dataclass
@@ -100,7 +102,7 @@ def sample(xyz: np.ndarray, k: int, method: str, rng: np.random.Generator,
         return farthest_point_sample(xyz, k, start=int(rng.integers(len(xyz))))
     if method == "voxel":
         return voxel_sample(xyz, k, rng, voxel_size)
-    raise ValueError(f"sampling '{method}': expected one of {', '.join(METHODS)}")
+    raise OptionError(f"sampling '{method}': expected one of {', '.join(METHODS)}")
 
 
 def _grid_keys(xyz: np.ndarray, edge: float) -> np.ndarray:
@@ -149,7 +151,7 @@ def farthest_point_sample(xyz: np.ndarray, k: int, start: int = 0, per_cell: int
     """
     n = len(xyz)
     if k > n:
-        raise ValueError(f"cannot choose {k} points from {n}")
+        raise ArgumentError(f"cannot choose {k} points from {n}")
     _, keys = grid_for(xyz, max(1, n // per_cell))
     order = np.argsort(keys, kind="stable")
     sorted_keys = keys[order]

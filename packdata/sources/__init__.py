@@ -1,7 +1,8 @@
 """Sources: one module per input kind. This table is the only place that lists them.
 
-A kind module defines ``KIND``, ``SUFFIXES`` (input files it recognises), ``SOURCE`` (a
-:class:`packdata.sources.base.Source` subclass) and
+A kind module defines ``KIND``, ``SUFFIXES`` (input files it recognises), ``OPTIONS`` (its
+conversion options, :class:`packdata.sources.options.Option`), ``SOURCE`` (a
+:class:`packdata.sources.base.Source` subclass taking ``root, **options``) and
 ``to_torch(batch, manifest, *, indices, epoch)``, which turns a batch read from any container
 into the tensors its Dataset returns (``indices`` and ``epoch`` let a kind vary what it serves,
 e.g. a different stored variant each epoch).
@@ -56,18 +57,10 @@ def detect_kind(root: Path) -> str:
 
 
 def open_source(root: str | Path, kind: str | None = None, **options: Any) -> Source:
-    """A Source over ``root``; ``kind`` is detected from file suffixes when not given."""
+    """A Source over ``root``; ``kind`` is detected from file suffixes when not given.
+    ``options`` are the kind's (its module's ``OPTIONS``); another is an OptionError."""
     root = Path(root)
     if not root.exists():
         raise PackdataError(f"{root}: no such file or directory")
     kind = kind or detect_kind(root)
-    source_cls = get(kind).SOURCE
-    try:
-        return source_cls(root, **options)
-    except TypeError as exc:
-        if "unexpected keyword" not in str(exc):
-            raise
-        bad = str(exc).rsplit("'", 2)[-2]
-        raise PackdataError(
-            f"option '{bad}' does not apply to {kind} sources (see `packdata convert --help`)"
-        ) from None
+    return get(kind).SOURCE(root, **options)

@@ -8,6 +8,7 @@ cheaper in batches (a tokeniser's batch encoding) overrides it.
 from __future__ import annotations
 
 import os
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,10 +16,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from packdata.errors import PackdataError, SampleError
+from packdata.errors import InputWarning, PackdataError, SampleError
 from packdata.manifest import Field
 
 BLOCK = 256  # items per worker task, unless a source groups them otherwise
+SHOWN = 5  # names listed when reporting what was left out
 
 Record = dict[str, np.ndarray]
 #: what loading one item gives: a record; several ``(key, record)`` pairs when one input makes
@@ -43,6 +45,8 @@ class Source(ABC):
     #: appended to shape errors, telling the user how to make records uniform
     shape_hint: ClassVar[str] = ""
     classes: list[str] | None = None
+    #: inputs left out by reason, set while listing (see :meth:`ignore`); absent until then
+    ignored: dict[str, list[str]]
 
     @abstractmethod
     def items(self) -> list[Item]:
@@ -70,6 +74,25 @@ class Source(ABC):
         """The source (path, layout) and the conversion options, for the manifest (and
         optionally ``extra`` facts, e.g. gathered by :meth:`observe`)."""
 
+    def list_inputs(self, suffixes: tuple[str, ...], used: Path | None = None) -> list[str]:
+        """:func:`list_files` under ``self.root``; the other files there, but ``used`` (e.g. the
+        labels file), are noted as ignored (:meth:`ignore`)."""
+        others: list[str] = []
+        files = list_files(self.root, suffixes, others)
+        self.ignore(f"files that are not {self.kind} inputs ({', '.join(suffixes)})",
+                    [f for f in others if used is None or self.root / f != used])
+        return files
+
+    def ignore(self, why: str, names: list[str]) -> None:
+        """Record inputs left out for reason ``why`` (the latest listing's, once per reason):
+        :func:`packdata.convert` puts a count and the first names in the manifest's
+        ``source.ignored``, and they are announced as an InputWarning."""
+        ignored = self.__dict__.setdefault("ignored", {})
+        if names and ignored.get(why) != names:
+            warnings.warn(f"{self.root}: ignored {len(names)} {why}: {shown(names)}",
+                          InputWarning, stacklevel=3)
+        ignored[why] = names
+
     def observe(self, record: dict[str, np.ndarray]) -> None:  # noqa: B027 - optional hook
         """Called in the converting process with each stored record, in order (``load`` runs in
         workers, whose state is lost): a place to count facts for the manifest."""
@@ -80,27 +103,48 @@ def relative_key(path: Path, root: Path) -> str:
     return path.relative_to(root).with_suffix("").as_posix()
 
 
+#: what a failure while loading one input never is: the user's or the interpreter's own stop.
+#: Anything else a decoder raises is that input's failure, BaseException subclasses included
+#: (lazrs panics as pyo3's PanicException, which derives from BaseException).
+STOPS = (KeyboardInterrupt, SystemExit, GeneratorExit)
+
+
 def safe_load(source: Source, item: Item) -> Loaded:
     """``source.load(item)``, with any failure returned as a SampleError naming the file."""
     try:
         return source.load(item)
     except SampleError as exc:
         return exc
-    except PackdataError:  # not about one input (a tokeniser that does not fit): stop converting
+    except (PackdataError, *STOPS):  # not about one input (e.g. a tokeniser that does not fit)
         raise
-    except Exception as exc:  # a library failing on bad input: name the file, keep the reason
-        return SampleError(str(item.path), f"{type(exc).__name__}: {exc}")
+    except BaseException as exc:  # a library failing on bad input: name the file, keep the reason
+        return SampleError(str(item.path), reason_of(exc))
 
 
-def list_files(root: Path, suffixes: tuple[str, ...]) -> list[str]:
+def reason_of(exc: BaseException) -> str:
+    """A library's failure as one line: its type and message (plain strings, so it pickles)."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+def list_files(root: Path, suffixes: tuple[str, ...], others: list[str] | None = None) -> list[str]:
     """Files under ``root`` with one of ``suffixes``, as sorted relative POSIX paths (``root``
-    itself if it is such a file). os.walk and strings: building a Path per file costs more than
-    the listing itself on folders of millions of files."""
+    itself if it is such a file); the rest are appended to ``others``, sorted. os.walk and
+    strings: building a Path per file costs more than the listing itself on folders of millions
+    of files."""
     if root.is_file():
         return [root.name]
-    found = []
+    found, rest = [], []
     for folder, _, names in os.walk(root):
         rel = os.path.relpath(folder, root)
         prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
-        found.extend(prefix + n for n in names if os.path.splitext(n)[1].lower() in suffixes)
+        for n in names:
+            (found if os.path.splitext(n)[1].lower() in suffixes else rest).append(prefix + n)
+    if others is not None:
+        others.extend(sorted(rest))
     return sorted(found)
+
+
+def shown(names: list[str]) -> str:
+    """The first few of ``names``, and how many more."""
+    more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+    return ", ".join(names[:SHOWN]) + more

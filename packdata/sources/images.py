@@ -18,11 +18,19 @@ from PIL import Image, UnidentifiedImageError
 from packdata.errors import PackdataError, SampleError
 from packdata.manifest import Field, Manifest
 from packdata.sources import labels as labelling
-from packdata.sources.base import Item, Source, list_files
+from packdata.sources.base import Item, Source
+from packdata.sources.options import Option, resolve
 
 KIND = "image"
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 ENCODINGS = ("raw", "keep")
+OPTIONS = (
+    labelling.LABELS,
+    Option("encoding", str, "raw", "'raw' stores decoded uint8 pixels (no decode when loading); "
+           "'keep' stores the original file bytes (smaller, for large JPEGs).", ENCODINGS),
+    Option("resize", str, None, "Resize to N×N or WxH pixels at conversion (needs --encoding raw)."),
+    Option("mode", str, "RGB", "Pillow mode the pixels are converted to (RGB, L, RGBA...)."),
+)
 
 
 def parse_size(text: str | int | tuple[int, int] | None) -> tuple[int, int] | None:
@@ -45,28 +53,20 @@ class ImageSource(Source):
     kind = KIND
     shape_hint = "resize at conversion (--resize 32x32) or keep the file bytes (--encoding keep)"
 
-    def __init__(
-        self,
-        root: str | Path,
-        labels: str | Path | None = None,
-        encoding: str = "raw",
-        resize: str | tuple[int, int] | None = None,
-        mode: str = "RGB",
-    ) -> None:
+    def __init__(self, root: str | Path, **options: Any) -> None:
+        """``options``: see :data:`OPTIONS` (labels, encoding, resize, mode)."""
+        o = resolve(KIND, OPTIONS, options)
         self.root = Path(root)
-        if encoding not in ENCODINGS:
-            raise PackdataError(f"encoding '{encoding}': expected one of {', '.join(ENCODINGS)}")
-        self.resize = parse_size(resize)
-        if encoding == "keep" and self.resize:
+        self.resize = parse_size(o["resize"])
+        if o["encoding"] == "keep" and self.resize:
             raise PackdataError("--resize needs --encoding raw: 'keep' stores the file unchanged")
-        self.encoding = encoding
-        self.mode = mode
-        self.labels_path = Path(labels) if labels else labelling.find_labels_file(self.root)
+        self.encoding, self.mode = o["encoding"], o["mode"]
+        self.labels_path = Path(o["labels"]) if o["labels"] else labelling.find_labels_file(self.root)
         if self.labels_path and not self.labels_path.is_file():
             raise PackdataError(f"{self.labels_path}: labels file not found")
 
     def _files(self) -> list[str]:
-        return list_files(self.root, SUFFIXES)
+        return self.list_inputs(SUFFIXES, used=self.labels_path)
 
     @property
     def layout(self) -> str:
@@ -76,7 +76,9 @@ class ImageSource(Source):
         root = self.root if self.root.is_dir() else self.root.parent
         files = self._files()
         keys = [os.path.splitext(f)[0] for f in files]
-        labels, self.classes = labelling.assign(files, self.labels_path)
+        unused: list[str] = []
+        labels, self.classes = labelling.assign(files, self.labels_path, unused)
+        self.ignore(f"entries of {self.labels_path} naming no input file", unused)
         return [Item(k, root / f, label) for k, f, label in zip(keys, files, labels)]
 
     def load(self, item: Item) -> dict[str, np.ndarray]:

@@ -9,9 +9,14 @@ import pickle
 from pathlib import Path
 
 from packdata.errors import PackdataError
+from packdata.sources.options import Option
 
 LABEL_FILES = ("labels.json", "labels.csv", "labels.pkl")
 MISSING = -1  # a file with no entry in the labels file; the source's load() reports it
+#: the option of every kind that takes per-sample labels
+LABELS = Option("labels", Path, None, "Labels file: .json, .csv or .pkl mapping file name → "
+                "class index. Found automatically as SRC/labels.*; class sub-folders need none. "
+                "A .pkl is unpickled: use only one you trust.")
 
 
 def load_labels(path: Path) -> tuple[dict[str, int], list[str] | None]:
@@ -76,12 +81,19 @@ def layout(files: list[str], labels_path: Path | None) -> str:
     return "unlabelled"
 
 
-def assign(files: list[str], labels_path: Path | None) -> tuple[list[int | None], list[str] | None]:
-    """Each file's label (``MISSING`` when the labels file lacks it) and the class names."""
+def assign(
+    files: list[str], labels_path: Path | None, unused: list[str] | None = None
+) -> tuple[list[int | None], list[str] | None]:
+    """Each file's label (``MISSING`` when the labels file lacks it) and the class names; the
+    labels file's entries that name none of ``files`` are appended to ``unused``."""
     kind = layout(files, labels_path)
     if kind == "labels-file":
         table, classes = load_labels(labels_path)  # type: ignore[arg-type]
-        return [lookup(table, f) for f in files], classes
+        names = [entry(table, f) for f in files]
+        if unused is not None:
+            found = set(names)
+            unused.extend(name for name in table if name not in found)
+        return [MISSING if n is None else table[n] for n in names], classes
     if kind == "class-folders":
         classes = sorted({f.split("/", 1)[0] for f in files})
         index = {c: i for i, c in enumerate(classes)}
@@ -89,10 +101,10 @@ def assign(files: list[str], labels_path: Path | None) -> tuple[list[int | None]
     return [None] * len(files), None
 
 
-def lookup(table: dict[str, int], relpath: str) -> int:
-    """A file's label: by relative path, file name, or name without suffix."""
+def entry(table: dict[str, int], relpath: str) -> str | None:
+    """The labels file's entry for a file: by relative path, file name, or name without suffix."""
     name = relpath.rsplit("/", 1)[-1]
     for candidate in (relpath, name, os.path.splitext(name)[0]):
         if candidate in table:
-            return table[candidate]
-    return MISSING
+            return candidate
+    return None

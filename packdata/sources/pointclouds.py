@@ -16,6 +16,7 @@ seeded hash of (seed, epoch, index) (``"random"``).
 from __future__ import annotations
 
 import os
+import warnings
 import zlib
 from pathlib import Path
 from typing import Any
@@ -23,16 +24,60 @@ from typing import Any
 import numpy as np
 import torch
 
-from packdata.errors import MissingExtraError, PackdataError, SampleError, require
+from packdata.errors import (
+    InputWarning,
+    MissingExtraError,
+    OptionError,
+    PackdataError,
+    SampleError,
+    require,
+)
 from packdata.manifest import Field, Manifest
-from packdata.prep.pointsample import SampleSpec, finite_rows, normalization, presample
+from packdata.prep.pointsample import (
+    DTYPES,
+    FEWER,
+    METHODS,
+    NORMALIZE,
+    SampleSpec,
+    finite_rows,
+    normalization,
+    presample,
+)
 from packdata.sources import labels as labelling
 from packdata.sources import pointfiles
-from packdata.sources.base import Item, Source, list_files
+from packdata.sources.base import Item, Source, shown
+from packdata.sources.options import Option, resolve
 
 KIND = "pointcloud"
 SUFFIXES = pointfiles.SUFFIXES
 VARIANT_ORDERS = ("epoch", "random")
+#: what each normalisation does to the file's coordinates, as the manifest states it
+COORDINATES = {
+    "none": "stored = file coordinates (no offset, no scale)",
+    "center": "stored = file coordinates - center (per-record field 'center')",
+    "unit_sphere": "stored = (file coordinates - center) / scale (per-record fields 'center' "
+                   "and 'scale')",
+}
+OPTIONS = (
+    labelling.LABELS,
+    Option("points", int, 4096, "Points per stored sample, N."),
+    Option("sampling", str, "fps", "Presampling method.", METHODS),
+    Option("voxel_size", float, None, "With --sampling voxel: voxel edge in file units (default: "
+           "chosen so that about N voxels are occupied)."),
+    Option("variants", int, 1, "Presamples stored per cloud, K; one is served per epoch."),
+    Option("seed", int, 0, "Sampling seed."),
+    Option("fields", str, "xyz", "Comma-separated fields, xyz always first: xyz,intensity,"
+           "classification,rgb or any column name."),
+    Option("normalize", str, "none", "Centre each cloud, or centre and scale it into the unit "
+           "sphere.", NORMALIZE),
+    Option("dtype", str, "float32", "Stored float type (float16 halves storage; float32 keeps "
+           "about 7 significant digits: normalise map coordinates or store float64).", DTYPES),
+    Option("fewer", str, "replace", "Clouds with fewer than N points: 'replace' repeats points, "
+           "'pad' pads with zeros and stores a mask.", FEWER),
+    Option("point_labels", str, None, "Per-point labels from this column (e.g. classification)."),
+    Option("variant_order", str, "epoch", "Serve variant (index + epoch) % K, or a seeded random "
+           "one.", VARIANT_ORDERS),
+)
 
 
 def parse_fields(fields: str | list[str] | tuple[str, ...]) -> list[str]:
@@ -40,7 +85,7 @@ def parse_fields(fields: str | list[str] | tuple[str, ...]) -> list[str]:
     names = [f.strip() for f in fields.split(",")] if isinstance(fields, str) else list(fields)
     names = [f for f in names if f and f != "xyz"]
     if len(set(names)) != len(names):
-        raise PackdataError(f"fields {names}: each field may appear once")
+        raise OptionError(f"fields {names}: each field may appear once")
     return ["xyz", *names]
 
 
@@ -49,46 +94,30 @@ class PointCloudSource(Source):
 
     kind = KIND
 
-    def __init__(
-        self,
-        root: str | Path,
-        labels: str | Path | None = None,
-        points: int = 4096,
-        sampling: str = "fps",
-        variants: int = 1,
-        seed: int = 0,
-        voxel_size: float | None = None,
-        fields: str | list[str] = "xyz",
-        normalize: str = "none",
-        dtype: str = "float32",
-        fewer: str = "replace",
-        point_labels: str | None = None,
-        variant_order: str = "epoch",
-    ) -> None:
+    def __init__(self, root: str | Path, **options: Any) -> None:
+        """``options``: see :data:`OPTIONS`; ``fields`` may also be a list of names."""
+        o = resolve(KIND, OPTIONS, options)
         self.root = Path(root)
-        try:
-            self.spec = SampleSpec(points=points, method=sampling, variants=variants, seed=seed,
-                                   voxel_size=voxel_size, fewer=fewer, normalize=normalize,
-                                   dtype=dtype)
-        except ValueError as exc:
-            raise PackdataError(str(exc)) from None
-        if variant_order not in VARIANT_ORDERS:
-            raise PackdataError(f"variant_order '{variant_order}': expected epoch or random")
-        self.variant_order = variant_order
-        self.field_names = parse_fields(fields)
-        self.point_labels = point_labels
+        self.spec = SampleSpec(points=o["points"], method=o["sampling"], variants=o["variants"],
+                               seed=o["seed"], voxel_size=o["voxel_size"], fewer=o["fewer"],
+                               normalize=o["normalize"], dtype=o["dtype"])
+        self.variant_order = o["variant_order"]
+        self.field_names = parse_fields(o["fields"])
+        self.point_labels = o["point_labels"]
+        labels = o["labels"]
         self.labels_path = Path(labels) if labels else labelling.find_labels_file(self.root)
         if self.labels_path and not self.labels_path.is_file():
             raise PackdataError(f"{self.labels_path}: labels file not found")
         self._reset_counts()
 
     def _reset_counts(self) -> None:
+        self.precision: dict[str, Any] = {}
         self.counts = {"clouds_with_replacement": 0, "clouds_padded": 0,
                        "clouds_with_nonfinite": 0, "nonfinite_points_dropped": 0}
         self.num_points: list[int] = []
 
     def _files(self) -> list[str]:
-        return list_files(self.root, SUFFIXES)
+        return self.list_inputs(SUFFIXES, used=self.labels_path)
 
     def items(self) -> list[Item]:
         self._reset_counts()
@@ -99,8 +128,41 @@ class PointCloudSource(Source):
             raise MissingExtraError("lazrs", "lidar", "reading LAZ files")
         if any(f.lower().endswith(pointfiles.LAS_SUFFIXES) for f in files):
             require("laspy", "lidar", "reading LAS/LAZ files")
-        labels, self.classes = labelling.assign(files, self.labels_path)
+        unused: list[str] = []
+        labels, self.classes = labelling.assign(files, self.labels_path, unused)
+        self.ignore(f"entries of {self.labels_path} naming no input file", unused)
+        self._check_precision(root, [f for f in files if f.lower().endswith(pointfiles.LAS_SUFFIXES)])
         return [Item(os.path.splitext(f)[0], root / f, label) for f, label in zip(files, labels)]
+
+    def _check_precision(self, root: Path, files: list[str]) -> None:
+        """Warn (InputWarning) when the stored float type's step at a LAS file's coordinates,
+        once normalised, is coarser than the file's own scale: float32 at 487,434 m steps by
+        3 cm where the file says 1 cm. From headers only; a file that fails is reported when
+        loaded."""
+        dtype = np.dtype(self.spec.dtype)
+        losing, worst = [], (0.0, 0.0)
+        for f in files:
+            try:
+                lo, hi, file_scale = pointfiles.las_extent(root / f)
+            except Exception:  # noqa: S112 - load() names the file and the reason
+                continue
+            if self.spec.normalize == "unit_sphere":  # stored ≤ 1, then times the radius
+                step = float(np.spacing(dtype.type(1))) * float(np.linalg.norm(hi - lo))
+            else:
+                reach = np.maximum(abs(lo), abs(hi)) if self.spec.normalize == "none" else hi - lo
+                with np.errstate(all="ignore"):  # float16 overflows: load() says so
+                    step = float(np.spacing(reach.astype(dtype)).max())
+            if step > file_scale.min():
+                losing.append(f)
+                worst = max(worst, (step, float(file_scale.min())))
+        self.precision = {"dtype": dtype.name, "files_coarser_than_their_scale": len(losing),
+                          "largest_step": worst[0], "its_file_scale": worst[1]}
+        if losing:
+            warnings.warn(
+                f"{root}: {dtype.name} stores coordinates in steps of up to {worst[0]:.3g} "
+                f"(file units) where the files' own scale is {worst[1]:.3g}, in {len(losing)} "
+                f"files ({shown(losing)}); use --normalize center, or --dtype float64",
+                InputWarning, stacklevel=3)
 
     def blocks(self, items: list[Item]) -> list[list[Item]]:
         """One cloud per worker task: a cloud costs milliseconds to seconds to read and sample,
@@ -182,7 +244,9 @@ class PointCloudSource(Source):
                         "seed": s.seed, "normalize": s.normalize, "dtype": s.dtype,
                         "fewer": s.fewer, "point_labels": self.point_labels,
                         "variant_order": self.variant_order},
-            "extra": {**self.counts, "num_points": self.num_points},
+            "extra": {**self.counts, "num_points": self.num_points,
+                      "coordinates": COORDINATES[s.normalize],
+                      **({"precision": self.precision} if self.precision else {})},
         }
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from packdata.errors import MissingExtraError, SampleError, require
+from packdata.sources.base import STOPS, reason_of
 
 LAS_SUFFIXES = (".las", ".laz")
 TEXT_SUFFIXES = (".xyz", ".txt")
@@ -48,10 +49,10 @@ def read_columns(path: Path, wanted: list[str]) -> dict[str, np.ndarray]:
             return _read_text(path)
         if suffix == ".npy":
             return _read_npy(path)
-    except (SampleError, MissingExtraError):
+    except (SampleError, MissingExtraError, *STOPS):
         raise
-    except Exception as exc:  # laspy, lazrs and numpy raise many types on damaged files
-        raise SampleError(str(path), f"cannot read point cloud ({type(exc).__name__}: {exc})") from None
+    except BaseException as exc:  # laspy, lazrs (panics too) and numpy raise many types
+        raise SampleError(str(path), f"cannot read point cloud ({reason_of(exc)})") from None
     raise SampleError(str(path), f"unsupported point-cloud suffix '{suffix}'")
 
 
@@ -90,8 +91,20 @@ def _read_las(path: Path, wanted: list[str]) -> dict[str, np.ndarray]:
     # Single-threaded lazrs: conversion parallelises across processes already, and the parallel
     # backend's thread pool deadlocks forked workers once the parent process has used it.
     backend = laspy.LazBackend.Lazrs if path.suffix.lower() == ".laz" else None
-    las = laspy.read(path, laz_backend=backend)
-    expected, found = int(las.header.point_count), len(las.points)
+    with laspy.open(path, laz_backend=backend) as reader:
+        header = reader.header
+        expected = int(header.point_count)
+        if not header.are_points_compressed:  # a damaged count must not become a huge allocation
+            room = (path.stat().st_size - header.offset_to_point_data) // header.point_format.size
+            if expected > room:
+                raise SampleError(str(path), f"truncated: the header says {expected} points, "
+                                             f"the file holds {max(room, 0)}")
+        try:
+            las = reader.read()
+        except MemoryError:
+            raise SampleError(str(path), f"the header says {expected} points, more than fit in "
+                                         "memory: is the header damaged?") from None
+    found = len(las.points)
     if found != expected:
         raise SampleError(str(path), f"truncated: the header says {expected} points, the file "
                                      f"holds {found}")
@@ -104,6 +117,16 @@ def _read_las(path: Path, wanted: list[str]) -> dict[str, np.ndarray]:
     for name in ("x", "y", "z"):
         out[name] = np.asarray(getattr(las, name)) if name in wanted else None  # scaled + offset
     return out  # type: ignore[return-value]
+
+
+def las_extent(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A LAS/LAZ file's coordinate bounds and scale (the step its integers stand for), as xyz
+    arrays, from its header alone."""
+    laspy = require("laspy", "lidar", "reading LAS/LAZ files")
+    with open(path, "rb") as f:
+        header = laspy.LasHeader.read_from(f)
+    return (np.asarray(header.mins, np.float64), np.asarray(header.maxs, np.float64),
+            np.asarray(header.scales, np.float64))
 
 
 _PLY_TYPES = {

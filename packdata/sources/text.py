@@ -28,13 +28,31 @@ import torch
 
 from packdata.errors import PackdataError, SampleError, SkippedSample, TokenizerError
 from packdata.manifest import Field, Manifest
-from packdata.prep.tokenizers import Tokenizer, load_tokenizer, token_dtype
-from packdata.sources.base import Item, Loaded, Source, list_files
+from packdata.prep.tokenizers import load_tokenizer, token_dtype
+from packdata.sources.base import Item, Loaded, Source
+from packdata.sources.options import Option, resolve
 
 KIND = "text"
 SUFFIXES = (".txt", ".jsonl")
 TEXT_ERRORS = ("strict", "replace", "skip")
 DTYPES = ("uint8", "uint16", "uint32")
+OPTIONS = (
+    Option("tokenizer", str, "bytes", "'bytes' (built in), a Hugging Face tokenizer.json, or a "
+           "tiktoken BPE file (*.tiktoken). Used offline; its saved truncation is ignored."),
+    Option("text_field", str, "text", "The field holding the document in *.jsonl lines."),
+    Option("per_line", bool, False, "One document per non-blank line of each *.txt file."),
+    Option("add_bos", bool, False, "Start each document with BOS."),
+    Option("add_eos", bool, False, "End each document with EOS."),
+    Option("max_length", int, None, "At most this many ids per record (BOS/EOS included); longer "
+           "documents are truncated, or cut into chunks with --split."),
+    Option("split", bool, False, "Cut documents longer than --max-length into chunks (keys "
+           "KEY#0, KEY#1...) instead of truncating them."),
+    Option("text_errors", str, "strict", "Bytes that are not UTF-8 stop the conversion naming "
+           "file and byte offset ('strict'), become U+FFFD ('replace'), or skip the document "
+           "('skip').", TEXT_ERRORS),
+    Option("dtype", str, None, "Stored token id type (default: the smallest that holds the "
+           "vocabulary).", DTYPES),
+)
 BLOCK_BYTES = 512 << 10  # text per worker task: enough to amortise a task, small enough to balance
 
 
@@ -57,26 +75,15 @@ class TextSource(Source):
 
     kind = KIND
 
-    def __init__(
-        self,
-        root: str | Path,
-        tokenizer: str | Path | Tokenizer = "bytes",
-        *,
-        text_field: str = "text",
-        per_line: bool = False,
-        add_bos: bool = False,
-        add_eos: bool = False,
-        max_length: int | None = None,
-        split: bool = False,
-        text_errors: str = "strict",
-        dtype: str | None = None,
-    ) -> None:
+    def __init__(self, root: str | Path, **options: Any) -> None:
+        """``options``: see :data:`OPTIONS`; ``tokenizer`` may also be a loaded Tokenizer."""
+        o = resolve(KIND, OPTIONS, options)
+        tokenizer, max_length, split = o["tokenizer"], o["max_length"], o["split"]
+        add_bos, add_eos, dtype = o["add_bos"], o["add_eos"], o["dtype"]
         self.root = Path(root)
         self.tokenizer = load_tokenizer(tokenizer)
-        if text_errors not in TEXT_ERRORS:
-            raise PackdataError(f"text_errors '{text_errors}': expected one of {', '.join(TEXT_ERRORS)}")
         for flag, special in (("add_bos", "bos_id"), ("add_eos", "eos_id")):
-            if locals()[flag] and getattr(self.tokenizer, special) is None:
+            if o[flag] and getattr(self.tokenizer, special) is None:
                 raise TokenizerError(f"--{flag.replace('_', '-')}: the tokeniser has no "
                                      f"{special[:3].upper()} token")
         self.specials = ([self.tokenizer.bos_id] if add_bos else [],
@@ -86,18 +93,16 @@ class TextSource(Source):
         if max_length is not None and max_length <= add_bos + add_eos:
             raise PackdataError(f"--max-length {max_length} leaves no room beside BOS/EOS")
         self.dtype = dtype or token_dtype(self.tokenizer.vocab_size)
-        if self.dtype not in DTYPES:
-            raise PackdataError(f"dtype '{dtype}': expected one of {', '.join(DTYPES)}")
-        self.text_field, self.per_line = text_field, per_line
+        self.text_field, self.per_line = o["text_field"], o["per_line"]
         self.add_bos, self.add_eos = add_bos, add_eos
-        self.max_length, self.split, self.text_errors = max_length, split, text_errors
+        self.max_length, self.split, self.text_errors = max_length, split, o["text_errors"]
         self.blank_lines = 0
 
     # -- listing ---------------------------------------------------------------------------------
 
     def _files(self) -> list[Path]:
         base = self.root.parent if self.root.is_file() else self.root
-        return [base / f for f in list_files(self.root, SUFFIXES)]
+        return [base / f for f in self.list_inputs(SUFFIXES)]
 
     def items(self) -> list[Item]:
         base = self.root.parent if self.root.is_file() else self.root
@@ -183,6 +188,10 @@ class TextSource(Source):
         return out
 
     def _text(self, item: TextItem, raw: bytes) -> str | SampleError:
+        nul = raw.find(b"\0")
+        if nul >= 0:  # valid UTF-8, but no text has it: a binary file with a text suffix
+            return SampleError(item.origin, f"binary data, not text (a NUL byte at byte offset "
+                                            f"{item.start + nul})")
         errors = "replace" if self.text_errors == "replace" else "strict"
         try:
             text = raw.decode("utf-8", errors=errors)

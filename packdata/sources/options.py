@@ -1,0 +1,52 @@
+"""Conversion options. Each sample kind lists its own in its module's ``OPTIONS``: the one place
+that gives their names, types, defaults and help, read by the source itself (:func:`resolve`),
+by :func:`packdata.sources.open_source` and by ``packdata convert`` (one flag per option)."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from packdata.errors import OptionError
+
+
+@dataclass(frozen=True)
+class Option:
+    """One conversion option of a sample kind."""
+
+    name: str
+    type: type  # what the command line parses: str, int, float, bool or pathlib.Path
+    default: Any
+    help: str
+    choices: tuple[str, ...] = ()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def check(self, value: Any) -> Any:
+        """``value`` if it fits this option, else an OptionError naming option and value."""
+        if value is None:
+            return value
+        if self.choices and value not in self.choices:
+            raise OptionError(f"{self.name} '{value}': expected one of {', '.join(self.choices)}")
+        numeric = {int: numbers.Integral, float: numbers.Real}.get(self.type)
+        if (numeric or self.type is bool) and (
+            isinstance(value, bool) != (self.type is bool)
+            or not isinstance(value, numeric or bool)
+        ):
+            raise OptionError(f"{self.name} {value!r}: expected {self.type.__name__}")
+        return value
+
+
+def resolve(kind: str, options: Iterable[Option], given: dict[str, Any]) -> dict[str, Any]:
+    """Every option of ``kind``: the given value, checked, or its default. An option the kind
+    does not have is an OptionError naming the kind and listing the ones it has."""
+    table = {o.name: o for o in options}
+    unknown = [name for name in given if name not in table]
+    if unknown:
+        raise OptionError(f"option '{unknown[0]}' does not apply to {kind} sources (theirs: "
+                          f"{', '.join(table)}; see `packdata convert --help`)")
+    return {name: o.check(given.get(name, o.default)) for name, o in table.items()}
