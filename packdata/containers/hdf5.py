@@ -5,7 +5,7 @@ Layout (readable with plain h5py):
 - ``/<field>``: a contiguous, uncompressed dataset of shape ``(count, *shape)`` for a fixed field;
   for a variable-length field, the rows of all records concatenated, shape ``(total_rows, *row)``,
   with ``/<field>_offsets`` (``count + 1`` int64) marking where record ``i`` starts and ends;
-- ``/manifest``: a scalar UTF-8 string holding the manifest JSON.
+- ``/manifest``: the manifest JSON as a scalar fixed-length byte string (UTF-8).
 
 Contiguous layout is what makes the fast path possible: the byte offset of each dataset is known,
 so a batch is one numpy gather from a memory map, with no HDF5 call per sample.
@@ -68,7 +68,9 @@ class HDF5Writer(Writer):
                     ds[start : start + len(rows)] = rows
                     start += len(rows)
                 spool.remove()
-            f.create_dataset(MANIFEST, data=manifest.to_json())
+            # fixed-length bytes stored in the dataset itself: a variable-length string lives in
+            # HDF5's global heap, and a damaged heap makes libhdf5 loop forever when it is read
+            f.create_dataset(MANIFEST, data=np.bytes_(manifest.to_json().encode()))
 
     def abort(self) -> None:
         for spool in self.spools.values():
