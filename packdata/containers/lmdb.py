@@ -83,13 +83,14 @@ class LMDBWriter(Writer):
 
 # LMDB refuses a second open of the same files in one process, so readers of one dataset share
 # an environment; an entry made before a fork is closed and replaced in the child.
-_envs: dict[tuple[int, int], tuple[int, lmdb.Environment]] = {}
+_envs: dict[tuple[int, ...], tuple[int, lmdb.Environment]] = {}
 
 
 def shared_env(path: Path) -> lmdb.Environment:
     """This process's read-only environment for the LMDB at ``path``."""
     st = os.stat(path / "data.mdb")
-    key, pid = (st.st_dev, st.st_ino), os.getpid()
+    # size and mtime too: a dataset replaced in place (--overwrite) may reuse the inode number
+    key, pid = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), os.getpid()
     entry = _envs.get(key)
     if entry is not None and entry[0] == pid:
         return entry[1]
