@@ -1,0 +1,41 @@
+"""The conformance suite for the LMDB container; records read back with plain ``lmdb``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lmdb
+import numpy as np
+
+from tests.containers.suite import ContainerSuite
+
+
+class TestLMDB(ContainerSuite):
+    name = "lmdb"
+    target = "d.lmdb"
+
+    def value(self, path: Path, index: int) -> bytes:
+        with lmdb.open(str(path), readonly=True, lock=False) as env, env.begin() as txn:
+            return bytes(txn.get(b"%010d" % index))
+
+    def plain_read(self, path, fields, index):
+        """Fixed fields' bytes in manifest order, one uint64 row count per variable field,
+        then the variable fields' bytes (the layout in packdata/containers/lmdb.py)."""
+        value, pos, out = self.value(path, index), 0, {}
+        for name, f in fields.items():
+            if not f.variable:
+                out[name] = np.frombuffer(value[pos : pos + f.nbytes], f.np_dtype).reshape(f.shape)
+                pos += f.nbytes
+        variable = [n for n, f in fields.items() if f.variable]
+        counts = np.frombuffer(value[pos : pos + 8 * len(variable)], "<u8")
+        pos += 8 * len(variable)
+        for name, rows in zip(variable, counts.tolist()):
+            f = fields[name]
+            size = rows * int(np.prod(f.row_shape, dtype=np.int64)) * f.np_dtype.itemsize
+            out[name] = np.frombuffer(value[pos : pos + size], f.np_dtype).reshape(-1, *f.row_shape)
+            pos += size
+        return out
+
+    def record_byte(self, path, fields, index):
+        data = (path / "data.mdb").read_bytes()
+        return path / "data.mdb", data.index(self.value(path, index)) + 3
