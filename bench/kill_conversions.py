@@ -30,6 +30,7 @@ from collections import Counter
 from pathlib import Path
 
 import packdata
+import packdata.containers
 from packdata.errors import DatasetError
 from packdata.verify import verify
 
@@ -112,8 +113,10 @@ def trial(src: Path, dst: Path, container: str, target: str, delay: float,
               "stray_processes": len(left), "failures": []}
     try:
         ds = packdata.open(dst)
-    except DatasetError:
+    except DatasetError as exc:
         result["opened"] = False
+        if dst.exists():  # refused, but something is at DST: it must not block a rerun
+            result["refused_at_dst"] = str(exc)
     else:
         result["opened"] = True
         report = verify(dst)
@@ -133,8 +136,16 @@ def rerun(src: Path, dst: Path, container: str) -> list[str]:
     """A conversion after a trial: it must complete, remove and report every leftover."""
     before = partials(dst)
     options = {"shard_size": "100"} if container == "tar" else None
-    result = packdata.convert(packdata.open_source(src), dst, workers=2, overwrite=True,
-                              container_options=options)
+    try:
+        result = packdata.convert(packdata.open_source(src), dst, workers=2, overwrite=True,
+                                  container_options=options)
+    except packdata.PackdataError as exc:
+        try:
+            packdata.containers.for_existing(dst)
+            why = ""
+        except packdata.PackdataError as cause:
+            why = f" (because: {cause})"
+        return [f"the rerun failed: {exc}{why}"]
     failures = []
     if sorted(Path(p).name for p in result.removed_stale) != before:
         failures.append(f"removed {result.removed_stale}, left over were {before}")

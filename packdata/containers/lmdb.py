@@ -82,20 +82,23 @@ class LMDBWriter(Writer):
 
 
 # LMDB refuses a second open of the same files in one process, so readers of one dataset share
-# an environment; an entry made before a fork is closed and replaced in the child.
-_envs: dict[tuple[int, ...], tuple[int, lmdb.Environment]] = {}
+# an environment; an entry made before a fork is closed and replaced in the child, and so is one
+# whose files were replaced (a dataset converted again with --overwrite: the same path, and
+# possibly the same inode number, now hold other files).
+_envs: dict[str, tuple[int, tuple[int, ...], lmdb.Environment]] = {}
 
 
 def shared_env(path: Path) -> lmdb.Environment:
     """This process's read-only environment for the LMDB at ``path``."""
     st = os.stat(path / "data.mdb")
-    # size and mtime too: a dataset replaced in place (--overwrite) may reuse the inode number
-    key, pid = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), os.getpid()
-    entry = _envs.get(key)
-    if entry is not None and entry[0] == pid:
-        return entry[1]
+    where, pid = os.path.realpath(path), os.getpid()
+    identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    entry = _envs.pop(where, None)
+    if entry is not None and entry[:2] == (pid, identity):
+        _envs[where] = entry
+        return entry[2]
     if entry is not None:
-        entry[1].close()
+        entry[2].close()
     try:
         env = lmdb.open(
             str(path), readonly=True, lock=False, readahead=False, subdir=True, max_readers=1024
@@ -109,7 +112,7 @@ def shared_env(path: Path) -> lmdb.Environment:
         env.close()
         raise DatasetError(f"{path}: truncated (data.mdb holds {st.st_size} bytes, its pages need "
                            f"{needed}); the dataset is damaged")
-    _envs[key] = (pid, env)
+    _envs[where] = (pid, identity, env)
     return env
 
 

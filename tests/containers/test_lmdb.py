@@ -39,3 +39,20 @@ class TestLMDB(ContainerSuite):
     def record_byte(self, path, fields, index):
         data = (path / "data.mdb").read_bytes()
         return path / "data.mdb", data.index(self.value(path, index)) + 3
+
+
+def test_a_replaced_dataset_reopens_in_the_same_process(tmp_path):
+    """Deleted and converted again at the same path (the new files often reuse the old inode
+    numbers): this process opens the new dataset, not the old environment or an error."""
+    import shutil
+
+    import packdata
+    from tests.conftest import copy_sample
+
+    dst = tmp_path / "d.lmdb"
+    for n in range(1, 6):
+        if dst.exists():
+            shutil.rmtree(dst)
+        src = copy_sample(tmp_path / f"src{n}", count=10 * n)
+        packdata.convert(packdata.open_source(src), dst, workers=1)
+        assert len(packdata.open(dst)) == 10 * n
