@@ -306,12 +306,27 @@ def convert(
             if dst.exists():
                 _remove(dst)
             os.replace(tmp, dst)
-    except BaseException:
+    except BaseException as exc:
         if writer is not None:
-            writer.abort()
+            with contextlib.suppress(Exception):  # e.g. a full disk again while flushing
+                writer.abort()
         _remove(tmp)
+        for leftover in tmp.parent.glob(f"{glob.escape(tmp.name)}.*"):  # spools named after it
+            _remove(leftover)
+        if _is_write_error(exc):
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise PackdataError(f"{dst}: cannot write the output ({reason}); nothing was "
+                                "left behind") from None
         raise
     return ConvertResult(dst, manifest, time.perf_counter() - start, stale)
+
+
+def _is_write_error(exc: BaseException) -> bool:
+    """An error of the output's storage (disk full, file too large, I/O error), rather than
+    packdata's own or the user's: inputs' errors arrive as SampleErrors."""
+    if isinstance(exc, PackdataError):
+        return False
+    return isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in ("lmdb", "h5py")
 
 
 def _pairs(item: Item, loaded: Loaded) -> list[tuple[str, dict]] | SampleError:

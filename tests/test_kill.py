@@ -57,3 +57,40 @@ def test_workers_die_with_a_sigkilled_parent(tmp_path, png_folder):
         time.sleep(0.02)
     assert kill.group_members(pid) == []
     assert kill.rerun(png_folder, dst, "lmdb") == []  # cleans the leftover up and says so
+
+
+@pytest.mark.parametrize("target", ["o.lmdb", "o.h5", "o-tar"])
+def test_a_full_disk_is_one_line_naming_the_path_and_leaves_nothing(tmp_path, png_folder,
+                                                                   target):
+    """The output may not grow past 150 kB (RLIMIT_FSIZE, as a full filesystem would stop it):
+    packdata convert says so in one line naming DST, and nothing is left beside it."""
+    import json
+    import os
+    import resource
+    import signal
+
+    from typer.testing import CliRunner
+
+    from packdata.cli import app
+
+    out = tmp_path / "out"
+    out.mkdir()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, 150_000))
+        result = CliRunner().invoke(app, ["convert", str(png_folder), str(out / target),
+                                          "--workers", "1"])
+        os.write(write_fd, json.dumps([result.exit_code, result.output]).encode())
+        os._exit(0)
+    os.close(write_fd)
+    os.waitpid(pid, 0)
+    with os.fdopen(read_fd) as f:
+        code, output = json.loads(f.read())
+    assert code == 2
+    (line,) = output.strip().splitlines()
+    assert line.startswith(f"error: {out / target}: cannot write the output (")
+    assert line.endswith("); nothing was left behind")
+    assert ("Input/output error" if target.endswith("lmdb") else "File too large") in line
+    assert list(out.iterdir()) == []
