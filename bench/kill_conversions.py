@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGETS = {"lmdb": "d.lmdb", "hdf5": "d.h5", "tar": "d-tar"}
 KILL_TARGETS = ("main", "worker", "group")
 GONE_WITHIN_S = 5.0
+HANG_S = 30.0  # a conversion still running this long after a kill is counted as hung
 
 
 def group_members(pgid: int) -> list[int]:
@@ -103,14 +104,25 @@ def trial(src: Path, dst: Path, container: str, target: str, delay: float,
     if victim is not None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGKILL)
-    _, status = os.waitpid(pid, 0)
-    main_killed = os.WIFSIGNALED(status)
+    deadline, hung = time.monotonic() + HANG_S, False
+    while not (done := os.waitpid(pid, os.WNOHANG))[0]:
+        if time.monotonic() > deadline:  # the conversion no longer progresses: end it
+            hung = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            done = os.waitpid(pid, 0)
+            break
+        time.sleep(0.01)
+    status = done[1]
+    main_killed = os.WIFSIGNALED(status) and not hung
     deadline = time.monotonic() + GONE_WITHIN_S
     while (left := group_members(pid)) and time.monotonic() < deadline:
         time.sleep(0.05)
     result = {"target": target, "delay": round(delay, 3), "main_killed": main_killed,
               "exit": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
               "stray_processes": len(left), "failures": []}
+    if hung:
+        result["failures"].append(f"the conversion hung: no exit {HANG_S} s after the kill")
     try:
         ds = packdata.open(dst)
     except DatasetError as exc:
@@ -182,6 +194,7 @@ def run(work: Path, container: str, kills: int, rng: random.Random, count: int =
         counts[f"{target} killed"] += 1
         counts["opened complete" if r["opened"] else "refused"] += 1
         counts["leftovers"] += bool(r["leftovers"])
+        counts["hung"] += any("hung" in f for f in r["failures"])
         if r["leftovers"] or rng.random() < 0.25:
             r["failures"] += rerun(src, dst, container)
             counts["reruns"] += 1
