@@ -129,7 +129,7 @@ def _records(
             pending.append((block, pool.submit(_load_block, block)))
         while pending:
             block, future = pending.popleft()
-            loaded = future.result()
+            loaded = _result(pool, future)
             nxt = next(todo, None)
             if nxt is not None:
                 pending.append((nxt, pool.submit(_load_block, nxt)))
@@ -143,6 +143,37 @@ def _records(
         # could cut a result off mid-send and leave the pool's reader thread (and so the
         # interpreter's exit) waiting for the rest forever
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+WORKER_DEATH_GRACE_S = 5.0  # how long the pool may take to notice a dead worker itself
+
+
+def _result(pool: ProcessPoolExecutor, future) -> list[Loaded]:
+    """``future.result()``, or BrokenProcessPool when a worker died and the pool did not notice.
+
+    A worker killed while sending a result (the OOM killer, SIGKILL) leaves half a message in
+    the result pipe and, holding the pipe's lock, blocks the other workers' sends: the pool's
+    reader thread then waits forever for the rest. Seen here, the remaining workers are killed
+    and the parent's copy of the pipe's write end is closed, so that reader gets end-of-file,
+    marks the pool broken and lets shutdown finish."""
+    died_at = None
+    while True:
+        try:
+            return future.result(timeout=1.0)
+        except TimeoutError:
+            pass
+        procs = list((getattr(pool, "_processes", None) or {}).values())
+        if all(p.exitcode is None for p in procs):
+            died_at = None
+            continue
+        died_at = died_at or time.monotonic()
+        if time.monotonic() - died_at > WORKER_DEATH_GRACE_S:
+            for p in procs:
+                with contextlib.suppress(Exception):
+                    p.kill()
+            with contextlib.suppress(Exception):
+                pool._result_queue._writer.close()  # type: ignore[attr-defined]
+            raise BrokenProcessPool("a worker died and the pool did not notice")
 
 
 def _check_unique_keys(items: list[Item]) -> None:

@@ -94,3 +94,37 @@ def test_a_full_disk_is_one_line_naming_the_path_and_leaves_nothing(tmp_path, pn
     assert line.endswith("); nothing was left behind")
     assert ("Input/output error" if target.endswith("lmdb") else "File too large") in line
     assert list(out.iterdir()) == []
+
+
+class DiesMidSend(ImageSource):
+    """The worker loading the 9th image dies as if SIGKILLed in the middle of sending a result:
+    half a message in the result pipe, and the pipe's lock never released."""
+
+    def blocks(self, items):
+        return [items[i : i + 4] for i in range(0, len(items), 4)]
+
+    def load(self, item):
+        if item.key.endswith("_0002") and "automobile" in item.key:
+            import gc
+            import multiprocessing.queues
+            import os
+            import signal
+            import struct
+
+            (queue,) = [o for o in gc.get_objects()
+                        if type(o) is multiprocessing.queues.SimpleQueue]
+            queue._wlock.acquire()
+            os.write(queue._writer.fileno(), struct.pack("!i", 1_000_000) + bytes(100))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().load(item)
+
+
+def test_a_worker_killed_mid_send_is_an_error_not_a_hang(tmp_path, png_folder):
+    import packdata
+    from packdata.errors import PackdataError
+
+    start = time.monotonic()
+    with pytest.raises(PackdataError, match="a conversion worker stopped unexpectedly"):
+        packdata.convert(DiesMidSend(png_folder), tmp_path / "out.h5", workers=2)
+    assert time.monotonic() - start < 30
+    assert list(tmp_path.iterdir()) == []
