@@ -145,7 +145,7 @@ def _records(
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-WORKER_DEATH_GRACE_S = 5.0  # how long the pool may take to notice a dead worker itself
+WORKER_DEATH_GRACE_S = 2.0  # how long the pool may take to notice a dead worker itself
 
 
 def _result(pool: ProcessPoolExecutor, future) -> list[Loaded]:
