@@ -81,21 +81,21 @@ class LMDBWriter(Writer):
         self.env.close()
 
 
-# LMDB refuses a second open of the same files in one process, so readers of one dataset share
-# an environment; an entry made before a fork is closed and replaced in the child, and so is one
-# whose files were replaced (a dataset converted again with --overwrite: the same path, and
-# possibly the same inode number, now hold other files).
-_envs: dict[str, tuple[int, tuple[int, ...], lmdb.Environment]] = {}
+# LMDB refuses a second open of the same files in one process (it knows them by device and
+# inode, whatever the path: a dataset renamed into place is the same files), so readers share an
+# environment per file; an entry made before a fork is closed and replaced in the child, and so
+# is one whose file was replaced (a dataset converted again with --overwrite may get the same
+# inode number back: its size and modification time tell it apart).
+_envs: dict[tuple[int, int], tuple[int, tuple[int, int], lmdb.Environment]] = {}
 
 
 def shared_env(path: Path) -> lmdb.Environment:
     """This process's read-only environment for the LMDB at ``path``."""
     st = os.stat(path / "data.mdb")
-    where, pid = os.path.realpath(path), os.getpid()
-    identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    entry = _envs.pop(where, None)
-    if entry is not None and entry[:2] == (pid, identity):
-        _envs[where] = entry
+    key, pid, version = (st.st_dev, st.st_ino), os.getpid(), (st.st_size, st.st_mtime_ns)
+    entry = _envs.pop(key, None)
+    if entry is not None and entry[:2] == (pid, version):
+        _envs[key] = entry
         return entry[2]
     if entry is not None:
         entry[2].close()
@@ -112,7 +112,7 @@ def shared_env(path: Path) -> lmdb.Environment:
         env.close()
         raise DatasetError(f"{path}: truncated (data.mdb holds {st.st_size} bytes, its pages need "
                            f"{needed}); the dataset is damaged")
-    _envs[where] = (pid, identity, env)
+    _envs[key] = (pid, version, env)
     return env
 
 
