@@ -88,15 +88,19 @@ def _die_with_parent(parent: int) -> None:
 
 def _load_block(items: list[Item]) -> list[Loaded]:
     """The worker's task. What it raises travels back pickled: an error that cannot be (a
-    library's own exception class) is replaced by a PackdataError keeping its type and message."""
+    library's own exception class) is replaced by a PackdataError keeping its type and message,
+    and nothing is chained to it (where exceptions pickle their chain, as with tblib's support
+    installed, a chained library exception would not pickle either)."""
     try:
         return _load_block_with(_worker_source, items)  # type: ignore[arg-type]
     except BaseException as exc:
-        try:
-            pickle.loads(pickle.dumps(exc))
-        except Exception:
-            raise PackdataError(f"{items[0].path}: {reason_of(exc)}") from None
-        raise
+        failure = exc
+    failure.__context__ = failure.__cause__ = None
+    try:
+        pickle.loads(pickle.dumps(failure))
+    except Exception:
+        failure = PackdataError(f"{items[0].path}: {reason_of(failure)}")
+    raise failure  # outside any handler: nothing chains to it
 
 
 def _load_block_with(source: Source, items: list[Item]) -> list[Loaded]:
