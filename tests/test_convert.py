@@ -295,10 +295,10 @@ def test_worker_errors_pickle_where_exceptions_pickle_their_chain(tmp_path, png_
     pytest.importorskip("tblib")
     script = (
         "import sys, tblib.pickling_support\n"
-        "tblib.pickling_support.install()\n"
         "import packdata\n"
         "from packdata.errors import PackdataError\n"
         "from tests.test_convert import _UnpicklableFailure\n"
+        "tblib.pickling_support.install()  # after: it registers the classes that exist\n"
         "try:\n"
         "    packdata.convert(_UnpicklableFailure(sys.argv[1]), sys.argv[2], workers=2)\n"
         "except PackdataError as exc:\n"
