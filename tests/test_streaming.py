@@ -91,7 +91,53 @@ def test_stream_resumes_mid_epoch_in_process(packed, k, buffer):
     assert ok, why
 
 
-def test_stream_refuses_a_state_of_other_settings_or_a_mid_epoch_resume_in_workers(packed):
+def batch_keys(batch):
+    from packdata.resume_check import sample_ids
+
+    return sample_ids(tuple(batch))  # default_collate makes a list of the parts
+
+
+@pytest.mark.parametrize(("workers", "k", "batch", "world"),
+                         [(0, 7, 8, 1), (2, 1, 8, 1), (2, 9, 8, 1), (2, 17, 8, 1), (3, 10, 8, 1),
+                          (4, 9, 2, 7)])
+def test_stream_loader_resumes_mid_epoch_with_workers(packed, workers, k, batch, world):
+    """Each worker skips exactly what the loop took from it; the order is the uninterrupted one,
+    also when stopped mid-way through a round of workers (k=9), in the second epoch, or when
+    workers run out of batches at different rounds (rank 3 of 7: 18 samples over 4 workers)."""
+    from packdata.resume import resumable
+
+    ok, why = resumable(lambda: packdata.StreamingDataset(
+        packed["tar"], shuffle_buffer=20, seed=2, chunk=16, rank=world // 2, world_size=world,
+    ).loader(batch, num_workers=workers), k, epochs=2, key=batch_keys)
+    assert ok, why
+
+
+@pytest.mark.parametrize(("workers", "new_workers"), [(2, 3), (3, 0), (0, 2)])
+def test_stream_resumed_at_another_num_workers_serves_the_rest_once(packed, workers, new_workers):
+    def build(n):
+        stream = packdata.StreamingDataset(packed["tar"], shuffle_buffer=20, seed=2, chunk=16)
+        return stream.loader(8, num_workers=n)
+
+    everything = sorted(i for b in build(0) for i in batch_keys(b))
+    first = build(workers)
+    taken = []
+    for batch in first:
+        taken += batch_keys(batch)
+        if len(taken) >= 40:
+            break
+    state = first.state_dict()
+    assert state["position"] == len(taken)
+    again = build(new_workers)
+    again.load_state_dict(state)
+    rest = [i for b in again for i in batch_keys(b)]
+    assert sorted(taken + rest) == everything
+    # the epoch after is the uninterrupted one at the new num_workers
+    reference = build(new_workers)
+    reference.set_epoch(1)
+    assert [batch_keys(b) for b in again] == [batch_keys(b) for b in reference]
+
+
+def test_stream_refuses_a_state_of_other_settings_world_size_or_corrupted(packed):
     from packdata.errors import ResumeError
 
     stream = packdata.StreamingDataset(packed["tar"], shuffle_buffer=40, seed=2)
@@ -101,9 +147,21 @@ def test_stream_refuses_a_state_of_other_settings_or_a_mid_epoch_resume_in_worke
     assert state["position"] == 1
     with pytest.raises(ResumeError, match="seed 2 .now 3"):
         packdata.StreamingDataset(packed["tar"], shuffle_buffer=40, seed=3).load_state_dict(state)
+    with pytest.raises(ResumeError, match="world_size 1 .now 2"):
+        packdata.StreamingDataset(packed["tar"], shuffle_buffer=40, seed=2, rank=1,
+                                  world_size=2).load_state_dict(state)
     with pytest.raises(ResumeError, match="corrupted"):
         stream.load_state_dict({**state, "position": -1})
-    again = packdata.StreamingDataset(packed["tar"], shuffle_buffer=40, seed=2)
-    again.load_state_dict(state)
-    with pytest.raises(ResumeError, match="num_workers=0"):
-        list(DataLoader(again, batch_size=8, num_workers=1))
+    with pytest.raises(ResumeError, match="corrupted"):
+        stream.load_state_dict({**state, "positions": [500]})
+
+
+def test_a_plain_dataloader_mid_epoch_position_is_refused_not_guessed(packed):
+    from packdata.errors import ResumeError
+
+    stream = packdata.StreamingDataset(packed["tar"], shuffle_buffer=20, seed=2, chunk=16)
+    batches = iter(DataLoader(stream, batch_size=8, num_workers=2))
+    next(batches)
+    with pytest.raises(ResumeError, match="loader"):
+        stream.state_dict()
+    del batches
