@@ -8,7 +8,10 @@ passes when every rank got the same number of batches, each epoch served every s
 once (up to the stated remainder rule: fewer than ``world size`` repeats that pad the last
 batches, or with ``drop_last`` fewer than ``world size × batch size`` left out and none
 repeated), two uninterrupted runs agree (a seeded order), and at the same world size the order
-after resume equals the uninterrupted order.
+after resume equals the uninterrupted order. StreamingDataset runs on the same simulated ranks
+(its order depends on the number of DataLoader workers: after a resume at another
+``num_workers`` only once-each is asked of that epoch, and the next must equal an uninterrupted
+one at the new number), and its state must be refused at another world size.
 """
 
 from __future__ import annotations
@@ -179,11 +182,13 @@ def _check_stream(dataset: Any, setups: Sequence[tuple[int, int, str | None]], t
     return results
 
 
-def collate_parts(samples: list[Any]) -> tuple[Any, ...]:
-    """default_collate's batch as a tuple of parts (it makes a list), as ``sample_ids`` reads."""
+def collate_parts(samples: list[Any]) -> Any:
+    """default_collate's batch with its parts as a tuple (it makes a list), as ``sample_ids``
+    reads a batch; a lone part stays one batched tensor."""
     from torch.utils.data import default_collate
 
-    return tuple(default_collate(samples))
+    batch = default_collate(samples)
+    return tuple(batch) if isinstance(batch, list) else batch
 
 
 def _refused_at_other_world(build: Callable, world: int) -> list[str]:
