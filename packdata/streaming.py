@@ -174,7 +174,10 @@ class StreamingDataset(IterableDataset):
         self._epoch.set(state["epoch"])
         self._in_workers[0] = 0
         self._running = None
-        self._resume = {k: state[k] for k in ("epoch", "roles", "groups", "positions", "next")}
+        if any(positions):  # mid-epoch (an epoch's start is planned afresh, for any readers)
+            self._resume = {k: state[k] for k in ("epoch", "roles", "groups", "positions", "next")}
+        else:
+            self._resume = None
 
     def __len__(self) -> int:
         """Samples this DDP rank yields per epoch (over all its DataLoader workers). Not batches:

@@ -98,8 +98,8 @@ def batch_keys(batch):
 
 
 @pytest.mark.parametrize(("workers", "k", "batch", "world"),
-                         [(0, 7, 8, 1), (2, 1, 8, 1), (2, 9, 8, 1), (2, 17, 8, 1), (3, 10, 8, 1),
-                          (4, 9, 2, 7)])
+                         [(0, 7, 8, 1), (2, 1, 8, 1), (2, 9, 8, 1), (2, 16, 8, 1), (2, 17, 8, 1),
+                          (3, 10, 8, 1), (4, 9, 2, 7)])
 def test_stream_loader_resumes_mid_epoch_with_workers(packed, workers, k, batch, world):
     """Each worker skips exactly what the loop took from it; the order is the uninterrupted one,
     also when stopped mid-way through a round of workers (k=9), in the second epoch, or when
@@ -108,8 +108,24 @@ def test_stream_loader_resumes_mid_epoch_with_workers(packed, workers, k, batch,
 
     ok, why = resumable(lambda: packdata.StreamingDataset(
         packed["tar"], shuffle_buffer=20, seed=2, chunk=16, rank=world // 2, world_size=world,
-    ).loader(batch, num_workers=workers), k, epochs=2, key=batch_keys)
+    ).loader(batch, num_workers=workers, persistent_workers=workers == 3), k, epochs=2,
+        key=batch_keys)
     assert ok, why
+
+
+def test_a_state_between_epochs_starts_the_next_epoch_afresh_at_any_num_workers(packed):
+    def build(n):
+        stream = packdata.StreamingDataset(packed["tar"], shuffle_buffer=20, seed=2, chunk=16)
+        return stream.loader(8, num_workers=n)
+
+    first = build(0)
+    list(first)
+    state = first.state_dict()
+    assert (state["epoch"], state["position"]) == (1, 0)
+    again, reference = build(2), build(2)
+    again.load_state_dict(state)
+    reference.set_epoch(1)
+    assert [batch_keys(b) for b in again] == [batch_keys(b) for b in reference]
 
 
 @pytest.mark.parametrize(("workers", "new_workers"), [(2, 3), (3, 0), (0, 2)])
