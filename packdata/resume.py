@@ -48,14 +48,20 @@ def loader_state(loader: Any, delivered: int | None,
         state = sampler_state
     else:
         state = sampler.state_dict(delivered) if delivered is not None else sampler.state_dict()
+    return sealed(loader.dataset, state)
+
+
+def sealed(dataset: Any, position: dict[str, Any]) -> dict[str, Any]:
+    """``position`` (a sampler's or stream's state) with what :func:`opened` checks: the state
+    format, packdata version, the dataset's fingerprint and size, and a checksum."""
     return {"format": STATE_FORMAT, "packdata": packdata_version(),
-            "dataset": fingerprint(loader.dataset), "count": len(loader.dataset),
-            "sampler": state, "crc": _crc(state)}
+            "dataset": fingerprint(dataset), "count": len(dataset),
+            "sampler": position, "crc": _crc(position)}
 
 
-def load_loader_state(loader: Any, state: dict[str, Any]) -> None:
-    """Check ``state`` against ``loader`` (same dataset, packdata version, intact) and hand its
-    position to the sampler; raises :class:`ResumeError` naming the difference."""
+def opened(dataset: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """The position inside a :func:`sealed` state, after checking it belongs to ``dataset``
+    (same records, packdata version, intact); raises :class:`ResumeError` naming the difference."""
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise ResumeError(f"not a packdata loader state (format {_get(state, 'format')!r}, "
                           f"expected {STATE_FORMAT})")
@@ -64,15 +70,22 @@ def load_loader_state(loader: Any, state: dict[str, Any]) -> None:
                           f"{packdata_version()}: the order may differ, so it is refused")
     if state.get("crc") != _crc(state.get("sampler")):
         raise ResumeError("the state is corrupted: its checksum does not match its contents")
-    here = fingerprint(loader.dataset)
-    if state.get("dataset") != here or state.get("count") != len(loader.dataset):
+    here = fingerprint(dataset)
+    if state.get("dataset") != here or state.get("count") != len(dataset):
         raise ResumeError(f"the state belongs to another dataset: manifest fingerprint "
                           f"{state.get('dataset')} with {state.get('count')} samples, this one "
-                          f"is {here} with {len(loader.dataset)}")
+                          f"is {here} with {len(dataset)}")
+    return state["sampler"]
+
+
+def load_loader_state(loader: Any, state: dict[str, Any]) -> None:
+    """Check ``state`` against ``loader`` (same dataset, packdata version, intact) and hand its
+    position to the sampler; raises :class:`ResumeError` naming the difference."""
+    position = opened(loader.dataset, state)
     sampler = loader.batch_sampler
     if not hasattr(sampler, "load_state_dict"):
         raise ArgumentTypeError(f"{type(sampler).__name__} has no load_state_dict()")
-    sampler.load_state_dict(state["sampler"])
+    sampler.load_state_dict(position)
 
 
 def _get(state: Any, key: str) -> Any:

@@ -142,16 +142,24 @@ class StreamingDataset(IterableDataset):
 
     def _state(self, epoch: int, roles: int, groups: list[list[int]], positions: list[int],
                next: int) -> dict[str, Any]:
+        """The position sealed with the dataset's fingerprint and packdata's version."""
+        from packdata.resume import sealed
+
         if all(p >= self.role_size(r, roles) for r, p in enumerate(positions)):
-            return self.fresh_state(epoch + 1)
-        return {"sampler": type(self).__name__, "epoch": epoch, "position": sum(positions),
-                "roles": roles, "groups": groups, "positions": list(positions), "next": next,
-                **self.settings()}
+            epoch, roles, groups, positions, next = epoch + 1, 1, [[0]], [0], 0
+        return sealed(self.dataset, {
+            "sampler": type(self).__name__, "epoch": epoch, "position": sum(positions),
+            "roles": roles, "groups": groups, "positions": list(positions), "next": next,
+            **self.settings()})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration serves the rest of its epoch, with any
         number of DataLoader workers (at the saved number, in the order an uninterrupted run
-        has). Another world size or other settings raise ResumeError naming the difference."""
+        has). Another world size, other settings, another dataset or packdata version, or a
+        corrupted state raise ResumeError naming the difference."""
+        from packdata.resume import opened
+
+        state = opened(self.dataset, state)
         if not isinstance(state, dict) or state.get("sampler") != type(self).__name__:
             raise ResumeError(f"not a {type(self).__name__} state")
         differ = [f"{k} {state.get(k)!r} (now {v!r})" for k, v in self.settings().items()
@@ -370,7 +378,7 @@ class StreamingLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict` (or the stream's own)."""
         self.stream.load_state_dict(state)
-        self._next_epoch = state["epoch"]
+        self._next_epoch = self.stream._epoch.value
         self._loaded, self._delivered, self._epoch_plan = state, None, None
         self._dataloader = None  # persistent workers would keep the old position
 

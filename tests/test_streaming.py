@@ -121,7 +121,7 @@ def test_a_state_between_epochs_starts_the_next_epoch_afresh_at_any_num_workers(
     first = build(0)
     list(first)
     state = first.state_dict()
-    assert (state["epoch"], state["position"]) == (1, 0)
+    assert (state["sampler"]["epoch"], state["sampler"]["position"]) == (1, 0)
     again, reference = build(2), build(2)
     again.load_state_dict(state)
     reference.set_epoch(1)
@@ -142,7 +142,7 @@ def test_stream_resumed_at_another_num_workers_serves_the_rest_once(packed, work
         if len(taken) >= 40:
             break
     state = first.state_dict()
-    assert state["position"] == len(taken)
+    assert state["sampler"]["position"] == len(taken)
     again = build(new_workers)
     again.load_state_dict(state)
     rest = [i for b in again for i in batch_keys(b)]
@@ -153,23 +153,29 @@ def test_stream_resumed_at_another_num_workers_serves_the_rest_once(packed, work
     assert [batch_keys(b) for b in again] == [batch_keys(b) for b in reference]
 
 
-def test_stream_refuses_a_state_of_other_settings_world_size_or_corrupted(packed):
+def test_stream_refuses_a_state_of_other_settings_world_size_dataset_or_corrupted(packed,
+                                                                                 packed_text):
     from packdata.errors import ResumeError
+    from packdata.resume import sealed
 
     stream = packdata.StreamingDataset(packed["tar"], shuffle_buffer=40, seed=2)
     it = iter(stream)
     next(it)
     state = stream.state_dict()
-    assert state["position"] == 1
+    assert state["sampler"]["position"] == 1
     with pytest.raises(ResumeError, match="seed 2 .now 3"):
         packdata.StreamingDataset(packed["tar"], shuffle_buffer=40, seed=3).load_state_dict(state)
     with pytest.raises(ResumeError, match="world_size 1 .now 2"):
         packdata.StreamingDataset(packed["tar"], shuffle_buffer=40, seed=2, rank=1,
                                   world_size=2).load_state_dict(state)
-    with pytest.raises(ResumeError, match="corrupted"):
-        stream.load_state_dict({**state, "position": -1})
-    with pytest.raises(ResumeError, match="corrupted"):
-        stream.load_state_dict({**state, "positions": [500]})
+    with pytest.raises(ResumeError, match="another dataset"):
+        packdata.StreamingDataset(packed_text["tar"], shuffle_buffer=40,
+                                  seed=2).load_state_dict(state)
+    with pytest.raises(ResumeError, match="checksum"):
+        stream.load_state_dict({**state, "sampler": {**state["sampler"], "position": 2}})
+    for broken in ({"position": -1}, {"positions": [500]}, {"next": 3}, {"groups": [[0, 0]]}):
+        with pytest.raises(ResumeError, match="corrupted stream state"):
+            stream.load_state_dict(sealed(stream.dataset, {**state["sampler"], **broken}))
 
 
 def test_a_plain_dataloader_mid_epoch_position_is_refused_not_guessed(packed):
