@@ -144,6 +144,28 @@ def test_stream_resumed_at_another_num_workers_serves_the_rest_once(packed, work
     assert ok, why
 
 
+@pytest.mark.parametrize("workers", [(3, 0, 2), (4, 2, 3)])
+def test_stream_interrupted_twice_at_other_num_workers_serves_the_epoch_once(packed, workers):
+    def build(n):
+        stream = packdata.StreamingDataset(packed["tar"], shuffle_buffer=20, seed=2, chunk=16)
+        return stream.loader(8, num_workers=n)
+
+    everything = sorted(i for b in build(0) for i in batch_keys(b))
+    taken, state = [], None
+    for n, k in zip(workers[:2], (5, 3)):
+        loader = build(n)
+        if state is not None:
+            loader.load_state_dict(state)
+        batches = iter(loader)
+        for _ in range(k):
+            taken += batch_keys(next(batches))
+        state = loader.state_dict()
+        del batches
+    last = build(workers[2])
+    last.load_state_dict(state)
+    assert sorted(taken + [i for b in last for i in batch_keys(b)]) == everything
+
+
 def test_resumable_into_another_setup_catches_a_changed_order(packed):
     from packdata.resume import resumable
 
