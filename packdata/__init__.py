@@ -33,7 +33,7 @@ _HOMES = {
     "ResidentLoader": "packdata.resident",
     "EpochBatchSampler": "packdata.sampling", "LengthBucketBatchSampler": "packdata.sampling",
     "open_source": "packdata.sources",
-    "StreamingDataset": "packdata.streaming",
+    "StreamingDataset": "packdata.streaming", "StreamingLoader": "packdata.streaming",
 }
 _RENAMED = {"open": "open_dataset"}  # the package's front door
 
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from packdata.resident import ResidentLoader
     from packdata.sampling import EpochBatchSampler, LengthBucketBatchSampler
     from packdata.sources import open_source
-    from packdata.streaming import StreamingDataset
+    from packdata.streaming import StreamingDataset, StreamingLoader
 
 
 def __getattr__(name: str) -> Any:
@@ -99,5 +99,5 @@ __all__ = [
     "HDF5Dataset", "ImageDecode", "LMDBDataset", "LengthBucketBatchSampler", "Loader", "Manifest",
     "MissingExtraError", "OutputExistsError", "PackCollate", "PackdataError", "PackedDataset",
     "PadCollate", "RandomResizedCrop", "ResidentLoader", "Resize", "SampleError", "StepTimer",
-    "StreamingDataset", "TarDataset", "convert", "loader", "open", "open_source",
+    "StreamingDataset", "StreamingLoader", "TarDataset", "convert", "loader", "open", "open_source",
 ]

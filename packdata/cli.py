@@ -147,6 +147,9 @@ def convert(
     if interrupts.received():  # arrived after the output was complete, and was swallowed
         _interrupted(f"{dst} had already been written in full")
     m = result.manifest
+    for stale in result.removed_stale:
+        console.print(f"removed stale partial output of a killed conversion: {stale}",
+                      highlight=False, markup=False)
     console.print(
         f"wrote {result.path}: {m.count} {m.kind} samples ({m.container}) in "
         f"{result.seconds:.1f} s", highlight=False, markup=False,
@@ -245,6 +248,52 @@ def inspect(
     Console().print(table)
     if preview:
         console.print(f"preview written to {preview}", markup=False)
+
+
+@app.command()
+def verify(
+    dataset: Annotated[Path, typer.Argument(help="A packdata dataset.")],
+    source: Annotated[Path | None, typer.Option(
+        help="Also compare every record with a fresh conversion of this input folder (with the "
+        "options the manifest recorded).")] = None,
+    deep: Annotated[bool, typer.Option(
+        help="Also read each record alone and decode stored images.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+) -> None:
+    """Check a dataset: manifest, record count, every record's shape and CRC-32; exits 1 when
+    anything is wrong, listing the bad records by key."""
+    from packdata.verify import source_for
+    from packdata.verify import verify as run_verify
+
+    try:
+        src = None
+        if source is not None:
+            from packdata.containers import for_existing
+
+            src = source_for(for_existing(dataset).READER(dataset).manifest, source)
+        report = run_verify(dataset, source=src, deep=deep)
+    except (PackdataError, OSError) as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(report.__dict__ | {"ok": report.ok}, indent=2))
+    else:
+        out = Console(soft_wrap=True)
+        checked = f"{report.checked} of {report.count} records checked"
+        if source is not None:
+            checked += f", {report.compared} compared with {source}"
+        out.print(f"{dataset}: {report.container or 'unreadable'}, {checked}", markup=False,
+                  highlight=False)
+        for problem in report.problems:
+            out.print(f"  problem: {problem}", markup=False, highlight=False)
+        for bad in report.bad[:50]:
+            at = "" if bad["index"] is None else f" (record {bad['index']})"
+            out.print(f"  bad: {bad['key']}{at}: {bad['problem']}", markup=False, highlight=False)
+        if len(report.bad) > 50:
+            out.print(f"  ... and {len(report.bad) - 50} more bad records", markup=False)
+        out.print("OK" if report.ok else f"FAILED: {len(report.bad)} bad records, "
+                  f"{len(report.problems)} problems", markup=False, highlight=False)
+    if not report.ok:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -8,6 +8,7 @@ opens as a dataset.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob
 import itertools
 import multiprocessing as mp
@@ -15,6 +16,7 @@ import os
 import pickle
 import shutil
 import signal
+import sys
 import time
 import uuid
 from collections import deque
@@ -48,6 +50,8 @@ class ConvertResult:
     path: Path
     manifest: Manifest
     seconds: float
+    #: partial outputs of killed earlier conversions to the same destination, removed by this one
+    removed_stale: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def skipped(self) -> list[dict[str, str]]:
@@ -58,24 +62,45 @@ class ConvertResult:
 _worker_source: Source | None = None
 
 
-def _init_worker(source: Source) -> None:
+def _init_worker(source: Source, parent: int) -> None:
     global _worker_source
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # undo the parent's handler inherited by fork
+    _die_with_parent(parent)
     _worker_source = source
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this worker when the converting process dies, however it dies
+    (a SIGKILL leaves it no chance to stop its pool): Linux's parent-death signal."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
 
 
 def _load_block(items: list[Item]) -> list[Loaded]:
     """The worker's task. What it raises travels back pickled: an error that cannot be (a
-    library's own exception class) is replaced by a PackdataError keeping its type and message."""
+    library's own exception class) is replaced by a PackdataError keeping its type and message,
+    and nothing is chained to it (where exceptions pickle their chain, as with tblib's support
+    installed, a chained library exception would not pickle either)."""
     try:
         return _load_block_with(_worker_source, items)  # type: ignore[arg-type]
     except BaseException as exc:
-        try:
-            pickle.loads(pickle.dumps(exc))
-        except Exception:
-            raise PackdataError(f"{items[0].path}: {reason_of(exc)}") from None
-        raise
+        failure = exc
+    failure.__context__ = failure.__cause__ = None
+    try:
+        pickle.loads(pickle.dumps(failure))
+    except Exception:
+        failure = PackdataError(f"{items[0].path}: {reason_of(failure)}")
+    raise failure  # outside any handler: nothing chains to it
 
 
 def _load_block_with(source: Source, items: list[Item]) -> list[Loaded]:
@@ -100,7 +125,7 @@ def _records(
             yield from zip(block, _load_block_with(source, block))
         return
     pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"),
-                               initializer=_init_worker, initargs=(source,))
+                               initializer=_init_worker, initargs=(source, os.getpid()))
     pending: deque = deque()
     todo = iter(blocks)
     block: list[Item] = []
@@ -109,7 +134,7 @@ def _records(
             pending.append((block, pool.submit(_load_block, block)))
         while pending:
             block, future = pending.popleft()
-            loaded = future.result()
+            loaded = _result(pool, future)
             nxt = next(todo, None)
             if nxt is not None:
                 pending.append((nxt, pool.submit(_load_block, nxt)))
@@ -123,6 +148,37 @@ def _records(
         # could cut a result off mid-send and leave the pool's reader thread (and so the
         # interpreter's exit) waiting for the rest forever
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+WORKER_DEATH_GRACE_S = 2.0  # how long the pool may take to notice a dead worker itself
+
+
+def _result(pool: ProcessPoolExecutor, future) -> list[Loaded]:
+    """``future.result()``, or BrokenProcessPool when a worker died and the pool did not notice.
+
+    A worker killed while sending a result (the OOM killer, SIGKILL) leaves half a message in
+    the result pipe and, holding the pipe's lock, blocks the other workers' sends: the pool's
+    reader thread then waits forever for the rest. Seen here, the remaining workers are killed
+    and the parent's copy of the pipe's write end is closed, so that reader gets end-of-file,
+    marks the pool broken and lets shutdown finish."""
+    died_at = None
+    while True:
+        try:
+            return future.result(timeout=1.0)
+        except TimeoutError:
+            pass
+        procs = list((getattr(pool, "_processes", None) or {}).values())
+        if all(p.exitcode is None for p in procs):
+            died_at = None
+            continue
+        died_at = died_at or time.monotonic()
+        if time.monotonic() - died_at > WORKER_DEATH_GRACE_S:
+            for p in procs:
+                with contextlib.suppress(Exception):
+                    p.kill()
+            with contextlib.suppress(Exception):
+                pool._result_queue._writer.close()  # type: ignore[attr-defined]
+            raise BrokenProcessPool("a worker died and the pool did not notice")
 
 
 def _check_unique_keys(items: list[Item]) -> None:
@@ -154,15 +210,20 @@ def _check_destination(dst: Path, src: Path, overwrite: bool) -> None:
         ) from None
 
 
-def _remove_stale_partials(dst: Path) -> None:
+def _remove_stale_partials(dst: Path) -> list[str]:
     """Delete partial outputs for ``dst`` left by conversions that were killed (SIGKILL, power
-    loss): their process id is in the name, and that process no longer exists."""
+    loss): their process id is in the name, and that process no longer exists. Returns what
+    was removed."""
+    removed = []
     for partial in dst.parent.glob(f".{glob.escape(dst.name)}.partial-*"):
         pid = partial.name.rsplit(".partial-", 1)[1].split("-")[0]
         if pid.isdigit() and not _alive(int(pid)):
-            _remove(partial)
-            for spool in partial.parent.glob(f"{glob.escape(partial.name)}.*.spool"):
-                spool.unlink(missing_ok=True)
+            removed.append(str(partial))
+            if partial.name.endswith(".spool"):
+                partial.unlink(missing_ok=True)
+            else:
+                _remove(partial)
+    return removed
 
 
 def _alive(pid: int) -> bool:
@@ -263,7 +324,7 @@ def convert(
     workers = max(1, min(workers or os.cpu_count() or 1, len(blocks)))
 
     dst.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_partials(dst)
+    stale = _remove_stale_partials(dst)
     tmp = dst.parent / f".{dst.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     writer = None
     keys: list[str] = []
@@ -310,12 +371,27 @@ def convert(
             if dst.exists():
                 _remove(dst)
             os.replace(tmp, dst)
-    except BaseException:
+    except BaseException as exc:
         if writer is not None:
-            writer.abort()
+            with contextlib.suppress(Exception):  # e.g. a full disk again while flushing
+                writer.abort()
         _remove(tmp)
+        for leftover in tmp.parent.glob(f"{glob.escape(tmp.name)}.*"):  # spools named after it
+            _remove(leftover)
+        if _is_write_error(exc):
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise PackdataError(f"{dst}: cannot write the output ({reason}); nothing was "
+                                "left behind") from None
         raise
-    return ConvertResult(dst, manifest, time.perf_counter() - start)
+    return ConvertResult(dst, manifest, time.perf_counter() - start, stale)
+
+
+def _is_write_error(exc: BaseException) -> bool:
+    """An error of the output's storage (disk full, file too large, I/O error), rather than
+    packdata's own or the user's: inputs' errors arrive as SampleErrors."""
+    if isinstance(exc, PackdataError):
+        return False
+    return isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in ("lmdb", "h5py")
 
 
 def _pairs(item: Item, loaded: Loaded) -> list[tuple[str, dict]] | SampleError:

@@ -25,6 +25,7 @@ from packdata.manifest import Manifest
 from packdata.rows import rows_of
 from packdata.sampling import SharedEpoch
 from packdata.storage import CACHE_LIMIT, RemoteTarReader, Storage, is_url
+from packdata.verify import ChecksummedReader, at_open
 
 Transform = Callable[[Any], Any]
 
@@ -52,6 +53,7 @@ class PackedDataset(Dataset):
         decode: Any = None,
         *,
         storage: Storage | None = None,
+        verify: str = "sample",
     ) -> None:
         self.storage = storage if storage is not None or not is_url(path) else Storage()
         self.path: Path | str = str(path).rstrip("/") if self.storage else Path(path)
@@ -62,8 +64,10 @@ class PackedDataset(Dataset):
         else:
             self.container_name = self.container
         reader = self._open_reader()
-        self.manifest: Manifest = reader.manifest
-        reader.close()  # handles must not cross a fork; each process opens its own
+        self.verify = verify  # see packdata.verify: "off", "sample" (checked here) or "full"
+        # object storage: every fetched shard is checked against the manifest's checksums
+        at_open(reader, self.path, "off" if self.storage else verify).close()
+        self.manifest: Manifest = reader.manifest  # handles must not cross a fork
         self.transform = transform
         self.batch_transform = batch_transform
         self.decode = decode
@@ -82,6 +86,8 @@ class PackedDataset(Dataset):
             if self._reader is not None:  # inherited through fork: release the parent's copy
                 self._reader.close()
             self._reader = self._open_reader()
+            if self.verify == "full":
+                self._reader = ChecksummedReader(self._reader, self.path)
             self._pid = os.getpid()
         return self._reader
 
@@ -253,15 +259,19 @@ def open_dataset(
     storage_options: dict[str, Any] | None = None,
     cache_dir: str | Path | None = None,
     cache_limit: int | str = CACHE_LIMIT,
+    verify: str = "sample",
 ) -> PackedDataset:
     """Open any packdata dataset; the container is recognised from what is at ``path``.
+    ``verify``: "sample" checks a few records' CRC-32 at open, "full" every record read, "off"
+    neither (the structural checks at open always run).
 
     A URL (``s3://bucket/ds``) opens tar shards in object storage, fetched into ``cache_dir``
     (at most ``cache_limit`` bytes of shards) with ``storage_options`` for fsspec."""
     if is_url(path):
         storage = Storage(storage_options or {}, cache_dir, cache_limit)
         return TarDataset(path, transform=transform, batch_transform=batch_transform,
-                          decode=decode, storage=storage)
+                          decode=decode, storage=storage, verify=verify)
     name = containers.for_existing(path).NAME
     cls = next((c for c in PackedDataset.__subclasses__() if c.container == name), PackedDataset)
-    return cls(path, transform=transform, batch_transform=batch_transform, decode=decode)
+    return cls(path, transform=transform, batch_transform=batch_transform, decode=decode,
+               verify=verify)

@@ -122,8 +122,12 @@ class Manifest:
                 f"{where}: manifest version {d.get('version')!r}; this packdata reads version "
                 f"{FORMAT_VERSION}"
             )
-        d["fields"] = {k: Field.from_dict(v) for k, v in d["fields"].items()}
-        return cls(**d)
+        try:
+            d["fields"] = {k: Field.from_dict(v) for k, v in d["fields"].items()}
+            return cls(**d)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # an edited manifest
+            raise DatasetError(f"{where}: the manifest is damaged ({type(exc).__name__}: {exc})"
+                               ) from None
 
     @property
     def fixed_fields(self) -> dict[str, Field]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import warnings
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -48,14 +49,20 @@ def loader_state(loader: Any, delivered: int | None,
         state = sampler_state
     else:
         state = sampler.state_dict(delivered) if delivered is not None else sampler.state_dict()
+    return sealed(loader.dataset, state)
+
+
+def sealed(dataset: Any, position: dict[str, Any]) -> dict[str, Any]:
+    """``position`` (a sampler's or stream's state) with what :func:`opened` checks: the state
+    format, packdata version, the dataset's fingerprint and size, and a checksum."""
     return {"format": STATE_FORMAT, "packdata": packdata_version(),
-            "dataset": fingerprint(loader.dataset), "count": len(loader.dataset),
-            "sampler": state, "crc": _crc(state)}
+            "dataset": fingerprint(dataset), "count": len(dataset),
+            "sampler": position, "crc": _crc(position)}
 
 
-def load_loader_state(loader: Any, state: dict[str, Any]) -> None:
-    """Check ``state`` against ``loader`` (same dataset, packdata version, intact) and hand its
-    position to the sampler; raises :class:`ResumeError` naming the difference."""
+def opened(dataset: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """The position inside a :func:`sealed` state, after checking it belongs to ``dataset``
+    (same records, packdata version, intact); raises :class:`ResumeError` naming the difference."""
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise ResumeError(f"not a packdata loader state (format {_get(state, 'format')!r}, "
                           f"expected {STATE_FORMAT})")
@@ -64,15 +71,22 @@ def load_loader_state(loader: Any, state: dict[str, Any]) -> None:
                           f"{packdata_version()}: the order may differ, so it is refused")
     if state.get("crc") != _crc(state.get("sampler")):
         raise ResumeError("the state is corrupted: its checksum does not match its contents")
-    here = fingerprint(loader.dataset)
-    if state.get("dataset") != here or state.get("count") != len(loader.dataset):
+    here = fingerprint(dataset)
+    if state.get("dataset") != here or state.get("count") != len(dataset):
         raise ResumeError(f"the state belongs to another dataset: manifest fingerprint "
                           f"{state.get('dataset')} with {state.get('count')} samples, this one "
-                          f"is {here} with {len(loader.dataset)}")
+                          f"is {here} with {len(dataset)}")
+    return state["sampler"]
+
+
+def load_loader_state(loader: Any, state: dict[str, Any]) -> None:
+    """Check ``state`` against ``loader`` (same dataset, packdata version, intact) and hand its
+    position to the sampler; raises :class:`ResumeError` naming the difference."""
+    position = opened(loader.dataset, state)
     sampler = loader.batch_sampler
     if not hasattr(sampler, "load_state_dict"):
         raise ArgumentTypeError(f"{type(sampler).__name__} has no load_state_dict()")
-    sampler.load_state_dict(state["sampler"])
+    sampler.load_state_dict(position)
 
 
 def _get(state: Any, key: str) -> Any:
@@ -84,50 +98,79 @@ def _crc(sampler_state: Any) -> str:
 
 
 def resumable(build: Callable[[], Any], k: int, *, epochs: int = 1,
-              key: Callable[[Any], Iterable[Any]] = lambda batch: batch) -> tuple[bool, str]:
+              key: Callable[[Any], Iterable[Any]] = lambda batch: batch,
+              rebuild: Callable[[], Any] | None = None) -> tuple[bool, str]:
     """Whether what ``build()`` makes (a loader or sampler with ``state_dict``) resumes exactly:
     run ``epochs`` epochs uninterrupted; run again, snapshot after ``k`` batches, rebuild with
     ``build()``, load the snapshot and run to the end. The batches after the snapshot (mapped
-    by ``key``, e.g. to sample keys) must equal the uninterrupted run's. Returns (ok, why)."""
+    by ``key``, e.g. to sample keys) must equal the uninterrupted run's. Returns (ok, why).
+
+    ``rebuild`` resumes into what it makes instead (e.g. another ``num_workers``), where the
+    order may differ: the interrupted epoch must then serve exactly its remaining samples (each
+    as often as uninterrupted), and later epochs equal an uninterrupted run of ``rebuild()``."""
     with warnings.catch_warnings():  # rebuilding a loader here is the point
         warnings.simplefilter("ignore", UserWarning)
-        return _resumable(build, k, epochs, key)
+        return _resumable(build, k, epochs, key, rebuild)
 
 
 def _resumable(build: Callable[[], Any], k: int, epochs: int,
-               key: Callable[[Any], Iterable[Any]]) -> tuple[bool, str]:
-    reference = [list(map(_hashable, key(b))) for b in _run(build(), epochs)]
+               key: Callable[[Any], Iterable[Any]],
+               rebuild: Callable[[], Any] | None) -> tuple[bool, str]:
+    reference = _epochs(build(), epochs, key)
+    flat = [b for epoch in reference for b in epoch]
     first = build()
     taken: list[list[Any]] = []
-    state = None
-    for _ in range(epochs):
+    state, epoch = None, 0
+    while state is None and epoch < epochs:
         for batch in first:
             taken.append(list(map(_hashable, key(batch))))
             if len(taken) == k:
                 state = json.loads(json.dumps(first.state_dict()))  # what a checkpoint keeps
                 break
-        if state is not None:
-            break
+        else:
+            epoch += 1
     if state is None:
         return False, f"the run has only {len(taken)} batches, fewer than k={k}"
-    if taken != reference[:k]:
+    if taken != flat[:k]:
         return False, "two uninterrupted runs differ before the snapshot (an unseeded order?)"
-    again = build()
+    again = (rebuild or build)()
     again.load_state_dict(state)
-    rest = [list(map(_hashable, key(b))) for b in _run(again, epochs)][: len(reference) - k]
-    if rest != reference[k:]:
-        where = next((i for i, (a, b) in enumerate(zip(rest, reference[k:])) if a != b),
-                     min(len(rest), len(reference) - k))
+    if rebuild is not None:
+        return _rebuilt(again, rebuild, reference, epoch, k - sum(map(len, reference[:epoch])),
+                        key)
+    rest = [b for e in _epochs(again, epochs, key) for b in e][: len(flat) - k]
+    if rest != flat[k:]:
+        where = next((i for i, (a, b) in enumerate(zip(rest, flat[k:])) if a != b),
+                     min(len(rest), len(flat) - k))
         return False, (f"after resuming at batch {k} the order differs from batch {k + where} "
-                       f"({len(rest)} batches served, {len(reference) - k} expected)")
+                       f"({len(rest)} batches served, {len(flat) - k} expected)")
     return True, "ok"
 
 
-def _run(iterable: Any, epochs: int) -> list[Any]:
-    out = []
-    for _ in range(epochs):
-        out.extend(iterable)
-    return out
+def _rebuilt(again: Any, rebuild: Callable[[], Any], reference: list[list[list[Any]]],
+             epoch: int, taken: int, key: Callable[[Any], Iterable[Any]]) -> tuple[bool, str]:
+    """The checks of a resume into another setup, interrupted after ``taken`` batches of
+    ``epoch``."""
+    if taken == len(reference[epoch]):  # stopped at the epoch's end: the next one is fresh
+        epoch, taken = epoch + 1, 0
+    if epoch == len(reference):
+        return True, "ok"
+    resumed = _epochs(again, len(reference) - epoch, key)
+    served = sorted(s for b in reference[epoch][:taken] + resumed[0] for s in b)
+    expected = sorted(s for b in reference[epoch] for s in b)
+    if served != expected:
+        missing, extra = Counter(expected) - Counter(served), Counter(served) - Counter(expected)
+        return False, (f"epoch {epoch} resumed at batch {taken} in another setup: "
+                       f"{sum(missing.values())} samples left out, {sum(extra.values())} extra")
+    fresh = rebuild()
+    fresh.set_epoch(epoch + 1)
+    if resumed[1:] != _epochs(fresh, len(reference) - epoch - 1, key):
+        return False, f"the epochs after resumed epoch {epoch} differ from an uninterrupted run"
+    return True, "ok"
+
+
+def _epochs(iterable: Any, epochs: int, key: Callable[[Any], Iterable[Any]]) -> list[Any]:
+    return [[list(map(_hashable, key(b))) for b in iterable] for _ in range(epochs)]
 
 
 def _hashable(x: Any) -> Any:

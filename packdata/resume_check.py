@@ -8,7 +8,10 @@ passes when every rank got the same number of batches, each epoch served every s
 once (up to the stated remainder rule: fewer than ``world size`` repeats that pad the last
 batches, or with ``drop_last`` fewer than ``world size × batch size`` left out and none
 repeated), two uninterrupted runs agree (a seeded order), and at the same world size the order
-after resume equals the uninterrupted order.
+after resume equals the uninterrupted order. StreamingDataset runs on the same simulated ranks
+(its order depends on the number of DataLoader workers: after a resume at another
+``num_workers`` only once-each is asked of that epoch, and the next must equal an uninterrupted
+one at the new number), and its state must be refused at another world size.
 """
 
 from __future__ import annotations
@@ -134,34 +137,82 @@ def _check(dataset: Any, samplers: dict[str, SamplerFactory] | None, setups: Seq
             if log:
                 log(format_row(result))
     if getattr(dataset, "path", None) is not None:
-        results.append(_check_stream(dataset, trials, seed, rng))
-        if log:
-            log(format_row(results[-1]))
+        results += _check_stream(dataset, setups, trials, seed, batch_size, everything, rng, log)
     return results
 
 
-def _check_stream(dataset: Any, trials: int, seed: int,
-                  rng: np.random.Generator) -> ScenarioResult:
-    """StreamingDataset read in process (its mid-epoch position is known there), shuffle buffer
-    of 1,000: interrupted at random samples of two epochs, resumed by :func:`resumable`."""
-    from packdata.resume import resumable
+def _check_stream(dataset: Any, setups: Sequence[tuple[int, int, str | None]], trials: int,
+                  seed: int, batch_size: int, everything: Counter, rng: np.random.Generator,
+                  log: Callable[[str], None] | None) -> list[ScenarioResult]:
+    """StreamingDataset (shuffle buffer of 1,000) on each setup's simulated ranks, through
+    DataLoader worker processes where the setup has them (else read in process): interrupted,
+    resumed at the same ``num_workers`` (the order must continue unchanged) or another (each
+    sample still once; the next epoch as uninterrupted at that ``num_workers``). A stream state
+    loaded at another world size must be refused."""
     from packdata.streaming import StreamingDataset
 
-    result = ScenarioResult("streaming, 1 rank, 0 workers")
-    start = time.perf_counter()
-    for _ in range(trials):
-        k = int(rng.integers(1, 2 * len(dataset)))
-        ok, why = resumable(lambda: StreamingDataset(dataset.path, shuffle_buffer=1000, seed=seed),
-                            k, epochs=2, key=lambda sample: sample_ids([sample]))
-        if not ok:
-            result.failures.append(f"resume at sample {k}: {why}")
-        result.trials += 1
-    result.seconds = time.perf_counter() - start
-    return result
+    def workers(setup: tuple[int, int, str | None]) -> int:
+        return setup[1] if setup[2] == "process" else 0
+
+    def build(setup: tuple[int, int, str | None], rank: int) -> Any:
+        stream = StreamingDataset(dataset.path, shuffle_buffer=1000, seed=seed, rank=rank,
+                                  world_size=setup[0])
+        return stream.loader(batch_size, num_workers=workers(setup), collate_fn=collate)
+
+    manifest = getattr(dataset, "manifest", None)
+    collate = collate_parts if manifest is None or not manifest.variable_fields else list
+
+    results = []
+    for s, setup in enumerate(setups):
+        world = setup[0]
+        result = ScenarioResult(f"streaming, {world} rank{'s' * (world > 1)}, "
+                                f"{workers(setup)} process workers")
+        start = time.perf_counter()
+        for t in range(trials):
+            other = setups[(s + 1 + t) % len(setups)] if t % 2 else setup
+            other = (world, workers(other), "process" if workers(other) else None)
+            result.failures += _trial(build, (world, workers(setup), setup[2]), other,
+                                      everything, rng, same_order=False)
+            result.trials += 1
+        result.failures += _refused_at_other_world(build, world)
+        result.seconds = time.perf_counter() - start
+        results.append(result)
+        if log:
+            log(format_row(result))
+    return results
+
+
+def collate_parts(samples: list[Any]) -> Any:
+    """default_collate's batch with its parts as a tuple (it makes a list), as ``sample_ids``
+    reads a batch; a lone part stays one batched tensor."""
+    from torch.utils.data import default_collate
+
+    batch = default_collate(samples)
+    return tuple(batch) if isinstance(batch, list) else batch
+
+
+def _refused_at_other_world(build: Callable, world: int) -> list[str]:
+    from packdata.errors import ResumeError
+
+    loader = build((world, 0, None), 0)
+    next(iter(loader))
+    state = loader.state_dict()
+    try:
+        build((world + 1, 0, None), 0).load_state_dict(state)
+    except ResumeError as exc:
+        if "world_size" in str(exc):
+            return []
+        return [f"a state of {world} ranks loaded at {world + 1} was refused without naming "
+                f"the world size: {exc}"]
+    return [f"a stream state of {world} ranks was accepted at {world + 1} ranks"]
 
 
 def _trial(build: Callable, setup: tuple, other: tuple, everything: Counter,
-           rng: np.random.Generator) -> list[str]:
+           rng: np.random.Generator, *, same_order: bool = True) -> list[str]:
+    """One interruption. ``same_order``: the order does not depend on the worker setup (so a
+    resume at the same world size must continue it unchanged); when it does (streams), that is
+    asked only of a resume at the same setup, and the next epoch is compared with an
+    uninterrupted one at the new setup."""
     world, new_world = setup[0], other[0]
     reference = [[_epoch(loader) for _ in range(2)] for loader in
                  (build(setup, r) for r in range(world))]
@@ -170,7 +221,7 @@ def _trial(build: Callable, setup: tuple, other: tuple, everything: Counter,
     if len(counts) > 1:
         fails.append(f"ranks got unequal batch counts {[len(ref[0]) for ref in reference]}")
     batches = min(len(ref[0]) for ref in reference)
-    drop_last = bool(getattr(build(setup, 0).batch_sampler, "drop_last", False))
+    drop_last = bool(getattr(getattr(build(setup, 0), "batch_sampler", None), "drop_last", False))
     fails += _exactly_once([b for ref in reference for b in ref[0]], everything, world,
                            drop_last, "uninterrupted epoch")
     if batches < 2:
@@ -196,13 +247,24 @@ def _trial(build: Callable, setup: tuple, other: tuple, everything: Counter,
         fails.append(f"after resume ranks got unequal batch counts "
                      f"{[len(res[0]) for res in resumed]}")
     where = f"resume at batch {k} from {world} to {new_world} ranks"
-    if new_world == world and [res[0] for res in resumed] != [ref[0][k:] for ref in reference]:
+    if setup[1:] != other[1:]:
+        where += f", {setup[1]} to {other[1]} workers"
+    exact = new_world == world and (same_order or setup == other)
+    if exact and [res[0] for res in resumed] != [ref[0][k:] for ref in reference]:
         fails.append(f"{where}: the rest of the epoch differs from the uninterrupted order")
-    if new_world == world and [res[1] for res in resumed] != [ref[1] for ref in reference]:
-        fails.append(f"{where}: the next epoch differs from the uninterrupted one")
+    if new_world == world:
+        after = [ref[1] for ref in reference] if exact else [
+            _epoch(_at_epoch(build(other, r), 1)) for r in range(world)]
+        if [res[1] for res in resumed] != after:
+            fails.append(f"{where}: the next epoch differs from the uninterrupted one")
     served = [sample_ids(b) for f in first for b in f] + [b for res in resumed for b in res[0]]
     fails += _exactly_once(served, everything, max(world, new_world), drop_last, where)
     return fails
+
+
+def _at_epoch(loader: Any, epoch: int) -> Any:
+    loader.set_epoch(epoch)
+    return loader
 
 
 def _epoch(loader: Any) -> list[list[int]]:

@@ -149,7 +149,9 @@ def test_truncated_tar_shard_is_a_named_error(tmp_path, packed):
     copy = shutil.copytree(packed["tar"], tmp_path / "t")
     shard = shard_paths(copy)[-1]
     shard.write_bytes(shard.read_bytes()[:5000])
-    ds = packdata.open(copy)
+    with pytest.raises(packdata.DatasetError, match=f"{shard.name}: shard truncated"):
+        packdata.open(copy)  # the records sampled at open include the last one
+    ds = packdata.open(copy, verify="off")
     ds[0]  # other shards still read
     with pytest.raises(packdata.DatasetError, match=f"{shard.name}: shard truncated"):
         ds[len(ds) - 1]
@@ -192,8 +194,8 @@ def test_lmdb_missing_record_is_a_named_error(tmp_path, packed):
     copy = shutil.copytree(packed["lmdb"], tmp_path / "t.lmdb")
     with lmdb.open(str(copy), subdir=True) as env, env.begin(write=True) as txn:
         txn.delete(b"%010d" % 7)
-    with pytest.raises(packdata.DatasetError, match="record 7 is missing"):
-        packdata.open(copy)[[5, 6, 7]]
+    with pytest.raises(packdata.DatasetError, match="t.lmdb: LMDB holds 120 entries"):
+        packdata.open(copy)  # entries are counted at open, before any read
 
 
 def test_hdf5_missing_field_is_a_named_error(tmp_path, packed):

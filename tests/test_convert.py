@@ -287,6 +287,30 @@ def test_what_leaves_a_worker_always_pickles(tmp_path, png_folder):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_worker_errors_pickle_where_exceptions_pickle_their_chain(tmp_path, png_folder):
+    """Importing dask.distributed installs tblib's pickling for every exception class, which
+    pickles an exception's chain too: what leaves a worker must still pickle then (it broke the
+    pool with a chained, unpicklable error). Run apart, so the rest of the suite keeps stock
+    pickling."""
+    pytest.importorskip("tblib")
+    script = (
+        "import sys, tblib.pickling_support\n"
+        "import packdata\n"
+        "from packdata.errors import PackdataError\n"
+        "from tests.test_convert import _UnpicklableFailure\n"
+        "tblib.pickling_support.install()  # after: it registers the classes that exist\n"
+        "try:\n"
+        "    packdata.convert(_UnpicklableFailure(sys.argv[1]), sys.argv[2], workers=2)\n"
+        "except PackdataError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(png_folder), str(tmp_path / "u.h5")],
+                          capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).parents[1])
+    assert "airplane_0000.png: PackdataError: the tokeniser does not fit" in done.stdout, \
+        done.stdout + done.stderr
+
+
 @pytest.mark.timeout(120)
 def test_killed_conversion_leaves_nothing_that_opens(tmp_path, png_folder):
     """SIGTERM mid-conversion: the process cleans up; nothing at DST opens as a dataset. The

@@ -60,7 +60,9 @@ def test_missing_part_is_named(parts, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(parts["lmdb"], copy)
     shutil.rmtree(copy / "part-000003.lmdb")
-    ds = packdata.open(copy)
+    with pytest.raises(DatasetError, match="part-000003.lmdb: part missing"):
+        packdata.open(copy)  # the sample of checksums checked at open reaches every part
+    ds = packdata.open(copy, verify="off")
     ds[0]  # the parts that are there still read
     with pytest.raises(DatasetError, match="part-000003.lmdb: part missing"):
         ds[[0, 60]]

@@ -91,19 +91,136 @@ def test_stream_resumes_mid_epoch_in_process(packed, k, buffer):
     assert ok, why
 
 
-def test_stream_refuses_a_state_of_other_settings_or_a_mid_epoch_resume_in_workers(packed):
+def batch_keys(batch):
+    from packdata.resume_check import sample_ids
+
+    return sample_ids(tuple(batch))  # default_collate makes a list of the parts
+
+
+@pytest.mark.parametrize(("workers", "k", "batch", "world"),
+                         [(0, 7, 8, 1), (2, 1, 8, 1), (2, 9, 8, 1), (2, 16, 8, 1), (2, 17, 8, 1),
+                          (3, 10, 8, 1), (4, 9, 2, 7)])
+def test_stream_loader_resumes_mid_epoch_with_workers(packed, workers, k, batch, world):
+    """Each worker skips exactly what the loop took from it; the order is the uninterrupted one,
+    also when stopped mid-way through a round of workers (k=9), in the second epoch, or when
+    workers run out of batches at different rounds (rank 3 of 7: 18 samples over 4 workers)."""
+    from packdata.resume import resumable
+
+    ok, why = resumable(lambda: packdata.StreamingDataset(
+        packed["tar"], shuffle_buffer=20, seed=2, chunk=16, rank=world // 2, world_size=world,
+    ).loader(batch, num_workers=workers, persistent_workers=workers == 3), k, epochs=2,
+        key=batch_keys)
+    assert ok, why
+
+
+def test_a_state_between_epochs_starts_the_next_epoch_afresh_at_any_num_workers(packed):
+    def build(n):
+        stream = packdata.StreamingDataset(packed["tar"], shuffle_buffer=20, seed=2, chunk=16)
+        return stream.loader(8, num_workers=n)
+
+    first = build(0)
+    list(first)
+    state = first.state_dict()
+    assert (state["sampler"]["epoch"], state["sampler"]["position"]) == (1, 0)
+    again, reference = build(2), build(2)
+    again.load_state_dict(state)
+    reference.set_epoch(1)
+    assert [batch_keys(b) for b in again] == [batch_keys(b) for b in reference]
+
+
+@pytest.mark.parametrize(("workers", "new_workers", "k"), [(2, 3, 5), (3, 0, 10), (0, 2, 20)])
+def test_stream_resumed_at_another_num_workers_serves_the_rest_once(packed, workers, new_workers,
+                                                                    k):
+    """Re-planned: the interrupted epoch serves exactly its remaining samples, the next epoch is
+    the uninterrupted one at the new num_workers."""
+    from packdata.resume import resumable
+
+    def build(n):
+        stream = packdata.StreamingDataset(packed["tar"], shuffle_buffer=20, seed=2, chunk=16)
+        return stream.loader(8, num_workers=n)
+
+    ok, why = resumable(lambda: build(workers), k, epochs=2, key=batch_keys,
+                        rebuild=lambda: build(new_workers))
+    assert ok, why
+
+
+@pytest.mark.parametrize("workers", [(3, 0, 2), (4, 2, 3)])
+def test_stream_interrupted_twice_at_other_num_workers_serves_the_epoch_once(packed, workers):
+    def build(n):
+        stream = packdata.StreamingDataset(packed["tar"], shuffle_buffer=20, seed=2, chunk=16)
+        return stream.loader(8, num_workers=n)
+
+    everything = sorted(i for b in build(0) for i in batch_keys(b))
+    taken, state = [], None
+    for n, k in zip(workers[:2], (5, 3)):
+        loader = build(n)
+        if state is not None:
+            loader.load_state_dict(state)
+        batches = iter(loader)
+        for _ in range(k):
+            taken += batch_keys(next(batches))
+        state = loader.state_dict()
+        del batches
+    last = build(workers[2])
+    last.load_state_dict(state)
+    assert sorted(taken + [i for b in last for i in batch_keys(b)]) == everything
+
+
+def test_resumable_into_another_setup_catches_a_changed_order(packed):
+    from packdata.resume import resumable
+
+    def build(seed):
+        return packdata.StreamingDataset(packed["tar"], shuffle_buffer=20, seed=seed,
+                                         chunk=16).loader(8)
+
+    class Forgetful:  # loads nothing: the whole epoch again
+        def __init__(self):
+            self.loader = build(2)
+
+        def __iter__(self):
+            return iter(self.loader)
+
+        def set_epoch(self, epoch):
+            self.loader.set_epoch(epoch)
+
+        def load_state_dict(self, state):
+            pass
+
+    ok, why = resumable(lambda: build(2), 5, epochs=2, key=batch_keys, rebuild=Forgetful)
+    assert not ok and "40 extra" in why
+
+
+def test_stream_refuses_a_state_of_other_settings_world_size_dataset_or_corrupted(packed,
+                                                                                 packed_text):
     from packdata.errors import ResumeError
+    from packdata.resume import sealed
 
     stream = packdata.StreamingDataset(packed["tar"], shuffle_buffer=40, seed=2)
     it = iter(stream)
     next(it)
     state = stream.state_dict()
-    assert state["position"] == 1
+    assert state["sampler"]["position"] == 1
     with pytest.raises(ResumeError, match="seed 2 .now 3"):
         packdata.StreamingDataset(packed["tar"], shuffle_buffer=40, seed=3).load_state_dict(state)
-    with pytest.raises(ResumeError, match="corrupted"):
-        stream.load_state_dict({**state, "position": -1})
-    again = packdata.StreamingDataset(packed["tar"], shuffle_buffer=40, seed=2)
-    again.load_state_dict(state)
-    with pytest.raises(ResumeError, match="num_workers=0"):
-        list(DataLoader(again, batch_size=8, num_workers=1))
+    with pytest.raises(ResumeError, match="world_size 1 .now 2"):
+        packdata.StreamingDataset(packed["tar"], shuffle_buffer=40, seed=2, rank=1,
+                                  world_size=2).load_state_dict(state)
+    with pytest.raises(ResumeError, match="another dataset"):
+        packdata.StreamingDataset(packed_text["tar"], shuffle_buffer=40,
+                                  seed=2).load_state_dict(state)
+    with pytest.raises(ResumeError, match="checksum"):
+        stream.load_state_dict({**state, "sampler": {**state["sampler"], "position": 2}})
+    for broken in ({"position": -1}, {"positions": [500]}, {"next": 3}, {"groups": [[0, 0]]}):
+        with pytest.raises(ResumeError, match="corrupted stream state"):
+            stream.load_state_dict(sealed(stream.dataset, {**state["sampler"], **broken}))
+
+
+def test_a_plain_dataloader_mid_epoch_position_is_refused_not_guessed(packed):
+    from packdata.errors import ResumeError
+
+    stream = packdata.StreamingDataset(packed["tar"], shuffle_buffer=20, seed=2, chunk=16)
+    batches = iter(DataLoader(stream, batch_size=8, num_workers=2))
+    next(batches)
+    with pytest.raises(ResumeError, match="loader"):
+        stream.state_dict()
+    del batches

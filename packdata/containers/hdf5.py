@@ -5,7 +5,7 @@ Layout (readable with plain h5py):
 - ``/<field>``: a contiguous, uncompressed dataset of shape ``(count, *shape)`` for a fixed field;
   for a variable-length field, the rows of all records concatenated, shape ``(total_rows, *row)``,
   with ``/<field>_offsets`` (``count + 1`` int64) marking where record ``i`` starts and ends;
-- ``/manifest``: a scalar UTF-8 string holding the manifest JSON.
+- ``/manifest``: the manifest JSON as a scalar fixed-length byte string (UTF-8).
 
 Contiguous layout is what makes the fast path possible: the byte offset of each dataset is known,
 so a batch is one numpy gather from a memory map, with no HDF5 call per sample.
@@ -21,8 +21,9 @@ import numpy as np
 
 from packdata.containers.base import Batch, Reader, Select, Writer, map_file
 from packdata.containers.spool import Spool
-from packdata.errors import DatasetError
+from packdata.errors import DatasetError, PackdataError
 from packdata.manifest import Field, Manifest
+from packdata.verify import check_manifest
 
 NAME = "hdf5"
 SUFFIXES = (".h5", ".hdf5")
@@ -67,7 +68,9 @@ class HDF5Writer(Writer):
                     ds[start : start + len(rows)] = rows
                     start += len(rows)
                 spool.remove()
-            f.create_dataset(MANIFEST, data=manifest.to_json())
+            # fixed-length bytes stored in the dataset itself: a variable-length string lives in
+            # HDF5's global heap, and a damaged heap makes libhdf5 loop forever when it is read
+            f.create_dataset(MANIFEST, data=np.bytes_(manifest.to_json().encode()))
 
     def abort(self) -> None:
         for spool in self.spools.values():
@@ -79,11 +82,21 @@ class HDF5Reader(Reader):
         self.path = Path(path)
         self.arrays: dict[str, np.ndarray] = {}
         self.offsets: dict[str, np.ndarray] = {}
+        try:
+            self._open()
+        except PackdataError:
+            raise
+        except Exception as exc:  # h5py's errors on a damaged file name neither file nor cause
+            raise DatasetError(f"{self.path}: HDF5 file cannot be read ({type(exc).__name__}: "
+                               f"{exc}); the dataset is damaged") from None
+
+    def _open(self) -> None:
         whole = map_file(self.path)
         with h5py.File(self.path, "r") as f:
             if MANIFEST not in f:
                 raise DatasetError(f"{self.path}: HDF5 file has no packdata manifest")
             self.manifest = Manifest.from_json(f[MANIFEST][()], str(self.path))
+            check_manifest(self.manifest, self.path)
             for name, field in self.manifest.fields.items():
                 if field.variable:
                     _check_rows(f, self.path, name, None)
@@ -91,6 +104,7 @@ class HDF5Reader(Reader):
                 else:
                     _check_rows(f, self.path, name, self.manifest.count)
                 ds = f[name]
+                _check_field(ds, self.path, name, field)
                 offset = ds.id.get_offset()
                 if offset is None:  # empty dataset: nothing allocated on disk
                     self.arrays[name] = np.empty(ds.shape, dtype=ds.dtype)
@@ -105,7 +119,7 @@ class HDF5Reader(Reader):
                     # small fixed fields (labels) are worth a private copy in RAM
                     self.arrays[name] = np.array(view) if size < (16 << 20) else view
                 if field.variable:
-                    self.offsets[name] = f[_offsets_name(name)][()]
+                    self.offsets[name] = _offsets(f, self.path, name, ds.shape[0])
 
     @staticmethod
     def detect(path: Path) -> bool:
@@ -115,7 +129,7 @@ class HDF5Reader(Reader):
             with h5py.File(path, "r") as f:
                 return (MANIFEST in f and isinstance(f[MANIFEST], h5py.Dataset)
                         and f[MANIFEST].shape == () and Manifest.is_packdata(f[MANIFEST][()]))
-        except OSError as exc:  # h5py's message for a damaged file, with ours in front
+        except Exception as exc:  # h5py's message for a damaged file, with ours in front
             raise DatasetError(f"{path}: HDF5 file cannot be opened ({exc})") from None
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
@@ -143,6 +157,25 @@ class HDF5Reader(Reader):
 
 WRITER = HDF5Writer
 READER = HDF5Reader
+
+
+def _check_field(ds: h5py.Dataset, path: Path, name: str, field: Field) -> None:
+    """The stored dataset holds what the manifest says: same dtype, same per-record shape."""
+    shape = ds.shape[1:]
+    expected = field.row_shape if field.variable else field.shape
+    if ds.dtype != field.np_dtype or tuple(shape) != tuple(expected):
+        raise DatasetError(f"{path}: '{name}' is stored as {ds.dtype} {list(ds.shape)}, the "
+                           f"manifest says {field.dtype} {list(field.shape)}; the dataset is "
+                           "damaged")
+
+
+def _offsets(f: h5py.File, path: Path, name: str, rows: int) -> np.ndarray:
+    offsets = f[_offsets_name(name)][()]
+    if offsets.dtype.kind not in "iu" or (len(offsets) and (
+            offsets[0] != 0 or offsets[-1] != rows or (np.diff(offsets) < 0).any())):
+        raise DatasetError(f"{path}: '{_offsets_name(name)}' does not mark records within the "
+                           f"{rows} rows of '{name}'; the dataset is damaged")
+    return offsets.astype(np.int64, copy=False)
 
 
 def _check_rows(f: h5py.File, path: Path, name: str, rows: int | None) -> None:

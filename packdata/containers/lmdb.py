@@ -22,6 +22,7 @@ import numpy as np
 from packdata.containers.base import Batch, Reader, Select, Writer, apply_select, map_file
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest
+from packdata.verify import check_manifest
 
 NAME = "lmdb"
 SUFFIXES = (".lmdb",)
@@ -80,20 +81,24 @@ class LMDBWriter(Writer):
         self.env.close()
 
 
-# LMDB refuses a second open of the same files in one process, so readers of one dataset share
-# an environment; an entry made before a fork is closed and replaced in the child.
-_envs: dict[tuple[int, int], tuple[int, lmdb.Environment]] = {}
+# LMDB refuses a second open of the same files in one process (it knows them by device and
+# inode, whatever the path: a dataset renamed into place is the same files), so readers share an
+# environment per file; an entry made before a fork is closed and replaced in the child, and so
+# is one whose file was replaced (a dataset converted again with --overwrite may get the same
+# inode number back: its size and modification time tell it apart).
+_envs: dict[tuple[int, int], tuple[int, tuple[int, int], lmdb.Environment]] = {}
 
 
 def shared_env(path: Path) -> lmdb.Environment:
     """This process's read-only environment for the LMDB at ``path``."""
     st = os.stat(path / "data.mdb")
-    key, pid = (st.st_dev, st.st_ino), os.getpid()
-    entry = _envs.get(key)
-    if entry is not None and entry[0] == pid:
-        return entry[1]
+    key, pid, version = (st.st_dev, st.st_ino), os.getpid(), (st.st_size, st.st_mtime_ns)
+    entry = _envs.pop(key, None)
+    if entry is not None and entry[:2] == (pid, version):
+        _envs[key] = entry
+        return entry[2]
     if entry is not None:
-        entry[1].close()
+        entry[2].close()
     try:
         env = lmdb.open(
             str(path), readonly=True, lock=False, readahead=False, subdir=True, max_readers=1024
@@ -107,7 +112,7 @@ def shared_env(path: Path) -> lmdb.Environment:
         env.close()
         raise DatasetError(f"{path}: truncated (data.mdb holds {st.st_size} bytes, its pages need "
                            f"{needed}); the dataset is damaged")
-    _envs[key] = (pid, env)
+    _envs[key] = (pid, version, env)
     return env
 
 
@@ -115,15 +120,24 @@ class LMDBReader(Reader):
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.env = shared_env(self.path)
+        try:
+            self._open()
+        except lmdb.Error as exc:  # a damaged B-tree: LMDB's message, with the path in front
+            raise DatasetError(f"{self.path}: LMDB cannot be read ({type(exc).__name__}: {exc}); "
+                               "the dataset is damaged") from None
+
+    def _open(self) -> None:
         with self.env.begin() as txn:
             raw = txn.get(MANIFEST_KEY)
             if raw is None:
                 raise DatasetError(f"{self.path}: LMDB has no packdata manifest")
             self.manifest = Manifest.from_json(raw, str(self.path))
+            check_manifest(self.manifest, self.path)
             self._lengths = {
-                n: np.frombuffer(txn.get(lengths_key(n)), dtype="<i8")
+                n: _lengths(txn, self.path, n, self.manifest.count)
                 for n in self.manifest.variable_fields
             }
+            self._check_layout(txn)
         self._keys: np.ndarray | None = None
         self._record_map: RecordMap | bool = False
         self._record_map_pid = -1
@@ -135,13 +149,38 @@ class LMDBReader(Reader):
             self.columns.append((name, field, start, start + field.nbytes))
             start += field.nbytes
 
+    def _check_layout(self, txn: lmdb.Transaction) -> None:
+        """The records the manifest promises, and no more: one entry per record plus the
+        manifest and the length tables; the first and last record of the right size."""
+        m, where = self.manifest, self.path
+        expected = m.count + len(m.variable_fields) + 1
+        entries = self.env.stat()["entries"]
+        if entries != expected:
+            raise DatasetError(f"{where}: LMDB holds {entries} entries, the manifest's {m.count} "
+                               f"records need {expected}; the dataset is damaged")
+        fixed = sum(f.nbytes for f in m.fixed_fields.values())
+        for i in {0, m.count - 1} if m.count else ():
+            value = txn.get(record_key(i))
+            if value is None:
+                raise DatasetError(f"{where}: record {i} is missing; the dataset is damaged")
+            size = fixed + 8 * len(m.variable_fields) + sum(
+                int(self._lengths[n][i]) * int(np.prod(f.row_shape, dtype=np.int64))
+                * f.np_dtype.itemsize for n, f in m.variable_fields.items())
+            if len(value) != size:
+                raise DatasetError(f"{where}: record {i} holds {len(value)} bytes, its fields "
+                                   f"{size}; the dataset is damaged (or the manifest edited)")
+
     @staticmethod
     def detect(path: Path) -> bool:
         if not (path / "data.mdb").is_file():
             return False
-        with shared_env(path).begin() as txn:
-            raw = txn.get(MANIFEST_KEY)
-            return raw is not None and Manifest.is_packdata(raw)
+        try:
+            with shared_env(path).begin() as txn:
+                raw = txn.get(MANIFEST_KEY)
+                return raw is not None and Manifest.is_packdata(raw)
+        except lmdb.Error as exc:
+            raise DatasetError(f"{path}: LMDB cannot be read ({type(exc).__name__}: {exc}); "
+                               "the dataset is damaged") from None
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         return apply_select(self._read(indices), select)  # LMDB copies whole values anyway
@@ -325,3 +364,14 @@ def _mapping_of(address: int, inode: int) -> tuple[int, int] | None:
 
 WRITER = LMDBWriter
 READER = LMDBReader
+
+
+def _lengths(txn: lmdb.Transaction, where: Path, name: str, count: int) -> np.ndarray:
+    raw = txn.get(lengths_key(name))
+    if raw is None or len(raw) != 8 * count:
+        raise DatasetError(f"{where}: the length table of '{name}' does not hold {count} "
+                           "records; the dataset is damaged")
+    lengths = np.frombuffer(raw, dtype="<i8")
+    if count and lengths.min() < 0:
+        raise DatasetError(f"{where}: negative lengths in '{name}'; the dataset is damaged")
+    return lengths

@@ -31,6 +31,7 @@ from packdata.containers.base import Batch, Reader, Select, Writer, map_file
 from packdata.errors import ArgumentError, DatasetError, PackdataError
 from packdata.manifest import Field, Manifest
 from packdata.reader_index import idx_path, write_idx, write_wids_index
+from packdata.verify import check_manifest
 
 NAME = "tar"
 SUFFIXES = (".tar",)
@@ -219,11 +220,23 @@ class TarReader(Reader):
         self.path = Path(path)
         if not (self.path / MANIFEST).is_file():
             raise DatasetError(f"{self.path}: no {MANIFEST}; not a packdata tar dataset")
+        try:
+            self._open()
+        except PackdataError:
+            raise
+        except Exception as exc:  # numpy or the OS on a damaged index or shard list
+            raise DatasetError(f"{self.path}: the dataset cannot be read ({type(exc).__name__}: "
+                               f"{exc}); the dataset is damaged") from None
+
+    def _open(self) -> None:
         self.manifest = read_manifest(self.path)
+        check_manifest(self.manifest, self.path)
         self.index = _load_index(self.path / INDEX, self.manifest)
-        shards = self.manifest.extra["shards"]
+        shards = _shards(self.path, self.manifest)
         self.shard_names = [s["name"] for s in shards]
-        self.shard_start = np.concatenate([[0], np.cumsum([s["count"] for s in shards])])
+        self.shard_start = np.concatenate([[0], np.cumsum([s["count"] for s in shards])]).astype(
+            np.int64)
+        _check_index(self.path / INDEX, self.index, self.manifest, self.shard_start)
         self._maps: dict[int, np.ndarray] = {}
         # bytes each shard must hold: checked before any strided view is laid over it
         self._shard_end = np.zeros(len(shards), dtype=np.int64)
@@ -375,3 +388,45 @@ def _load_index(path: Path, manifest: Manifest) -> dict[str, np.ndarray]:
             raise DatasetError(f"{path}: '{key}' indexes {len(index[key])} records, the manifest "
                                f"{manifest.count}; the dataset is damaged")
     return index
+
+
+def _shards(path: Path, manifest: Manifest) -> list[dict[str, Any]]:
+    """The manifest's shard list: plain file names inside the dataset, counts adding up."""
+    shards = manifest.extra.get("shards")
+    ok = isinstance(shards, list) and all(
+        isinstance(s, dict) and isinstance(s.get("name"), str) and isinstance(s.get("count"), int)
+        and s["count"] >= 0 and s["name"] not in ("", ".", "..") and "/" not in s["name"]
+        and "\\" not in s["name"] for s in shards)
+    if not ok or sum(s["count"] for s in shards) != manifest.count:
+        raise DatasetError(f"{path}: the manifest's shard list is damaged (names must be files "
+                           "in the dataset, counts must add up to its records)")
+    return shards
+
+
+def _check_index(path: Path, index: dict[str, np.ndarray], manifest: Manifest,
+                 shard_start: np.ndarray) -> None:
+    """Every record's member lies in the shard that holds it, at a non-negative offset, with
+    the size its field needs: checked before any view is laid over a shard."""
+    counts = np.diff(shard_start)
+    expected_shard = np.repeat(np.arange(len(counts)), counts)
+    for name, field in manifest.fields.items():
+        shard, offset, nbytes = (index[f"{name}.{col}"] for col in ("shard", "offset", "nbytes"))
+        if any(a.dtype.kind not in "iu" for a in (shard, offset, nbytes)) or (len(offset) and (
+                offset.min() < 0 or nbytes.min() < 0)) or not np.array_equal(shard, expected_shard):
+            raise DatasetError(f"{path}: the index of '{name}' points outside its shards; the "
+                               "dataset is damaged")
+        if field.variable:
+            row = int(np.prod(field.row_shape, dtype=np.int64)) * field.np_dtype.itemsize
+            bad = (nbytes % row != 0) if row else (nbytes != 0)
+        elif f"{name}.values" in index:  # read from the index; the member may be text (.cls)
+            bad = False
+        else:
+            bad = nbytes != field.nbytes
+        if np.any(bad):
+            raise DatasetError(f"{path}: the index of '{name}' gives sizes that do not fit its "
+                               f"field ({field.dtype} {list(field.shape)}); the dataset is "
+                               "damaged (or the manifest edited)")
+        values = index.get(f"{name}.values")
+        if values is not None and (values.dtype != field.np_dtype or len(values) != manifest.count):
+            raise DatasetError(f"{path}: the index's values of '{name}' do not match the "
+                               "manifest; the dataset is damaged")

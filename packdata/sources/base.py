@@ -114,6 +114,9 @@ def safe_load(source: Source, item: Item) -> Loaded:
     try:
         return source.load(item)
     except SampleError as exc:
+        # only its path and reason travel: a library's exception chained to it (lazrs's panic)
+        # may not pickle where exceptions pickle their chain (e.g. once tblib's support is on)
+        exc.__context__ = exc.__cause__ = exc.__traceback__ = None
         return exc
     except (PackdataError, *STOPS):  # not about one input (e.g. a tokeniser that does not fit)
         raise

@@ -1,0 +1,101 @@
+"""Concurrent readers: many processes reading the same datasets at once, every record compared.
+
+    python bench/concurrent_readers.py [--processes 8] [--passes 20]
+        [--json bench/results/concurrent_readers.json]
+
+The datasets of bench/fuzz_readers.py (real CIFAR-10, PEP text and LiDAR in every container
+they fit), intact. For each dataset ``--processes`` forked processes open it at the same time
+(each its own handles) and read every record ``--passes`` times in shuffled batches of 16, each
+record's hash compared with the one read once beforehand. Counted: records read, records that
+differ, processes that failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fuzz_readers import build_datasets, digest  # noqa: E402
+
+from packdata import containers  # noqa: E402
+
+
+def read_all(path: Path, digests: list[str], passes: int, seed: int) -> tuple[int, int]:
+    """(records read, records that differ) over ``passes`` shuffled passes."""
+    reader = containers.for_existing(path).READER(path)
+    rng = np.random.default_rng(seed)
+    read = wrong = 0
+    for _ in range(passes):
+        order = rng.permutation(len(digests))
+        for a in range(0, len(order), 16):
+            idx = order[a : a + 16]
+            batch = reader.read(idx)
+            for j, i in enumerate(idx.tolist()):
+                h = hashlib.sha1()
+                for name in reader.manifest.fields:
+                    value = np.ascontiguousarray(batch[name][j])
+                    h.update(f"{name}{value.dtype.str}{value.shape}".encode())
+                    h.update(value.tobytes())
+                read += 1
+                wrong += h.hexdigest() != digests[i]
+    return read, wrong
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument("--passes", type=int, default=20)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, path in build_datasets(Path(tmp)).items():
+            digests = digest(path)
+            children = []
+            start = time.perf_counter()
+            for k in range(args.processes):
+                read_fd, write_fd = os.pipe()
+                pid = os.fork()
+                if pid == 0:
+                    os.close(read_fd)
+                    try:
+                        out = read_all(path, digests, args.passes, k)
+                    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                        out = repr(exc)
+                    os.write(write_fd, json.dumps(out).encode())
+                    os._exit(0)
+                os.close(write_fd)
+                children.append((pid, read_fd))
+            read = wrong = failed = 0
+            for pid, fd in children:
+                with os.fdopen(fd) as f:
+                    raw = f.read()
+                _, status = os.waitpid(pid, 0)
+                out = json.loads(raw) if raw else None
+                if not isinstance(out, list) or status != 0:
+                    failed += 1
+                    continue
+                read, wrong = read + out[0], wrong + out[1]
+            results[name] = {"processes": args.processes, "records_read": read,
+                             "records_differing": wrong, "processes_failed": failed,
+                             "seconds": round(time.perf_counter() - start, 1)}
+            print(name, json.dumps(results[name]), flush=True)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "command": "python bench/concurrent_readers.py " + " ".join(sys.argv[1:]),
+            "datasets": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,314 @@
+"""Fuzzed readers: mutated copies of real datasets, each read in a forked child under an
+address-space limit and a timeout.
+
+    python bench/fuzz_readers.py [--mutants 500] [--verify sample full] [--seed 0]
+        [--json bench/results/fuzz_readers.json]
+
+Datasets: 60 real CIFAR-10 PNGs (shipped in packdata/demo_data) in every container, the PEP text
+fixtures (byte tokens, variable length) in every container, and the LiDAR fixtures (4 AHN clouds,
+1024 points, K=2 variants) in HDF5. Mutations: 1-8 flipped bytes anywhere in a file, flipped bytes
+in a file's head (LMDB meta pages, the HDF5 superblock, tar headers), truncations, zeroed 4 KiB
+blocks, and edited manifest values; targets are every file of the dataset (shards, index.npz,
+manifest.json, data.mdb, the .h5 file).
+
+Every mutant must either read back exactly the original records (all of them, in batches) or
+raise a packdata error naming the dataset. Outcomes counted per dataset and verify level:
+``same``, ``named_error`` (the goal), and the failures ``silent_wrong``, ``crash`` (a signal,
+e.g. SIGSEGV/SIGBUS), ``hang``, ``memory`` (MemoryError under the limit), ``unnamed_error``
+(a packdata error not naming the path) and ``foreign_error`` (any other exception).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import resource
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+import packdata
+from packdata import containers
+from packdata.errors import PackdataError
+from packdata.verify import at_open
+
+ROOT = Path(__file__).resolve().parents[1]
+CIFAR = ROOT / "packdata" / "demo_data" / "cifar10"
+PEPS = ROOT / "tests" / "fixtures" / "text" / "peps"
+LIDAR = ROOT / "tests" / "fixtures" / "lidar"
+TARGETS = {"lmdb": "d.lmdb", "hdf5": "d.h5", "tar": "d-tar"}
+MEMORY_HEADROOM = 1 << 30  # address space a child may add to what it has after imports
+TIMEOUT_S = 20.0
+FAILURES = ("silent_wrong", "crash", "hang", "memory", "unnamed_error", "foreign_error")
+
+
+def cifar_folder(out: Path, count: int = 60) -> Path:
+    meta = json.loads((CIFAR / "labels.json").read_text())
+    names = sorted(meta["labels"])[:count]
+    out.mkdir(parents=True)
+    for n in names:
+        shutil.copy(CIFAR / n, out / n)
+    (out / "labels.json").write_text(json.dumps(
+        {"classes": meta["classes"], "labels": {n: meta["labels"][n] for n in names}}))
+    return out
+
+
+def build_datasets(work: Path) -> dict[str, Path]:
+    """The originals to mutate: ``{"cifar-lmdb": path, ...}``."""
+    sources = {"cifar": (packdata.open_source(cifar_folder(work / "cifar-src")), "20"),
+               "text": (packdata.open_source(PEPS), "3")}
+    try:
+        clouds = work / "lidar-src"  # the LAS and LAZ of the fixtures (one file per key)
+        clouds.mkdir()
+        for f in LIDAR.glob("ahn_*.la[sz]"):
+            shutil.copy(f, clouds / f.name)
+        sources["lidar"] = (packdata.open_source(clouds, points=1024, variants=2), "2")
+    except PackdataError as exc:  # laspy not installed
+        print(f"skipping lidar: {exc}", file=sys.stderr)
+    out = {}
+    for name, (source, shard_size) in sources.items():
+        for container, target in TARGETS.items():
+            if name == "lidar" and container != "hdf5":
+                continue
+            options = {"shard_size": shard_size} if container == "tar" else None
+            out[f"{name}-{container}"] = packdata.convert(
+                source, work / name / target, workers=1, container_options=options).path
+    return out
+
+
+def digest(path: Path) -> list[str]:
+    """One hash per record (every field's dtype, shape and bytes), read from the original."""
+    reader = containers.for_existing(path).READER(path)
+    return record_digests(reader, reader.manifest.count)
+
+
+def record_digests(reader, count: int) -> list[str]:
+    out = []
+    for a in range(0, count, 16):
+        idx = np.arange(a, min(count, a + 16))
+        batch = reader.read(idx)
+        for j in range(len(idx)):
+            h = hashlib.sha1()
+            for name in reader.manifest.fields:
+                value = np.ascontiguousarray(batch[name][j])
+                h.update(f"{name}{value.dtype.str}{value.shape}".encode())
+                h.update(value.tobytes())
+            out.append(h.hexdigest())
+    return out
+
+
+# -- mutations -------------------------------------------------------------------------------
+
+def files_of(path: Path) -> list[Path]:
+    return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+
+
+def mutate(path: Path, rng: random.Random) -> str:
+    """Damage one file of the dataset at ``path`` in place; returns what was done."""
+    files = [f for f in files_of(path) if f.name != "lock.mdb"]
+    target = rng.choice(files)
+    data = bytearray(target.read_bytes())
+    how = rng.choice(["flip", "flip", "flip", "flip_head", "truncate", "zero_block", "manifest"])
+    if how == "manifest":
+        return edit_manifest(path, rng)
+    if not data:
+        return f"{target.name}: empty file left alone"
+    if how in ("flip", "flip_head"):
+        span = min(len(data), 8192) if how == "flip_head" else len(data)
+        spots = [rng.randrange(span) for _ in range(rng.randint(1, 8))]
+        for s in spots:
+            data[s] ^= 1 << rng.randrange(8)
+        what = f"{how} {len(spots)} bytes"
+    elif how == "truncate":
+        keep = rng.randrange(len(data))
+        del data[keep:]
+        what = f"truncate to {keep}"
+    else:
+        start = rng.randrange(len(data))
+        data[start : start + 4096] = bytes(len(data[start : start + 4096]))
+        what = f"zero 4 KiB at {start}"
+    target.write_bytes(bytes(data))
+    return f"{target.name}: {what}"
+
+
+def edit_manifest(path: Path, rng: random.Random) -> str:
+    """Change one value of the manifest to another plausible JSON value (through the plain
+    libraries, so the container stays otherwise intact)."""
+    doc = json.loads(read_manifest(path))
+    node, trail = doc["packdata"], ["packdata"]
+    while isinstance(node, (dict, list)) and node and rng.random() < 0.75:
+        key = rng.choice(list(node)) if isinstance(node, dict) else rng.randrange(len(node))
+        if not isinstance(node[key], (dict, list)) or not node[key]:
+            node[key] = other_value(node[key], rng)
+            write_manifest(path, json.dumps(doc))
+            return f"manifest {'/'.join(map(str, [*trail, key]))} = {node[key]!r:.40}"
+        node, trail = node[key], [*trail, key]
+    if isinstance(node, dict) and node:
+        gone = rng.choice(list(node))
+        del node[gone]
+    elif isinstance(node, list) and node:
+        gone = len(node) - 1
+        node.pop()
+    else:
+        gone = None
+    write_manifest(path, json.dumps(doc))
+    return f"manifest {'/'.join(map(str, trail))}: removed {gone}"
+
+
+def other_value(value, rng: random.Random):
+    if isinstance(value, bool) or value is None:
+        return rng.choice([True, False, None, 0, "x"])
+    if isinstance(value, int):
+        return rng.choice([value + 1, value - 1, value * 2, 0, -1, 2**40, str(value)])
+    if isinstance(value, float):
+        return rng.choice([value * 2, -value, 0.0])
+    if isinstance(value, str):
+        return rng.choice(["O", "", "uint16", "<f8", "|V8", "../x", value + "x", 3])
+    return None
+
+
+def read_manifest(path: Path) -> str:
+    if path.is_dir() and (path / "manifest.json").is_file():
+        return (path / "manifest.json").read_text()
+    if path.is_dir():
+        import lmdb
+
+        with lmdb.open(str(path), readonly=True, lock=False) as env, env.begin() as txn:
+            return bytes(txn.get(b"__manifest__")).decode()
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        raw = f["manifest"][()]
+        return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def write_manifest(path: Path, text: str) -> None:
+    if path.is_dir() and (path / "manifest.json").is_file():
+        (path / "manifest.json").write_text(text)
+    elif path.is_dir():
+        import lmdb
+
+        with lmdb.open(str(path), map_size=1 << 30) as env, env.begin(write=True) as txn:
+            txn.put(b"__manifest__", text.encode())
+    else:
+        import h5py
+
+        with h5py.File(path, "r+") as f:
+            del f["manifest"]
+            f.create_dataset("manifest", data=text)
+
+
+def child_read(path: Path, digests: list[str], level: str) -> dict:
+    """Read every record of the (mutated) dataset; what happened, as a dict."""
+    try:
+        reader = at_open(containers.for_existing(path).READER(path), path, level)
+        count = reader.manifest.count
+        for name in reader.manifest.variable_fields:
+            reader.lengths(name)
+        got = record_digests(reader, count)
+    except PackdataError as exc:
+        named = str(path) in str(exc) or any(str(f) in str(exc) for f in files_of(path))
+        return {"outcome": "named_error" if named else "unnamed_error", "error": str(exc)[:300]}
+    except MemoryError as exc:
+        return {"outcome": "memory", "error": repr(exc)[:300]}
+    except Exception as exc:
+        return {"outcome": "foreign_error", "error": f"{type(exc).__name__}: {exc}"[:300],
+                "where": traceback.format_exc()[-600:]}
+    return {"outcome": "same" if got == digests else "silent_wrong",
+            "error": f"{count} records, {sum(a != b for a, b in zip(got, digests))} differ"}
+
+
+def run_in_child(path: Path, digests: list[str], level: str) -> dict:
+    """:func:`child_read` in a forked child with an address-space limit and a timeout."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: limit, read, report, exit without cleanup handlers
+        os.close(read_fd)
+        try:
+            status = Path("/proc/self/status").read_text().splitlines()
+            vm = int(next(line.split()[1] for line in status if line.startswith("VmSize:"))) * 1024
+            resource.setrlimit(resource.RLIMIT_AS, (vm + MEMORY_HEADROOM, vm + MEMORY_HEADROOM))
+            result = child_read(path, digests, level)
+        except BaseException as exc:  # noqa: BLE001 - whatever happens goes back to the parent
+            result = {"outcome": "foreign_error", "error": repr(exc)[:300]}
+        os.write(write_fd, json.dumps(result).encode())
+        os._exit(0)
+    os.close(write_fd)
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(read_fd)
+            return {"outcome": "hang", "error": f"no result after {TIMEOUT_S} s"}
+        time.sleep(0.002)
+    with os.fdopen(read_fd, "rb") as f:
+        raw = f.read()
+    if os.WIFSIGNALED(status):
+        return {"outcome": "crash", "error": signal.Signals(os.WTERMSIG(status)).name}
+    return json.loads(raw) if raw else {"outcome": "crash", "error": f"exit status {status}"}
+
+
+def fuzz_one(original: Path, digests: list[str], scratch: Path, rng: random.Random,
+             levels: list[str]) -> list[dict]:
+    """One mutant of ``original``, read at every verify level."""
+    copy = scratch / original.name
+    if copy.exists():
+        shutil.rmtree(copy) if copy.is_dir() else copy.unlink()
+    (shutil.copytree if original.is_dir() else shutil.copy)(original, copy)
+    what = mutate(copy, rng)
+    return [{**run_in_child(copy, digests, level), "level": level, "mutation": what}
+            for level in levels]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mutants", type=int, default=500, help="per dataset")
+    parser.add_argument("--verify", nargs="+", default=["sample", "full"])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    started = time.time()
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        originals = build_datasets(work / "orig")
+        for name, path in originals.items():
+            digests = digest(path)
+            rng = random.Random(f"{args.seed}-{name}")
+            counts = {level: Counter() for level in args.verify}
+            examples: dict[str, list] = {}
+            scratch = work / "mutants" / name
+            scratch.mkdir(parents=True)
+            for _ in range(args.mutants):
+                for r in fuzz_one(path, digests, scratch, rng, args.verify):
+                    counts[r["level"]][r["outcome"]] += 1
+                    if r["outcome"] in FAILURES:
+                        examples.setdefault(f"{r['level']} {r['outcome']}", []).append(r)
+            results[name] = {"records": len(digests), "mutants": args.mutants,
+                             "outcomes": {lv: dict(c) for lv, c in counts.items()},
+                             "failure_examples": {k: v[:3] for k, v in examples.items()}}
+            print(name, json.dumps(results[name]["outcomes"]), flush=True)
+    summary = {"command": "python bench/fuzz_readers.py " + " ".join(sys.argv[1:]),
+               "seconds": round(time.time() - started, 1), "timeout_s": TIMEOUT_S,
+               "memory_headroom_bytes": MEMORY_HEADROOM, "datasets": results}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

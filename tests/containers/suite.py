@@ -1,0 +1,166 @@
+"""The conformance suite every container passes: subclass :class:`ContainerSuite` once per
+container (tests/containers/test_<name>.py), naming it and saying how the plain library reads a
+record back. A new container is done when its subclass passes."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+from packdata import containers
+from packdata.errors import DatasetError
+from packdata.manifest import Field, Manifest, record_checksum
+from packdata.verify import at_open, verify
+
+Record = dict[str, np.ndarray]
+
+FIXED = {"image": Field("uint8", (4, 5, 3)), "label": Field("int64", ()),
+         "vec": Field("float32", (7,))}
+VARIABLE = {"ids": Field("int32", (None,)), "points": Field("float32", (None, 3)),
+            "label": Field("int64", ())}
+VARIANTS = {"points": Field("float16", (3, 16, 3)), "label": Field("int64", ())}
+
+
+def make_records(fields: dict[str, Field], count: int, seed: int = 0) -> list[Record]:
+    """``count`` records of random values; variable lengths include 0."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(count):
+        record = {}
+        for name, f in fields.items():
+            shape = ((i * 7) % 11, *f.row_shape) if f.variable else f.shape
+            record[name] = (rng.standard_normal(shape) * 100).astype(f.np_dtype)
+        out.append(record)
+    return out
+
+
+class ContainerSuite:
+    """Write with the container's Writer, read with its Reader and with the plain library."""
+
+    name: ClassVar[str]
+    target: ClassVar[str]  # the destination's name, e.g. "d.lmdb"
+
+    def plain_read(self, path: Path, fields: dict[str, Field], index: int) -> Record:
+        """Record ``index`` read by the plain library (lmdb, h5py, tarfile), bypassing packdata."""
+        raise NotImplementedError
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def write(self, tmp_path: Path, fields: dict[str, Field], records: list[Record],
+              options: dict | None = None) -> Path:
+        module = containers.get(self.name)
+        path = tmp_path / self.target
+        writer = module.WRITER(path, fields, dict(options or {}))
+        keys = [f"dir/sample {i}" for i in range(len(records))]
+        for key, record in zip(keys, records):
+            writer.append(key, record)
+        manifest = Manifest(container=self.name, kind="test", fields=fields, count=len(records),
+                            keys=keys, checksums=[record_checksum(r, fields) for r in records])
+        writer.finish(manifest)
+        return path
+
+    def reader(self, path: Path):
+        return containers.for_existing(path).READER(path)
+
+    @staticmethod
+    def assert_batch(batch, records: list[Record], idx, fields: dict[str, Field]) -> None:
+        for name, f in fields.items():
+            if f.variable:
+                assert len(batch[name]) == len(idx)
+                for got, i in zip(batch[name], idx):
+                    assert got.dtype == f.np_dtype
+                    np.testing.assert_array_equal(got, records[i][name])
+            else:
+                want = np.stack([records[i][name] for i in idx]) if len(idx) else None
+                assert batch[name].shape == (len(idx), *f.shape)
+                assert batch[name].dtype == f.np_dtype
+                if want is not None:
+                    np.testing.assert_array_equal(batch[name], want)
+
+    # -- the suite -------------------------------------------------------------------------
+
+    @pytest.mark.parametrize("fields", [FIXED, VARIABLE, VARIANTS], ids=["fixed", "variable",
+                                                                          "variants"])
+    def test_records_read_back_in_any_order(self, tmp_path, fields):
+        records = make_records(fields, 23)
+        reader = self.reader(self.write(tmp_path, fields, records, self.options(5)))
+        assert reader.manifest.count == 23
+        for idx in ([0], [22, 3, 3, 10], list(range(23)), [-1, -23]):
+            self.assert_batch(reader.read(np.array(idx)), records,
+                              [i % 23 for i in idx], fields)
+        with pytest.raises(IndexError, match="index 23 out of range"):
+            reader.read(np.array([23]))
+
+    def test_lengths_of_variable_fields(self, tmp_path):
+        records = make_records(VARIABLE, 9)
+        reader = self.reader(self.write(tmp_path, VARIABLE, records, self.options(4)))
+        np.testing.assert_array_equal(reader.lengths("points"), [len(r["points"]) for r in records])
+        with pytest.raises(DatasetError, match="not a variable-length field"):
+            reader.lengths("label")
+
+    def test_select_reads_one_variant_per_record(self, tmp_path):
+        records = make_records(VARIANTS, 12)
+        reader = self.reader(self.write(tmp_path, VARIANTS, records, self.options(5)))
+        idx = np.array([11, 0, 5, 6])
+        rows = np.array([2, 0, 1, 2])
+        batch = reader.read(idx, {"points": rows})
+        np.testing.assert_array_equal(
+            batch["points"], np.stack([records[i]["points"][r] for i, r in zip(idx, rows)]))
+        np.testing.assert_array_equal(batch["label"], [records[i]["label"] for i in idx])
+
+    def test_one_record(self, tmp_path):
+        records = make_records(VARIABLE, 1)
+        reader = self.reader(self.write(tmp_path, VARIABLE, records))
+        self.assert_batch(reader.read(np.array([0])), records, [0], VARIABLE)
+        assert verify(tmp_path / self.target).ok
+
+    def test_empty_dataset(self, tmp_path):
+        reader = self.reader(self.write(tmp_path, FIXED, []))
+        assert reader.manifest.count == 0
+        self.assert_batch(reader.read(np.array([], dtype=np.int64)), [], [], FIXED)
+        assert verify(tmp_path / self.target).ok
+
+    @pytest.mark.parametrize("fields", [FIXED, VARIABLE, VARIANTS], ids=["fixed", "variable",
+                                                                          "variants"])
+    def test_plain_library_reads_the_same_records(self, tmp_path, fields):
+        records = make_records(fields, 7)
+        path = self.write(tmp_path, fields, records, self.options(3))
+        for i in (0, 4, 6):
+            got = self.plain_read(path, fields, i)
+            for name in fields:
+                np.testing.assert_array_equal(got[name], records[i][name])
+
+    def test_damage_is_refused_or_detected(self, tmp_path):
+        """Half of the largest file cut off: refused at open. One byte flipped inside a record:
+        `packdata verify` and verify="full" name it."""
+        records = make_records(FIXED, 40)
+        path = self.write(tmp_path, FIXED, records, self.options(20))
+        cut = shutil.copytree(path, tmp_path / "cut") if path.is_dir() else \
+            shutil.copy(path, tmp_path / "cut")
+        biggest = max((p for p in Path(cut).rglob("*") if p.is_file()), key=lambda p: p.stat().st_size) \
+            if Path(cut).is_dir() else Path(cut)
+        biggest.write_bytes(biggest.read_bytes()[: biggest.stat().st_size // 2])
+        with pytest.raises(DatasetError, match="cut"):
+            at_open(self.reader(Path(cut)), cut, "sample").read(np.arange(40))
+        file, offset = self.record_byte(path, FIXED, 17)
+        data = bytearray(file.read_bytes())
+        data[offset] ^= 0x01
+        file.write_bytes(bytes(data))
+        assert [b["index"] for b in verify(path).bad] == [17]
+        full = at_open(self.reader(path), path, "full")
+        with pytest.raises(DatasetError, match="record 17 .* does not match its checksum"):
+            full.read(np.array([16, 17]))
+
+    # -- per container ---------------------------------------------------------------------
+
+    def options(self, per_shard: int) -> dict:
+        """Writer options that make several files/chunks where the container has them."""
+        return {}
+
+    def record_byte(self, path: Path, fields: dict[str, Field], index: int) -> tuple[Path, int]:
+        """A file and an offset of one byte of record ``index``'s first field."""
+        raise NotImplementedError

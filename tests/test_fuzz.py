@@ -1,0 +1,67 @@
+"""Fuzzed readers, bounded for CI: mutated copies of real datasets read with verify="full" in a
+forked child (address-space limit, timeout) must read back exactly or raise a packdata error
+naming the dataset. The long run with counts is bench/fuzz_readers.py (same harness)."""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib.util
+import os
+import random
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+HARNESS = Path(__file__).resolve().parents[1] / "bench" / "fuzz_readers.py"
+spec = importlib.util.spec_from_file_location("fuzz_readers", HARNESS)
+fuzz = importlib.util.module_from_spec(spec)
+sys.modules["fuzz_readers"] = fuzz
+spec.loader.exec_module(fuzz)
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="forks with Linux rlimits")
+
+
+@pytest.fixture(scope="module")
+def originals(packed) -> dict:
+    return {name: (path, fuzz.digest(path)) for name, path in packed.items()}
+
+
+@pytest.mark.parametrize("name", ["lmdb", "hdf5", "tar"])
+def test_mutants_read_back_exactly_or_raise_a_named_error(tmp_path_factory, originals, name):
+    path, digests = originals[name]
+    scratch = tmp_path_factory.mktemp(f"fuzz-{name}")
+    seen = []
+
+    @settings(max_examples=25, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(st.randoms(use_true_random=False))
+    def check(rng: random.Random) -> None:
+        (result,) = fuzz.fuzz_one(path, digests, scratch, rng, ["full"])
+        seen.append(result["outcome"])
+        assert result["outcome"] in ("same", "named_error"), result
+
+    check()
+    assert "named_error" in seen  # the mutations do reach the data
+
+
+def test_the_harness_sees_a_crash_and_a_silent_difference(tmp_path, originals, monkeypatch):
+    """The harness itself: a child killed by a signal is a crash; changed records without an
+    error are silent_wrong (so the test above can fail)."""
+    path, digests = originals["hdf5"]
+    copy = tmp_path / path.name
+    shutil.copy(path, copy)
+    wrong = ["x" * 40] + digests[1:]
+    assert fuzz.run_in_child(copy, wrong, "off")["outcome"] == "silent_wrong"
+    assert fuzz.run_in_child(copy, digests, "off")["outcome"] == "same"
+
+    def segfault(*args) -> None:
+        faulthandler.disable()  # no dump on stderr for this planned crash
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+    monkeypatch.setattr(fuzz, "child_read", segfault)
+    assert fuzz.run_in_child(copy, digests, "off") == {"outcome": "crash", "error": "SIGSEGV"}

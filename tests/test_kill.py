@@ -1,0 +1,130 @@
+"""Kill anywhere, bounded for CI: conversions SIGKILLed at random points (main process, a
+worker, the whole group) never leave a partial dataset that opens, nor processes, nor
+leftovers a rerun does not clean up and report. The long run is bench/kill_conversions.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from packdata.sources.images import ImageSource
+
+HARNESS = Path(__file__).resolve().parents[1] / "bench" / "kill_conversions.py"
+spec = importlib.util.spec_from_file_location("kill_conversions", HARNESS)
+kill = importlib.util.module_from_spec(spec)
+sys.modules["kill_conversions"] = kill
+spec.loader.exec_module(kill)
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Linux process groups and /proc")
+
+
+@pytest.mark.parametrize("container", ["lmdb", "hdf5", "tar"])
+def test_random_kills_leave_no_partial_dataset(tmp_path, container):
+    result = kill.run(tmp_path, container, kills=3, rng=random.Random(container), count=200)
+    assert result["failed_trials"] == 0, result["failures"]
+    assert sum(result["counts"].get(f"{t} killed", 0) for t in kill.KILL_TARGETS) == 3
+
+
+class SlowImages(ImageSource):
+    """Tasks of 4 images taking 2 s each: workers are busy when their parent dies."""
+
+    def blocks(self, items):
+        return [items[i : i + 4] for i in range(0, len(items), 4)]
+
+    def load(self, item):
+        time.sleep(0.5)
+        return super().load(item)
+
+
+def test_workers_die_with_a_sigkilled_parent(tmp_path, png_folder):
+    dst = tmp_path / "out.lmdb"
+    pid = kill.start_conversion(png_folder, dst, "lmdb", source=SlowImages(png_folder))
+    deadline = time.monotonic() + 10
+    while len(kill.children_of(pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    workers = kill.children_of(pid)
+    assert len(workers) == 2
+    time.sleep(0.3)  # the workers are inside a task
+    kill.os.kill(pid, kill.signal.SIGKILL)
+    kill.os.waitpid(pid, 0)
+    deadline = time.monotonic() + 1.0  # a worker's task alone lasts 2 s
+    while kill.group_members(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert kill.group_members(pid) == []
+    assert kill.rerun(png_folder, dst, "lmdb") == []  # cleans the leftover up and says so
+
+
+@pytest.mark.parametrize("target", ["o.lmdb", "o.h5", "o-tar"])
+def test_a_full_disk_is_one_line_naming_the_path_and_leaves_nothing(tmp_path, png_folder,
+                                                                   target):
+    """The output may not grow past 150 kB (RLIMIT_FSIZE, as a full filesystem would stop it):
+    packdata convert says so in one line naming DST, and nothing is left beside it."""
+    import json
+    import os
+    import resource
+    import signal
+
+    from typer.testing import CliRunner
+
+    from packdata.cli import app
+
+    out = tmp_path / "out"
+    out.mkdir()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, 150_000))
+        result = CliRunner().invoke(app, ["convert", str(png_folder), str(out / target),
+                                          "--workers", "1"])
+        os.write(write_fd, json.dumps([result.exit_code, result.output]).encode())
+        os._exit(0)
+    os.close(write_fd)
+    os.waitpid(pid, 0)
+    with os.fdopen(read_fd) as f:
+        code, output = json.loads(f.read())
+    assert code == 2
+    (line,) = output.strip().splitlines()
+    assert line.startswith(f"error: {out / target}: cannot write the output (")
+    assert line.endswith("); nothing was left behind")
+    assert ("Input/output error" if target.endswith("lmdb") else "File too large") in line
+    assert list(out.iterdir()) == []
+
+
+class DiesMidSend(ImageSource):
+    """The worker loading the 9th image dies as if SIGKILLed in the middle of sending a result:
+    half a message in the result pipe, and the pipe's lock never released."""
+
+    def blocks(self, items):
+        return [items[i : i + 4] for i in range(0, len(items), 4)]
+
+    def load(self, item):
+        if item.key.endswith("_0002") and "automobile" in item.key:
+            import gc
+            import multiprocessing.queues
+            import os
+            import signal
+            import struct
+
+            (queue,) = [o for o in gc.get_objects()
+                        if type(o) is multiprocessing.queues.SimpleQueue]
+            queue._wlock.acquire()
+            os.write(queue._writer.fileno(), struct.pack("!i", 1_000_000) + bytes(100))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().load(item)
+
+
+def test_a_worker_killed_mid_send_is_an_error_not_a_hang(tmp_path, png_folder):
+    import packdata
+    from packdata.errors import PackdataError
+
+    start = time.monotonic()
+    with pytest.raises(PackdataError, match="a conversion worker stopped unexpectedly"):
+        packdata.convert(DiesMidSend(png_folder), tmp_path / "out.h5", workers=2)
+    assert time.monotonic() - start < 30
+    assert list(tmp_path.iterdir()) == []

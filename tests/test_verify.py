@@ -1,0 +1,150 @@
+"""packdata.verify: the `verify` command, verify= at open, and the structural checks at open."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import h5py
+import lmdb
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import packdata
+from packdata.cli import app
+from packdata.containers.tar import shard_paths
+from packdata.verify import verify
+
+runner = CliRunner()
+
+
+def first_pixel_offset(container: str, path) -> tuple:
+    """A file and a byte offset inside record 3's pixels, found through the plain libraries."""
+    if container == "hdf5":
+        with h5py.File(path, "r") as f:
+            ds = f["image"]
+            return path, ds.id.get_offset() + 3 * int(np.prod(ds.shape[1:])) + 17
+    if container == "tar":
+        with np.load(path / "index.npz") as z:
+            shard, offset = int(z["image.shard"][3]), int(z["image.offset"][3])
+        return shard_paths(path)[shard], offset + 17
+    with lmdb.open(str(path), readonly=True, lock=False) as env, env.begin() as txn:
+        value = bytes(txn.get(b"%010d" % 3))
+    data = (path / "data.mdb").read_bytes()
+    return path / "data.mdb", data.index(value) + 17
+
+
+def flip(file, offset: int) -> None:
+    data = bytearray(file.read_bytes())
+    data[offset] ^= 0x40
+    file.write_bytes(bytes(data))
+
+
+def damaged_copy(tmp_path, packed, container):
+    src = packed[container]
+    copy = tmp_path / src.name
+    (shutil.copytree if src.is_dir() else shutil.copy)(src, copy)
+    flip(*first_pixel_offset(container, copy))
+    return copy
+
+
+def test_verify_passes_a_sound_dataset(packed, container, png_folder):
+    result = runner.invoke(app, ["verify", str(packed[container]), "--source", str(png_folder),
+                                 "--deep"])
+    assert result.exit_code == 0, result.output
+    assert "120 of 120 records checked, 120 compared" in result.output
+    assert result.output.strip().endswith("OK")
+
+
+def test_verify_names_a_flipped_byte(tmp_path, packed, container):
+    copy = damaged_copy(tmp_path, packed, container)
+    report = verify(copy)
+    assert [b["index"] for b in report.bad] == [3]
+    assert report.bad[0]["problem"] == "CRC-32 does not match the manifest"
+    result = runner.invoke(app, ["verify", str(copy)])
+    assert result.exit_code == 1
+    key = packdata.open(packed[container]).keys[3]
+    assert f"bad: {key} (record 3): CRC-32" in result.output
+    assert "FAILED: 1 bad records" in result.output
+
+
+def test_verify_full_raises_at_read_and_off_reads_the_wrong_bytes(tmp_path, packed, container):
+    copy = damaged_copy(tmp_path, packed, container)
+    full = packdata.open(copy, verify="full")
+    assert full[[0, 1, 2]][0].shape[0] == 3  # sound records read as usual
+    with pytest.raises(packdata.DatasetError, match="record 3 .* does not match its checksum"):
+        full[[2, 3]]
+    original = packdata.open(packed[container])[3][0]
+    assert not np.array_equal(packdata.open(copy, verify="off")[3][0], original)
+
+
+def test_verify_against_source_finds_a_changed_input(tmp_path, packed, png_folder):
+    src = shutil.copytree(png_folder, tmp_path / "src")
+    name = sorted(src.glob("*.png"))[5]
+    shutil.copy(sorted(src.glob("*.png"))[6], name)
+    result = runner.invoke(app, ["verify", str(packed["lmdb"]), "--source", str(src)])
+    assert result.exit_code == 1
+    assert f"differs from a fresh conversion of {name}" in result.output
+
+
+def test_verify_json_and_unreadable_dataset(tmp_path):
+    (tmp_path / "x.lmdb").mkdir()
+    result = runner.invoke(app, ["verify", str(tmp_path / "x.lmdb"), "--json"])
+    assert result.exit_code == 1
+    assert "not a packdata dataset" in json.loads(result.output)["problems"][0]
+
+
+def edit_manifest(container, copy, edit) -> None:
+    """Apply ``edit`` to the manifest dict stored in ``copy``, through the plain libraries."""
+    if container == "tar":
+        d = json.loads((copy / "manifest.json").read_text())
+        edit(d["packdata"])
+        (copy / "manifest.json").write_text(json.dumps(d))
+    elif container == "hdf5":
+        with h5py.File(copy, "r+") as f:
+            d = json.loads(f["manifest"][()])
+            edit(d["packdata"])
+            del f["manifest"]
+            f.create_dataset("manifest", data=json.dumps(d))
+    else:
+        with lmdb.open(str(copy), subdir=True) as env, env.begin(write=True) as txn:
+            d = json.loads(bytes(txn.get(b"__manifest__")))
+            edit(d["packdata"])
+            txn.put(b"__manifest__", json.dumps(d).encode())
+
+
+EDITS = {
+    "object dtype": lambda m: m["fields"]["image"].update(dtype="O"),
+    "wider dtype": lambda m: m["fields"]["image"].update(dtype="uint16"),
+    "count lowered": lambda m: m.update(count=m["count"] - 10),
+    "count raised": lambda m: m.update(count=m["count"] + 10),
+    "count, keys and checksums lowered": lambda m: m.update(  # consistent: the data disagrees
+        count=m["count"] - 10, keys=m["keys"][:-10], checksums=m["checksums"][:-10]),
+    "bigger shape": lambda m: m["fields"]["image"].update(shape=[3, 64, 64]),
+    "negative shape": lambda m: m["fields"]["image"].update(shape=[3, -32, 32]),
+    "fields missing": lambda m: m.pop("fields"),
+    "checksums cut": lambda m: m.update(checksums=m["checksums"][:5]),
+}
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_edited_manifest_is_refused_at_open(tmp_path, packed, container, edit):
+    src = packed[container]
+    copy = tmp_path / src.name
+    (shutil.copytree if src.is_dir() else shutil.copy)(src, copy)
+    edit_manifest(container, copy, EDITS[edit])
+    with pytest.raises(packdata.DatasetError, match=copy.name):
+        packdata.open(copy, verify="off")  # the structural checks run whatever verify says
+
+
+def test_tar_shard_name_outside_the_dataset_is_refused(tmp_path, packed):
+    copy = shutil.copytree(packed["tar"], tmp_path / "t")
+    edit_manifest("tar", copy, lambda m: m["extra"]["shards"][0].update(name="../../x.tar"))
+    with pytest.raises(packdata.DatasetError, match="shard list is damaged"):
+        packdata.open(copy)
+
+
+def test_unknown_verify_level(packed):
+    with pytest.raises(ValueError, match="verify='some'"):
+        packdata.open(packed["lmdb"], verify="some")
