@@ -18,6 +18,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+import threading
 import uuid
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,6 +31,7 @@ import numpy as np
 from packdata.containers import tar
 from packdata.errors import DatasetError, OutputExistsError, PackdataError, require
 from packdata.manifest import Manifest
+from packdata.reader_index import WIDS_INDEX
 
 #: default bound on the bytes of cached shards in one cache directory
 CACHE_LIMIT = 10 << 30
@@ -273,59 +275,114 @@ class RemoteTarReader(tar.TarReader):
         super().close()
 
 
-def stage(url: str, storage: Storage | None = None) -> Path:
-    """The files under ``url`` in a local cache directory (fetched in parallel; files already
-    there with the same size are kept), for sources that read local files."""
-    storage = storage or Storage()
-    fs, remote = storage.filesystem(url)
-    local = storage.local_dir(url) / "source"
-    with errors(url):
-        if not fs.isdir(remote):
-            raise DatasetError(f"{url}: not found, or not a folder of inputs")
-        found = fs.find(remote, detail=True)
-        wanted = {str(local / path[len(remote) :].lstrip("/")) for path in found}
-        if local.is_dir():  # inputs deleted at the URL since the last copy leave the copy too
-            for old in [p for p in local.rglob("*") if p.is_file() and str(p) not in wanted]:
-                old.unlink()
-        todo = []
-        for path, info in found.items():
-            target = local / path[len(remote) :].lstrip("/")
-            if not target.is_file() or target.stat().st_size != info.get("size"):
-                target.parent.mkdir(parents=True, exist_ok=True)
-                todo.append((path, str(target)))
-        if todo:
-            fs.get([p for p, _ in todo], [t for _, t in todo])
-    return local
-
-
 def _write_atomically(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
     tmp.write_bytes(data)
     os.replace(tmp, path)
 
 
-def upload(local: Path, url: str, storage: Storage | None = None, overwrite: bool = False) -> None:
-    """Upload the tar dataset at ``local`` to ``url``: shards, then the index, the manifest last."""
+class ShardUploader:
+    """Uploads each tar shard of a conversion into ``local`` as soon as the writer closes it
+    (its DALI ``.idx`` is written at that moment), in a background thread, while the next shards
+    are still being written. The manifest is never uploaded here: :func:`upload` sends it last."""
+
+    POLL = 0.2  # seconds between looks at the staging directory
+
+    def __init__(self, local: Path, url: str, storage: Storage) -> None:
+        self.staging, self.name, self.url = local.parent, local.name, url
+        self.fs, self.remote = storage.filesystem(url)
+        self.uploaded: list[str] = []  # remote names, in upload order
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="packdata-upload", daemon=True)
+        self._thread.start()
+
+    def _closed(self) -> list[tuple[Path, Path]]:
+        """(shard, idx) pairs closed by the writer and not yet sent, in the one-part layout
+        (``.NAME.partial-*/`` while writing, ``NAME/`` once renamed into place)."""
+        done, found = set(self.uploaded), {}
+        for idx in [*self.staging.glob(f".{self.name}.partial-*/*.idx"),
+                    *self.staging.glob(f"{self.name}/*.idx")]:
+            found.setdefault(idx.with_suffix(".tar").name, (idx.with_suffix(".tar"), idx))
+        return [found[n] for n in sorted(found) if n not in done]
+
+    def _run(self) -> None:
+        while True:
+            last = self._stop.is_set()  # one more sweep after the stop is asked
+            try:
+                for shard, idx in self._closed():
+                    try:
+                        with errors(self.url):
+                            self.fs.put_file(str(shard), f"{self.remote}/{shard.name}")
+                            self.fs.put_file(str(idx), f"{self.remote}/{idx.name}")
+                    except FileNotFoundError:  # renamed into place meanwhile: the next sweep
+                        continue
+                    self.uploaded.append(shard.name)
+            except BaseException as exc:  # noqa: BLE001 - handed to the converting thread
+                self.error = exc
+                return
+            if last:
+                return
+            self._stop.wait(self.POLL)
+
+    def finish(self) -> list[str]:
+        """Wait for the shards closed so far; the names sent (an upload failure is raised)."""
+        self._stop.set()
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.uploaded
+
+    def remove(self) -> str:
+        """Delete what was sent (after a failure); a sentence saying what is left, if any."""
+        self._stop.set()
+        self._thread.join()
+        names = [n for s in self.uploaded for n in (s, Path(s).with_suffix(".idx").name)]
+        try:
+            if names:
+                self.fs.rm([f"{self.remote}/{n}" for n in names])
+        except Exception as exc:  # noqa: BLE001 - reported, the original failure is raised
+            return (f"; {len(self.uploaded)} shards already uploaded to {self.url} could not be "
+                    f"removed ({exc.__class__.__name__}: {exc}): delete them by hand")
+        return ""
+
+
+def upload(local: Path, url: str, storage: Storage | None = None, overwrite: bool = False,
+           sent: list[str] | None = None) -> None:
+    """Upload the tar dataset at ``local`` to ``url``: shards (but those already ``sent``) with
+    their DALI indexes, then the record and wids indexes, the manifest last."""
     storage = storage or Storage()
     fs, remote = storage.filesystem(url)
     with errors(url):
-        if fs.exists(f"{remote}/{tar.MANIFEST}"):
-            if not overwrite:
-                raise OutputExistsError(f"{url} holds a dataset; pass --overwrite to replace it")
-            if not Manifest.is_packdata(fs.cat_file(f"{remote}/{tar.MANIFEST}")):
-                raise OutputExistsError(f"{url}/{tar.MANIFEST} is not a packdata manifest; "
-                                        "refusing to replace it")
-            fs.rm_file(f"{remote}/{tar.MANIFEST}")  # first: the old dataset stops being one
+        if sent is None:  # else the caller retired the old dataset before sending shards
+            _retire(fs, remote, url, overwrite)
         manifest = Manifest.from_json((local / tar.MANIFEST).read_text(), str(local))
-        shards = [s["name"] for s in manifest.extra["shards"]]
-        fs.put([str(local / n) for n in shards], [f"{remote}/{n}" for n in shards])
-        fs.put_file(str(local / tar.INDEX), f"{remote}/{tar.INDEX}")
+        names = [s["name"] for s in manifest.extra["shards"] if s["name"] not in set(sent or ())]
+        names += [Path(n).with_suffix(".idx").name for n in names]
+        names = [n for n in names if (local / n).is_file()] + \
+            [n for n in (tar.INDEX, WIDS_INDEX) if (local / n).is_file()]
+        fs.put([str(local / n) for n in names], [f"{remote}/{n}" for n in names])
         fs.put_file(str(local / tar.MANIFEST), f"{remote}/{tar.MANIFEST}")
 
 
+def _retire(fs: Any, remote: str, url: str, overwrite: bool) -> None:
+    """Before anything is written: a dataset already at ``url`` is refused, or (``overwrite``)
+    stops being one by losing its manifest first."""
+    if fs.exists(f"{remote}/{tar.MANIFEST}"):
+        if not overwrite:
+            raise OutputExistsError(f"{url} holds a dataset; pass --overwrite to replace it")
+        if not Manifest.is_packdata(fs.cat_file(f"{remote}/{tar.MANIFEST}")):
+            raise OutputExistsError(f"{url}/{tar.MANIFEST} is not a packdata manifest; "
+                                    "refusing to replace it")
+        fs.rm_file(f"{remote}/{tar.MANIFEST}")
+
+
 def convert_to_url(url: str, container: str | None, resume: bool, convert_locally: Any,
-                   storage: Storage | None = None, overwrite: bool = False) -> Any:
-    """Run ``convert_locally(path)`` into a temporary directory, then :func:`upload` the result."""
+                   storage: Storage | None = None, overwrite: bool = False,
+                   streamed: bool = True) -> Any:
+    """Run ``convert_locally(path)`` into a temporary directory and upload the result: with
+    ``streamed``, each shard is sent as soon as it is closed (:class:`ShardUploader`), the rest at
+    the end, the manifest last. A failure removes what was sent; no manifest is ever written."""
     from packdata import containers
 
     name = containers.for_destination(Path(url.split("://", 1)[1]), container).NAME
@@ -339,13 +396,106 @@ def convert_to_url(url: str, container: str | None, resume: bool, convert_locall
     storage = storage or Storage()
     fs, remote = storage.filesystem(url)
     with errors(url):
-        if fs.exists(f"{remote}/{tar.MANIFEST}") and not overwrite:
-            raise OutputExistsError(f"{url} holds a dataset; pass --overwrite to replace it")
+        _retire(fs, remote, url, overwrite)
     staging = Path(tempfile.mkdtemp(prefix="packdata-upload-"))
+    uploader = ShardUploader(staging / "dataset", url, storage) if streamed else None
     try:
-        result = convert_locally(staging / "dataset")
-        upload(result.path, url, storage, overwrite)
+        try:
+            result = convert_locally(staging / "dataset")
+            upload(result.path, url, storage, sent=uploader.finish() if uploader else [])
+        except BaseException as exc:
+            left = uploader.remove() if uploader else ""
+            if left and isinstance(exc, PackdataError):
+                raise type(exc)(f"{exc}{left}") from exc
+            raise
         result.path = url  # type: ignore[assignment]
         return result
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+#: storage options by protocol, for the RemotePaths of this process (filled where a URL source
+#: is opened, and by unpickling a RemotePath in a worker)
+_OPTIONS: dict[str, dict[str, Any]] = {}
+
+
+def _remote_path(url: str, storage_options: dict[str, Any] | None) -> RemotePath:
+    return RemotePath.of(url, storage_options)
+
+
+class RemotePath(type(Path())):  # type: ignore[misc]
+    """An input file or folder at a URL, as a :class:`pathlib.Path` whose reads go through
+    fsspec: ``read_bytes``, ``open``, ``stat``, ``is_file``, ``is_dir``, ``exists`` and listing
+    (:meth:`files`) reach the object store; joining, ``name``, ``suffix`` and ``relative_to`` work
+    as for any path. Sources read their inputs through these, so a URL source is read in place,
+    in every worker, without a local copy. A worker opens its own filesystem (fsspec instances do
+    not cross a fork); the storage options travel with the pickled path."""
+
+    @classmethod
+    def of(cls, url: str, storage_options: dict[str, Any] | None = None) -> RemotePath:
+        protocol, rest = url.split("://", 1)
+        if storage_options is not None:
+            _OPTIONS[protocol] = dict(storage_options)
+        return cls(f"{protocol}:", rest.strip("/"))
+
+    @property
+    def url(self) -> str:
+        return f"{self.parts[0]}//" + "/".join(self.parts[1:])
+
+    def __str__(self) -> str:  # a relative part (``relative_to``) is a plain path
+        return self.url if self.parts and self.parts[0].endswith(":") else super().__str__()
+
+    def __repr__(self) -> str:
+        return f"RemotePath({self.url!r})"
+
+    def __reduce__(self):  # type: ignore[override]
+        return _remote_path, (self.url, _OPTIONS.get(self.parts[0][:-1]))
+
+    def _fs(self) -> tuple[Any, str]:
+        return Storage(_OPTIONS.get(self.parts[0][:-1], {})).filesystem(self.url)
+
+    def read_bytes(self) -> bytes:
+        fs, path = self._fs()
+        return fs.cat_file(path)
+
+    def read_text(self, encoding: str | None = None, errors: str | None = None) -> str:
+        return self.read_bytes().decode(encoding or "utf-8", errors or "strict")
+
+    def open(self, mode: str = "r", buffering: int = -1, encoding: str | None = None,
+             errors: str | None = None, newline: str | None = None) -> Any:
+        fs, path = self._fs()
+        if "b" in mode:
+            return fs.open(path, mode)
+        return fs.open(path, mode, encoding=encoding, errors=errors, newline=newline)
+
+    def stat(self, *, follow_symlinks: bool = True) -> os.stat_result:
+        fs, path = self._fs()
+        size = fs.info(path).get("size") or 0
+        return os.stat_result((0o100644, 0, 0, 1, 0, 0, size, 0, 0, 0))
+
+    def exists(self, *args: Any, **kwargs: Any) -> bool:
+        fs, path = self._fs()
+        with errors(self.url):
+            return fs.exists(path)
+
+    def is_file(self, *args: Any, **kwargs: Any) -> bool:
+        fs, path = self._fs()
+        with errors(self.url):
+            return fs.isfile(path)
+
+    def is_dir(self, *args: Any, **kwargs: Any) -> bool:
+        fs, path = self._fs()
+        with errors(self.url):
+            return fs.isdir(path)
+
+    def files(self) -> list[str]:
+        """Every file below this folder, as sorted relative POSIX paths (one listing call)."""
+        fs, path = self._fs()
+        with errors(self.url):
+            found = fs.find(path)
+        return sorted(p[len(path) :].lstrip("/") for p in found)
+
+    def rglob(self, pattern: str) -> Any:  # type: ignore[override]
+        if pattern != "*":
+            raise NotImplementedError(f"{self}: only rglob('*') reaches object storage")
+        return (self / f for f in self.files())

@@ -134,11 +134,16 @@ def list_files(root: Path, suffixes: tuple[str, ...], others: list[str] | None =
     if root.is_file():
         return [root.name]
     found, rest = [], []
-    for folder, _, names in os.walk(root):
-        rel = os.path.relpath(folder, root)
-        prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
-        for n in names:
-            (found if os.path.splitext(n)[1].lower() in suffixes else rest).append(prefix + n)
+    if hasattr(root, "files"):  # a folder at a URL (packdata.storage.RemotePath): one listing
+        listed = root.files()
+    else:
+        listed = []
+        for folder, _, names in os.walk(root):
+            rel = os.path.relpath(folder, root)
+            prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+            listed.extend(prefix + n for n in names)
+    for f in listed:
+        (found if os.path.splitext(f)[1].lower() in suffixes else rest).append(f)
     if others is not None:
         others.extend(sorted(rest))
     return sorted(found)

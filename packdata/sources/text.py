@@ -80,7 +80,7 @@ class TextSource(Source):
         o = resolve(KIND, OPTIONS, options)
         tokenizer, max_length, split = o["tokenizer"], o["max_length"], o["split"]
         add_bos, add_eos, dtype = o["add_bos"], o["add_eos"], o["dtype"]
-        self.root = Path(root)
+        self.root = root if isinstance(root, Path) else Path(root)  # a RemotePath stays one
         self.tokenizer = load_tokenizer(tokenizer)
         for flag, special in (("add_bos", "bos_id"), ("add_eos", "eos_id")):
             if o[flag] and getattr(self.tokenizer, special) is None:
@@ -178,7 +178,7 @@ class TextSource(Source):
                 if item.path not in span:
                     lines = [i for i in items if i.path == item.path]
                     lo, hi = min(i.start for i in lines), max(i.end for i in lines)
-                    with open(item.path, "rb") as f:
+                    with item.path.open("rb") as f:
                         f.seek(lo)
                         span[item.path] = (lo, f.read(hi - lo))
                 lo, data = span[item.path]
