@@ -4,8 +4,10 @@ Reading: a tar dataset at a URL is read through :class:`RemoteTarReader`, which 
 manifest and record index in a local cache directory and fetches whole shards into it on first
 use, a few shards ahead of the reader (prefetch, in threads), evicting the least recently used
 shards past ``cache_limit``. Every fetched shard is checked against the record checksums of the
-manifest before any of its records is served. Writing: a dataset built locally is uploaded with
-its manifest last, so a reader never finds a half-written dataset at the URL.
+manifest before any of its records is served. With ``access="ranges"`` a batch's records are
+fetched instead by concurrent ranged GETs of their members (``cat_ranges``), each record checked
+against its checksum: map-style access to a few records without whole shards. Writing is in
+:mod:`packdata.upload`, input files at a URL in :mod:`packdata.remote_files`.
 
 Credentials come from where the storage library looks (environment, profile files, instance
 metadata) or from ``storage_options``; packdata keeps none of its own.
@@ -16,9 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import shutil
 import tempfile
-import threading
 import uuid
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,15 +29,15 @@ from typing import Any
 import numpy as np
 
 from packdata.containers import tar
-from packdata.errors import DatasetError, OutputExistsError, PackdataError, require
-from packdata.manifest import Manifest
-from packdata.reader_index import WIDS_INDEX
+from packdata.containers.base import Batch, Select
+from packdata.errors import ArgumentError, DatasetError, PackdataError, require
 
 #: default bound on the bytes of cached shards in one cache directory
 CACHE_LIMIT = 10 << 30
 #: botocore settings so that an unreachable endpoint fails in seconds, not minutes
 S3_DEFAULTS = {"config_kwargs": {"connect_timeout": 5, "read_timeout": 60,
                                  "retries": {"max_attempts": 2}}}
+ACCESS = ("shards", "ranges")
 CREDENTIAL_PLACES = (
     "storage_options (key=, secret= or profile=), the environment (AWS_ACCESS_KEY_ID and "
     "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE), the shared files ~/.aws/credentials and "
@@ -68,6 +68,14 @@ class Storage:
     cache_dir: str | Path | None = None
     cache_limit: int | str = CACHE_LIMIT
     prefetch: int = 2  # shards fetched ahead of the one being read
+    #: "shards": whole shards fetched into the cache (streaming, epochs over the dataset);
+    #: "ranges": each batch's records fetched by ranged GETs of their members (map-style access
+    #: to a few records of a large dataset, nothing cached but the index)
+    access: str = "shards"
+
+    def __post_init__(self) -> None:
+        if self.access not in ACCESS:
+            raise ArgumentError(f"access '{self.access}': expected one of {', '.join(ACCESS)}")
 
     def filesystem(self, url: str) -> tuple[Any, str]:
         """The fsspec filesystem for ``url`` and the path within it."""
@@ -222,6 +230,61 @@ class RemoteTarReader(tar.TarReader):
         finally:
             tmp.unlink(missing_ok=True)
 
+    def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
+        if self.storage.access != "ranges":
+            return super().read(indices, select)
+        idx = self.check_indices(indices)
+        blobs = self._ranges(idx)
+        batch: Batch = {}
+        for name, spec in self.manifest.fields.items():
+            if f"{name}.values" in self.index:
+                batch[name] = self.index[f"{name}.values"][idx]
+            elif spec.variable:
+                batch[name] = [np.frombuffer(b, spec.np_dtype).reshape(-1, *spec.row_shape).copy()
+                               for b in blobs[name]]
+            else:
+                out = np.frombuffer(b"".join(blobs[name]), spec.np_dtype)
+                out = out.reshape(len(idx), *spec.shape).copy()
+                rows = (select or {}).get(name)
+                batch[name] = out if rows is None else out[np.arange(len(idx)), rows]
+        return batch
+
+    def _ranges(self, idx: np.ndarray) -> dict[str, list[bytes]]:
+        """The members of records ``idx``, by field, in one batch of concurrent ranged GETs,
+        each record checked against its checksum."""
+        names = [n for n in self.manifest.fields if f"{n}.values" not in self.index]
+        shards = np.concatenate([self.index[f"{n}.shard"][idx] for n in names]).tolist()
+        starts = np.concatenate([self.index[f"{n}.offset"][idx] for n in names])
+        ends = starts + np.concatenate([self.index[f"{n}.nbytes"][idx] for n in names])
+        with errors(self.url):
+            got = self.fs.cat_ranges([f"{self.remote}/{self.shard_names[s]}" for s in shards],
+                                     starts.tolist(), ends.tolist(), on_error="return")
+        for shard, blob, a, b in zip(shards, got, starts.tolist(), ends.tolist()):
+            if isinstance(blob, FileNotFoundError):
+                raise DatasetError(f"{self.shard_url(shard)}: shard missing in the bucket; the "
+                                   "dataset is incomplete")
+            if isinstance(blob, BaseException):
+                with errors(self.shard_url(shard)):
+                    raise blob
+            if len(blob) != b - a:
+                raise DatasetError(f"{self.shard_url(shard)}: shard truncated (bytes {a}-{b} "
+                                   "asked, fewer found); the dataset is damaged")
+        blobs = {n: got[k * len(idx) : (k + 1) * len(idx)] for k, n in enumerate(names)}
+        for j, i in enumerate(idx.tolist()):
+            crc = 0
+            for name in self.manifest.fields:
+                if name in blobs:
+                    crc = zlib.crc32(blobs[name][j], crc)
+                else:
+                    crc = zlib.crc32(np.ascontiguousarray(self.index[f"{name}.values"][i]).data,
+                                     crc)
+            if crc != self.manifest.checksums[i]:
+                shard = self.shards_of([i])[0]
+                raise DatasetError(f"{self.shard_url(shard)}: shard corrupted (record "
+                                   f"'{self.manifest.keys[i]}' does not match its checksum); "
+                                   "the dataset is damaged")
+        return blobs
+
     def _verify(self, shard: int, mapped: np.ndarray) -> None:
         """Every record of a freshly mapped shard against the manifest's checksums."""
         a, b = int(self.shard_start[shard]), int(self.shard_start[shard + 1])
@@ -279,223 +342,3 @@ def _write_atomically(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
     tmp.write_bytes(data)
     os.replace(tmp, path)
-
-
-class ShardUploader:
-    """Uploads each tar shard of a conversion into ``local`` as soon as the writer closes it
-    (its DALI ``.idx`` is written at that moment), in a background thread, while the next shards
-    are still being written. The manifest is never uploaded here: :func:`upload` sends it last."""
-
-    POLL = 0.2  # seconds between looks at the staging directory
-
-    def __init__(self, local: Path, url: str, storage: Storage) -> None:
-        self.staging, self.name, self.url = local.parent, local.name, url
-        self.fs, self.remote = storage.filesystem(url)
-        self.uploaded: list[str] = []  # remote names, in upload order
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="packdata-upload", daemon=True)
-        self._thread.start()
-
-    def _closed(self) -> list[tuple[Path, Path]]:
-        """(shard, idx) pairs closed by the writer and not yet sent, in the one-part layout
-        (``.NAME.partial-*/`` while writing, ``NAME/`` once renamed into place)."""
-        done, found = set(self.uploaded), {}
-        for idx in [*self.staging.glob(f".{self.name}.partial-*/*.idx"),
-                    *self.staging.glob(f"{self.name}/*.idx")]:
-            found.setdefault(idx.with_suffix(".tar").name, (idx.with_suffix(".tar"), idx))
-        return [found[n] for n in sorted(found) if n not in done]
-
-    def _run(self) -> None:
-        while True:
-            last = self._stop.is_set()  # one more sweep after the stop is asked
-            try:
-                for shard, idx in self._closed():
-                    try:
-                        with errors(self.url):
-                            self.fs.put_file(str(shard), f"{self.remote}/{shard.name}")
-                            self.fs.put_file(str(idx), f"{self.remote}/{idx.name}")
-                    except FileNotFoundError:  # renamed into place meanwhile: the next sweep
-                        continue
-                    self.uploaded.append(shard.name)
-            except BaseException as exc:  # noqa: BLE001 - handed to the converting thread
-                self.error = exc
-                return
-            if last:
-                return
-            self._stop.wait(self.POLL)
-
-    def finish(self) -> list[str]:
-        """Wait for the shards closed so far; the names sent (an upload failure is raised)."""
-        self._stop.set()
-        self._thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.uploaded
-
-    def remove(self) -> str:
-        """Delete what was sent (after a failure); a sentence saying what is left, if any."""
-        self._stop.set()
-        self._thread.join()
-        names = [n for s in self.uploaded for n in (s, Path(s).with_suffix(".idx").name)]
-        try:
-            if names:
-                self.fs.rm([f"{self.remote}/{n}" for n in names])
-        except Exception as exc:  # noqa: BLE001 - reported, the original failure is raised
-            return (f"; {len(self.uploaded)} shards already uploaded to {self.url} could not be "
-                    f"removed ({exc.__class__.__name__}: {exc}): delete them by hand")
-        return ""
-
-
-def upload(local: Path, url: str, storage: Storage | None = None, overwrite: bool = False,
-           sent: list[str] | None = None) -> None:
-    """Upload the tar dataset at ``local`` to ``url``: shards (but those already ``sent``) with
-    their DALI indexes, then the record and wids indexes, the manifest last."""
-    storage = storage or Storage()
-    fs, remote = storage.filesystem(url)
-    with errors(url):
-        if sent is None:  # else the caller retired the old dataset before sending shards
-            _retire(fs, remote, url, overwrite)
-        manifest = Manifest.from_json((local / tar.MANIFEST).read_text(), str(local))
-        names = [s["name"] for s in manifest.extra["shards"] if s["name"] not in set(sent or ())]
-        names += [Path(n).with_suffix(".idx").name for n in names]
-        names = [n for n in names if (local / n).is_file()] + \
-            [n for n in (tar.INDEX, WIDS_INDEX) if (local / n).is_file()]
-        fs.put([str(local / n) for n in names], [f"{remote}/{n}" for n in names])
-        fs.put_file(str(local / tar.MANIFEST), f"{remote}/{tar.MANIFEST}")
-
-
-def _retire(fs: Any, remote: str, url: str, overwrite: bool) -> None:
-    """Before anything is written: a dataset already at ``url`` is refused, or (``overwrite``)
-    stops being one by losing its manifest first."""
-    if fs.exists(f"{remote}/{tar.MANIFEST}"):
-        if not overwrite:
-            raise OutputExistsError(f"{url} holds a dataset; pass --overwrite to replace it")
-        if not Manifest.is_packdata(fs.cat_file(f"{remote}/{tar.MANIFEST}")):
-            raise OutputExistsError(f"{url}/{tar.MANIFEST} is not a packdata manifest; "
-                                    "refusing to replace it")
-        fs.rm_file(f"{remote}/{tar.MANIFEST}")
-
-
-def convert_to_url(url: str, container: str | None, resume: bool, convert_locally: Any,
-                   storage: Storage | None = None, overwrite: bool = False,
-                   streamed: bool = True) -> Any:
-    """Run ``convert_locally(path)`` into a temporary directory and upload the result: with
-    ``streamed``, each shard is sent as soon as it is closed (:class:`ShardUploader`), the rest at
-    the end, the manifest last. A failure removes what was sent; no manifest is ever written."""
-    from packdata import containers
-
-    name = containers.for_destination(Path(url.split("://", 1)[1]), container).NAME
-    if name != "tar":
-        raise PackdataError(f"{url}: object storage takes tar shards (asked: {name}); LMDB and "
-                            "HDF5 datasets are read through memory maps of local files, so "
-                            "convert those to a local path")
-    if resume:
-        raise PackdataError(f"{url}: --resume needs a local destination (the finished parts "
-                            "are kept beside it); convert to a local path, then upload")
-    storage = storage or Storage()
-    fs, remote = storage.filesystem(url)
-    with errors(url):
-        _retire(fs, remote, url, overwrite)
-    staging = Path(tempfile.mkdtemp(prefix="packdata-upload-"))
-    uploader = ShardUploader(staging / "dataset", url, storage) if streamed else None
-    try:
-        try:
-            result = convert_locally(staging / "dataset")
-            upload(result.path, url, storage, sent=uploader.finish() if uploader else [])
-        except BaseException as exc:
-            left = uploader.remove() if uploader else ""
-            if left and isinstance(exc, PackdataError):
-                raise type(exc)(f"{exc}{left}") from exc
-            raise
-        result.path = url  # type: ignore[assignment]
-        return result
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-#: storage options by protocol, for the RemotePaths of this process (filled where a URL source
-#: is opened, and by unpickling a RemotePath in a worker)
-_OPTIONS: dict[str, dict[str, Any]] = {}
-
-
-def _remote_path(url: str, storage_options: dict[str, Any] | None) -> RemotePath:
-    return RemotePath.of(url, storage_options)
-
-
-class RemotePath(type(Path())):  # type: ignore[misc]
-    """An input file or folder at a URL, as a :class:`pathlib.Path` whose reads go through
-    fsspec: ``read_bytes``, ``open``, ``stat``, ``is_file``, ``is_dir``, ``exists`` and listing
-    (:meth:`files`) reach the object store; joining, ``name``, ``suffix`` and ``relative_to`` work
-    as for any path. Sources read their inputs through these, so a URL source is read in place,
-    in every worker, without a local copy. A worker opens its own filesystem (fsspec instances do
-    not cross a fork); the storage options travel with the pickled path."""
-
-    @classmethod
-    def of(cls, url: str, storage_options: dict[str, Any] | None = None) -> RemotePath:
-        protocol, rest = url.split("://", 1)
-        if storage_options is not None:
-            _OPTIONS[protocol] = dict(storage_options)
-        return cls(f"{protocol}:", rest.strip("/"))
-
-    @property
-    def url(self) -> str:
-        return f"{self.parts[0]}//" + "/".join(self.parts[1:])
-
-    def __str__(self) -> str:  # a relative part (``relative_to``) is a plain path
-        return self.url if self.parts and self.parts[0].endswith(":") else super().__str__()
-
-    def __repr__(self) -> str:
-        return f"RemotePath({self.url!r})"
-
-    def __reduce__(self):  # type: ignore[override]
-        return _remote_path, (self.url, _OPTIONS.get(self.parts[0][:-1]))
-
-    def _fs(self) -> tuple[Any, str]:
-        return Storage(_OPTIONS.get(self.parts[0][:-1], {})).filesystem(self.url)
-
-    def read_bytes(self) -> bytes:
-        fs, path = self._fs()
-        return fs.cat_file(path)
-
-    def read_text(self, encoding: str | None = None, errors: str | None = None) -> str:
-        return self.read_bytes().decode(encoding or "utf-8", errors or "strict")
-
-    def open(self, mode: str = "r", buffering: int = -1, encoding: str | None = None,
-             errors: str | None = None, newline: str | None = None) -> Any:
-        fs, path = self._fs()
-        if "b" in mode:
-            return fs.open(path, mode)
-        return fs.open(path, mode, encoding=encoding, errors=errors, newline=newline)
-
-    def stat(self, *, follow_symlinks: bool = True) -> os.stat_result:
-        fs, path = self._fs()
-        size = fs.info(path).get("size") or 0
-        return os.stat_result((0o100644, 0, 0, 1, 0, 0, size, 0, 0, 0))
-
-    def exists(self, *args: Any, **kwargs: Any) -> bool:
-        fs, path = self._fs()
-        with errors(self.url):
-            return fs.exists(path)
-
-    def is_file(self, *args: Any, **kwargs: Any) -> bool:
-        fs, path = self._fs()
-        with errors(self.url):
-            return fs.isfile(path)
-
-    def is_dir(self, *args: Any, **kwargs: Any) -> bool:
-        fs, path = self._fs()
-        with errors(self.url):
-            return fs.isdir(path)
-
-    def files(self) -> list[str]:
-        """Every file below this folder, as sorted relative POSIX paths (one listing call)."""
-        fs, path = self._fs()
-        with errors(self.url):
-            found = fs.find(path)
-        return sorted(p[len(path) :].lstrip("/") for p in found)
-
-    def rglob(self, pattern: str) -> Any:  # type: ignore[override]
-        if pattern != "*":
-            raise NotImplementedError(f"{self}: only rglob('*') reaches object storage")
-        return (self / f for f in self.files())

@@ -12,7 +12,7 @@ import torch
 
 import packdata
 from packdata import streaming
-from packdata.errors import DatasetError, PackdataError
+from packdata.errors import ArgumentError, DatasetError, PackdataError
 
 moto_server = pytest.importorskip("moto.server")
 fsspec = pytest.importorskip("fsspec")
@@ -119,6 +119,32 @@ def test_deleted_or_corrupted_shard_is_named(remote, s3, tmp_path):
     with pytest.raises(DatasetError, match=f"{url}/shard-000004.tar: shard corrupted"):
         ds[85]
     assert ds[10][1] is not None  # intact shards still read
+
+
+def test_ranged_access_reads_records_without_fetching_shards(remote, s3, local, tmp_path):
+    ds, here = _open(remote, s3, tmp_path, access="ranges"), packdata.open(local)
+    picks = [119, 5, 40, 41, 77]
+    (x, y), (a, b) = ds[picks], here[picks]
+    assert (x == a).all() and (y == b).all()
+    assert all((ds[i][0] == here[i][0]).all() for i in (0, 63, 118))
+    assert not list((tmp_path / "cache").rglob("*.tar"))  # only the index was fetched
+    with pytest.raises(ArgumentError, match="access 'pages'"):
+        _open(remote, s3, tmp_path, access="pages")
+
+
+def test_ranged_access_names_a_missing_or_corrupted_shard(remote, s3, tmp_path):
+    fs, url = fsspec.filesystem("s3", **s3), f"s3://{BUCKET}/damaged-ranges"
+    fs.copy(remote, url, recursive=True)
+    fs.rm_file(f"{url}/shard-000002.tar")
+    shard = bytearray(fs.cat_file(f"{url}/shard-000004.tar"))
+    shard[2000] ^= 0xFF  # inside the first image's pixels: same size, other bytes
+    fs.pipe_file(f"{url}/shard-000004.tar", bytes(shard))
+    ds = _open(url, s3, tmp_path, access="ranges")
+    with pytest.raises(DatasetError, match=f"{url}/shard-000002.tar: shard missing"):
+        ds[[0, 45]]
+    with pytest.raises(DatasetError, match=f"{url}/shard-000004.tar: shard corrupted"):
+        ds[80]
+    assert ds[[10, 81]][1] is not None  # the other records still read
 
 
 def test_parts_written_to_the_bucket_as_one_tar_dataset(s3, local, tmp_path):

@@ -16,8 +16,9 @@ from types import ModuleType
 from typing import Any
 
 from packdata.errors import PackdataError
+from packdata.remote_files import RemotePath
 from packdata.sources.base import Source
-from packdata.storage import RemotePath, is_url
+from packdata.storage import is_url
 
 KINDS: dict[str, str] = {
     "image": "packdata.sources.images",
@@ -65,7 +66,7 @@ def open_source(root: str | Path, kind: str | None = None, **options: Any) -> So
     ``options`` are the kind's (its module's ``OPTIONS``); another is an OptionError.
 
     A URL ``root`` (``s3://bucket/raw``) is listed and read in place through fsspec, in every
-    worker (see :class:`packdata.storage.RemotePath`), reached with ``storage_options``."""
+    worker (see :class:`packdata.remote_files.RemotePath`), reached with ``storage_options``."""
     storage_options = options.pop("storage_options", None)
     options.pop("cache_dir", None)  # sources read URLs in place: nothing is cached
     root = RemotePath.of(str(root), storage_options or {}) if is_url(root) else Path(root)

@@ -134,7 +134,7 @@ def list_files(root: Path, suffixes: tuple[str, ...], others: list[str] | None =
     if root.is_file():
         return [root.name]
     found, rest = [], []
-    if hasattr(root, "files"):  # a folder at a URL (packdata.storage.RemotePath): one listing
+    if hasattr(root, "files"):  # a folder at a URL (packdata.remote_files.RemotePath): one listing
         listed = root.files()
     else:
         listed = []
