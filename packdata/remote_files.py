@@ -3,6 +3,7 @@ listed once and each worker reads the files it is given, without a local copy of
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,31 @@ from packdata.storage import Storage, errors
 #: storage options by protocol, for the RemotePaths of this process (filled where a URL source
 #: is opened, and by unpickling a RemotePath in a worker)
 _OPTIONS: dict[str, dict[str, Any]] = {}
+#: bytes fetched ahead by :func:`fetch_all`, by URL, served (once) by the next read; and sizes
+_FETCHED: dict[str, bytes] = {}
+_SIZES: dict[str, int] = {}
+
+
+def fetch_all(paths: list[Any]) -> None:
+    """Fetch the files of the RemotePaths among ``paths`` in one batch of concurrent GETs (the
+    filesystem's async ``cat``), for their next ``read_bytes``/``open`` to serve: a worker given a
+    block of URL inputs waits for one round trip, not one per file. Local paths are left alone;
+    a file that fails here fails again, named, when it is read."""
+    remote = list(dict.fromkeys(p for p in paths if isinstance(p, RemotePath)))
+    _FETCHED.clear()
+    _SIZES.clear()
+    if not remote:
+        return
+    fs, _ = remote[0]._fs()
+    keys = {p._fs()[1]: p.url for p in remote}
+    try:
+        got = fs.cat(list(keys), on_error="return")
+    except Exception:  # noqa: BLE001 - each file is read again, one by one, with its error named
+        return
+    for key, data in got.items():
+        url = keys.get(key) or keys.get(key.split("://", 1)[-1])
+        if url and isinstance(data, bytes):
+            _FETCHED[url], _SIZES[url] = data, len(data)
 
 
 def _remote_path(url: str, storage_options: dict[str, Any] | None) -> RemotePath:
@@ -50,6 +76,8 @@ class RemotePath(type(Path())):  # type: ignore[misc]
         return Storage(_OPTIONS.get(self.parts[0][:-1], {})).filesystem(self.url)
 
     def read_bytes(self) -> bytes:
+        if self.url in _FETCHED:
+            return _FETCHED.pop(self.url)
         fs, path = self._fs()
         return fs.cat_file(path)
 
@@ -58,14 +86,18 @@ class RemotePath(type(Path())):  # type: ignore[misc]
 
     def open(self, mode: str = "r", buffering: int = -1, encoding: str | None = None,
              errors: str | None = None, newline: str | None = None) -> Any:
+        if mode == "rb" and self.url in _FETCHED:
+            return io.BytesIO(_FETCHED.pop(self.url))
         fs, path = self._fs()
         if "b" in mode:
             return fs.open(path, mode)
         return fs.open(path, mode, encoding=encoding, errors=errors, newline=newline)
 
     def stat(self, *, follow_symlinks: bool = True) -> os.stat_result:
-        fs, path = self._fs()
-        size = fs.info(path).get("size") or 0
+        size = _SIZES.get(self.url)
+        if size is None:
+            fs, path = self._fs()
+            size = fs.info(path).get("size") or 0
         return os.stat_result((0o100644, 0, 0, 1, 0, 0, size, 0, 0, 0))
 
     def exists(self, *args: Any, **kwargs: Any) -> bool:

@@ -18,6 +18,7 @@ import numpy as np
 
 from packdata.errors import InputWarning, PackdataError, SampleError
 from packdata.manifest import Field
+from packdata.remote_files import fetch_all
 
 BLOCK = 256  # items per worker task, unless a source groups them otherwise
 SHOWN = 5  # names listed when reporting what was left out
@@ -58,6 +59,7 @@ class Source(ABC):
 
     def load_block(self, items: list[Item]) -> list[Loaded]:
         """Load ``items`` in one call, one result per item (never raising for one bad input)."""
+        fetch_all([item.path for item in items])  # URL inputs: one batch of concurrent GETs
         return [safe_load(self, item) for item in items]
 
     def blocks(self, items: list[Item]) -> list[list[Item]]:

@@ -29,6 +29,7 @@ import torch
 from packdata.errors import PackdataError, SampleError, SkippedSample, TokenizerError
 from packdata.manifest import Field, Manifest
 from packdata.prep.tokenizers import load_tokenizer, token_dtype
+from packdata.remote_files import fetch_all
 from packdata.sources.base import Item, Loaded, Source
 from packdata.sources.options import Option, resolve
 
@@ -153,6 +154,7 @@ class TextSource(Source):
         """Read every document of the block, then tokenise them with one batch-encode call."""
         results: list[Loaded | None] = [None] * len(items)
         texts, slots = [], []
+        fetch_all([item.path for item in items])  # URL inputs: one batch of concurrent GETs
         for i, (item, raw) in enumerate(zip(items, self._read(items))):
             text = raw if isinstance(raw, SampleError) else self._text(item, raw)
             if isinstance(text, SampleError):
