@@ -47,12 +47,12 @@ class ShardUploader:
             last = self._stop.is_set()  # one more sweep after the stop is asked
             try:
                 for shard, idx in self._closed():
-                    try:
-                        with errors(self.url):
+                    with errors(self.url):
+                        try:
                             self.fs.put_file(str(shard), f"{self.remote}/{shard.name}")
                             self.fs.put_file(str(idx), f"{self.remote}/{idx.name}")
-                    except FileNotFoundError:  # renamed into place meanwhile: the next sweep
-                        continue
+                        except FileNotFoundError:  # renamed into place meanwhile: next sweep
+                            continue
                     self.uploaded.append(shard.name)
             except BaseException as exc:  # noqa: BLE001 - handed to the converting thread
                 self.error = exc
