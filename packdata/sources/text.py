@@ -154,7 +154,8 @@ class TextSource(Source):
         """Read every document of the block, then tokenise them with one batch-encode call."""
         results: list[Loaded | None] = [None] * len(items)
         texts, slots = [], []
-        fetch_all([item.path for item in items])  # URL inputs: one batch of concurrent GETs
+        # URL inputs: whole-file documents in one batch of concurrent GETs; lines are ranged reads
+        fetch_all([item.path for item in items if item.line is None])
         for i, (item, raw) in enumerate(zip(items, self._read(items))):
             text = raw if isinstance(raw, SampleError) else self._text(item, raw)
             if isinstance(text, SampleError):
