@@ -12,6 +12,13 @@ epochs, from local disk and from a local S3 server (moto, in its own process, ov
 cold 16 MB cache each round, so that every epoch fetches most shards again: time to first batch,
 and the rate over the rest of the 4 epochs.
 
+Object storage (``--only remote``, on the first ``--remote-files`` of the PNGs, against the same
+moto server): converting from a URL source read in place (each worker reads its files through
+fsspec) against first copying the tree to local disk and converting that (what the source did
+before); converting to a URL with each shard uploaded as it closes against building everything
+locally and uploading at the end; and reading 16 random records from a cold cache with ranged
+GETs (``access="ranges"``) against fetching the whole shards that hold them.
+
 Ratios are within one round (the machine is shared); the tables give medians.
 """
 
@@ -140,12 +147,97 @@ def stream_rates(folder: Path, tmp: Path, rounds: int) -> dict:
         server.wait()
 
 
+def moto(port: int) -> tuple[subprocess.Popen, dict]:
+    import fsspec
+
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                               str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    options = {"key": "bench", "secret": "bench",
+               "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}}
+    fs = fsspec.filesystem("s3", **options)
+    for _ in range(100):
+        try:
+            fs.mkdir("bench")
+            break
+        except Exception:
+            time.sleep(0.1)
+    return server, options
+
+
+def remote_rates(folder: Path, tmp: Path, rounds: int, files: int) -> dict:
+    import random
+    import shutil
+
+    import fsspec
+
+    import packdata
+    from packdata.storage import Storage
+    from packdata.upload import convert_to_url
+
+    server, options = moto(free_port())
+    try:
+        fs = fsspec.filesystem("s3", **options)
+        subset = tmp / "subset"
+        subset.mkdir()
+        for p in sorted(folder.iterdir())[:files]:
+            shutil.copy(p, subset / p.name)
+        fs.put(str(subset) + "/", "s3://bench/raw/", recursive=True)
+        shards = {"shard_size": "200"}
+        times: dict[str, list[float]] = {k: [] for k in (
+            "source in place", "source copied first", "upload streamed", "upload at the end",
+            "16 records by ranges", "16 records by shards")}
+        fetched: dict[str, list[int]] = {"16 records by ranges": [], "16 records by shards": []}
+        for r in range(rounds):
+            t = time.perf_counter()
+            src = packdata.open_source("s3://bench/raw", storage_options=options)
+            packdata.convert(src, tmp / f"inplace-{r}", workers=2, container_options=shards)
+            times["source in place"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            fs.get("s3://bench/raw/", str(tmp / f"copy-{r}") + "/", recursive=True)
+            packdata.convert(packdata.open_source(tmp / f"copy-{r}"), tmp / f"copied-{r}",
+                             workers=2, container_options=shards)
+            times["source copied first"].append(time.perf_counter() - t)
+            for name, streamed in (("upload streamed", True), ("upload at the end", False)):
+                url = f"s3://bench/out-{r}-{streamed}"
+                t = time.perf_counter()
+                convert_to_url(url, None, False, lambda local: packdata.convert(
+                    packdata.open_source(subset), local, workers=2, container_options=shards),
+                    Storage(options), streamed=streamed)
+                times[name].append(time.perf_counter() - t)
+            picks = random.Random(r).sample(range(files), 16)
+            for name, access in (("16 records by ranges", "ranges"),
+                                 ("16 records by shards", "shards")):
+                t = time.perf_counter()
+                ds = packdata.open(f"s3://bench/out-{r}-True", storage_options=options,
+                                   cache_dir=tmp / f"cache-{r}-{access}", access=access)
+                x = ds[picks]  # images only: the subset has no labels file
+                times[name].append(time.perf_counter() - t)
+                assert len(x) == 16
+                cached = sum(p.stat().st_size for p in (tmp / f"cache-{r}-{access}").rglob("*.tar"))
+                fetched[name].append(cached or int(x.numel()) * x.element_size())
+            print(f"round {r}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()),
+                  file=sys.stderr)
+        ratio = {
+            "copied_first_over_in_place": [a / b for a, b in zip(
+                times["source copied first"], times["source in place"])],
+            "at_the_end_over_streamed": [a / b for a, b in zip(
+                times["upload at the end"], times["upload streamed"])],
+            "shards_over_ranges": [a / b for a, b in zip(
+                times["16 records by shards"], times["16 records by ranges"])],
+        }
+        return {"files": files, "seconds": times, "bytes_fetched": fetched, "ratios": ratio}
+    finally:
+        server.terminate()
+        server.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=Path("../shared/data/cifar10/test-png"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=Path("bench/results/scale.json"))
-    parser.add_argument("--only", choices=["convert", "stream"],
+    parser.add_argument("--remote-files", type=int, default=2000)
+    parser.add_argument("--only", choices=["convert", "stream", "remote"],
                         help="Run one half (the other's results are kept in --json).")
     args = parser.parse_args()
     results = json.loads(args.json.read_text()) if args.only and args.json.is_file() else {}
@@ -155,6 +247,8 @@ def main() -> None:
             results["convert"] = convert_rates(folder, Path(tmp), args.rounds)
         if args.only in (None, "stream"):
             results["stream"] = stream_rates(folder, Path(tmp), args.rounds)
+        if args.only in (None, "remote"):
+            results["remote"] = remote_rates(folder, Path(tmp), args.rounds, args.remote_files)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2))
     med = statistics.median
@@ -174,6 +268,16 @@ def main() -> None:
     for workers, ratios in s["s3_over_local"].items():
         print(f"\nS3 / local, {workers}: {med(ratios):.2f} (rounds: "
               f"{', '.join(f'{x:.2f}' for x in ratios)})")
+    if "remote" in results:
+        m = results["remote"]
+        print(f"\n| object storage ({m['files']:,} PNGs, S3 server) | seconds (median) |")
+        print("|---|---:|")
+        for name, secs in m["seconds"].items():
+            print(f"| {name} | {med(secs):.2f} |")
+        for name, sizes in m["bytes_fetched"].items():
+            print(f"\n{name}: {med(sizes):,.0f} bytes fetched")
+        for name, ratios in m["ratios"].items():
+            print(f"\n{name}: {med(ratios):.2f} (rounds: {', '.join(f'{x:.2f}' for x in ratios)})")
 
 if __name__ == "__main__":
     main()

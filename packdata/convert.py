@@ -37,7 +37,8 @@ from packdata.errors import (
 )
 from packdata.manifest import Manifest, record_checksum
 from packdata.sources.base import BLOCK, SHOWN, STOPS, Item, Loaded, Source, reason_of, safe_load
-from packdata.storage import Storage, convert_to_url, is_url
+from packdata.storage import Storage, is_url
+from packdata.upload import convert_to_url
 
 ON_ERROR = ("fail", "skip")
 __all__ = ["BLOCK", "ConvertResult", "convert"]

@@ -260,15 +260,18 @@ def open_dataset(
     cache_dir: str | Path | None = None,
     cache_limit: int | str = CACHE_LIMIT,
     verify: str = "sample",
+    access: str = "shards",
 ) -> PackedDataset:
     """Open any packdata dataset; the container is recognised from what is at ``path``.
     ``verify``: "sample" checks a few records' CRC-32 at open, "full" every record read, "off"
     neither (the structural checks at open always run).
 
     A URL (``s3://bucket/ds``) opens tar shards in object storage, fetched into ``cache_dir``
-    (at most ``cache_limit`` bytes of shards) with ``storage_options`` for fsspec."""
+    (at most ``cache_limit`` bytes of shards) with ``storage_options`` for fsspec; with
+    ``access="ranges"`` each batch's records are fetched by ranged GETs instead (map-style access
+    to a few records, no shard cached)."""
     if is_url(path):
-        storage = Storage(storage_options or {}, cache_dir, cache_limit)
+        storage = Storage(storage_options or {}, cache_dir, cache_limit, access=access)
         return TarDataset(path, transform=transform, batch_transform=batch_transform,
                           decode=decode, storage=storage, verify=verify)
     name = containers.for_existing(path).NAME

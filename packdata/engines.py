@@ -91,6 +91,13 @@ def _run_local(fn: Callable, tasks: list, workers: int) -> Iterator[tuple[int, A
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+def cluster_threads(client: Any = None, scheduler: str | None = None) -> int | None:
+    """How many tasks the cluster runs at once (its workers' threads, summed), asked of
+    ``client`` or of the scheduler at ``scheduler``; None when no worker has joined yet."""
+    with dask_client(client, scheduler) as dask:
+        return sum(dask.nthreads().values()) or None
+
+
 @contextlib.contextmanager
 def dask_client(client: Any = None, scheduler: str | None = None, workers: int | None = None):
     """A ``distributed.Client``: the one given, one connected to ``scheduler``, or one on a

@@ -143,8 +143,8 @@ def convert_parts(
     if part_size is not None and part_size < 1:
         raise PackdataError(f"part size {part_size}: expected at least 1 record per part")
     work = work_dir(dst)
-    if client is not None and workers is None:  # the cluster's size, not this machine's
-        workers = sum(w["nthreads"] for w in client.scheduler_info()["workers"].values()) or None
+    if (client is not None or scheduler) and workers is None:  # the cluster's size, not ours
+        workers = engines.cluster_threads(client, scheduler)
     size = part_size or _default_part_size(len(items), workers)
     if resume and part_size is None and (work / PLAN).is_file():
         size = json.loads((work / PLAN).read_text()).get("part_size", size)

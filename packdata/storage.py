@@ -4,8 +4,10 @@ Reading: a tar dataset at a URL is read through :class:`RemoteTarReader`, which 
 manifest and record index in a local cache directory and fetches whole shards into it on first
 use, a few shards ahead of the reader (prefetch, in threads), evicting the least recently used
 shards past ``cache_limit``. Every fetched shard is checked against the record checksums of the
-manifest before any of its records is served. Writing: a dataset built locally is uploaded with
-its manifest last, so a reader never finds a half-written dataset at the URL.
+manifest before any of its records is served. With ``access="ranges"`` a batch's records are
+fetched instead by concurrent ranged GETs of their members (``cat_ranges``), each record checked
+against its checksum: map-style access to a few records without whole shards. Writing is in
+:mod:`packdata.upload`, input files at a URL in :mod:`packdata.remote_files`.
 
 Credentials come from where the storage library looks (environment, profile files, instance
 metadata) or from ``storage_options``; packdata keeps none of its own.
@@ -16,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import shutil
 import tempfile
 import uuid
 import zlib
@@ -28,14 +29,15 @@ from typing import Any
 import numpy as np
 
 from packdata.containers import tar
-from packdata.errors import DatasetError, OutputExistsError, PackdataError, require
-from packdata.manifest import Manifest
+from packdata.containers.base import Batch, Select
+from packdata.errors import ArgumentError, DatasetError, PackdataError, require
 
 #: default bound on the bytes of cached shards in one cache directory
 CACHE_LIMIT = 10 << 30
 #: botocore settings so that an unreachable endpoint fails in seconds, not minutes
 S3_DEFAULTS = {"config_kwargs": {"connect_timeout": 5, "read_timeout": 60,
                                  "retries": {"max_attempts": 2}}}
+ACCESS = ("shards", "ranges")
 CREDENTIAL_PLACES = (
     "storage_options (key=, secret= or profile=), the environment (AWS_ACCESS_KEY_ID and "
     "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE), the shared files ~/.aws/credentials and "
@@ -66,6 +68,14 @@ class Storage:
     cache_dir: str | Path | None = None
     cache_limit: int | str = CACHE_LIMIT
     prefetch: int = 2  # shards fetched ahead of the one being read
+    #: "shards": whole shards fetched into the cache (streaming, epochs over the dataset);
+    #: "ranges": each batch's records fetched by ranged GETs of their members (map-style access
+    #: to a few records of a large dataset, nothing cached but the index)
+    access: str = "shards"
+
+    def __post_init__(self) -> None:
+        if self.access not in ACCESS:
+            raise ArgumentError(f"access '{self.access}': expected one of {', '.join(ACCESS)}")
 
     def filesystem(self, url: str) -> tuple[Any, str]:
         """The fsspec filesystem for ``url`` and the path within it."""
@@ -220,6 +230,61 @@ class RemoteTarReader(tar.TarReader):
         finally:
             tmp.unlink(missing_ok=True)
 
+    def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
+        if self.storage.access != "ranges":
+            return super().read(indices, select)
+        idx = self.check_indices(indices)
+        blobs = self._ranges(idx)
+        batch: Batch = {}
+        for name, spec in self.manifest.fields.items():
+            if f"{name}.values" in self.index:
+                batch[name] = self.index[f"{name}.values"][idx]
+            elif spec.variable:
+                batch[name] = [np.frombuffer(b, spec.np_dtype).reshape(-1, *spec.row_shape).copy()
+                               for b in blobs[name]]
+            else:
+                out = np.frombuffer(b"".join(blobs[name]), spec.np_dtype)
+                out = out.reshape(len(idx), *spec.shape).copy()
+                rows = (select or {}).get(name)
+                batch[name] = out if rows is None else out[np.arange(len(idx)), rows]
+        return batch
+
+    def _ranges(self, idx: np.ndarray) -> dict[str, list[bytes]]:
+        """The members of records ``idx``, by field, in one batch of concurrent ranged GETs,
+        each record checked against its checksum."""
+        names = [n for n in self.manifest.fields if f"{n}.values" not in self.index]
+        shards = np.concatenate([self.index[f"{n}.shard"][idx] for n in names]).tolist()
+        starts = np.concatenate([self.index[f"{n}.offset"][idx] for n in names])
+        ends = starts + np.concatenate([self.index[f"{n}.nbytes"][idx] for n in names])
+        with errors(self.url):
+            got = self.fs.cat_ranges([f"{self.remote}/{self.shard_names[s]}" for s in shards],
+                                     starts.tolist(), ends.tolist(), on_error="return")
+        for shard, blob, a, b in zip(shards, got, starts.tolist(), ends.tolist()):
+            if isinstance(blob, FileNotFoundError):
+                raise DatasetError(f"{self.shard_url(shard)}: shard missing in the bucket; the "
+                                   "dataset is incomplete")
+            if isinstance(blob, BaseException):
+                with errors(self.shard_url(shard)):
+                    raise blob
+            if len(blob) != b - a:
+                raise DatasetError(f"{self.shard_url(shard)}: shard truncated (bytes {a}-{b} "
+                                   "asked, fewer found); the dataset is damaged")
+        blobs = {n: got[k * len(idx) : (k + 1) * len(idx)] for k, n in enumerate(names)}
+        for j, i in enumerate(idx.tolist()):
+            crc = 0
+            for name in self.manifest.fields:
+                if name in blobs:
+                    crc = zlib.crc32(blobs[name][j], crc)
+                else:
+                    crc = zlib.crc32(np.ascontiguousarray(self.index[f"{name}.values"][i]).data,
+                                     crc)
+            if crc != self.manifest.checksums[i]:
+                shard = self.shards_of([i])[0]
+                raise DatasetError(f"{self.shard_url(shard)}: shard corrupted (record "
+                                   f"'{self.manifest.keys[i]}' does not match its checksum); "
+                                   "the dataset is damaged")
+        return blobs
+
     def _verify(self, shard: int, mapped: np.ndarray) -> None:
         """Every record of a freshly mapped shard against the manifest's checksums."""
         a, b = int(self.shard_start[shard]), int(self.shard_start[shard + 1])
@@ -273,79 +338,7 @@ class RemoteTarReader(tar.TarReader):
         super().close()
 
 
-def stage(url: str, storage: Storage | None = None) -> Path:
-    """The files under ``url`` in a local cache directory (fetched in parallel; files already
-    there with the same size are kept), for sources that read local files."""
-    storage = storage or Storage()
-    fs, remote = storage.filesystem(url)
-    local = storage.local_dir(url) / "source"
-    with errors(url):
-        if not fs.isdir(remote):
-            raise DatasetError(f"{url}: not found, or not a folder of inputs")
-        found = fs.find(remote, detail=True)
-        wanted = {str(local / path[len(remote) :].lstrip("/")) for path in found}
-        if local.is_dir():  # inputs deleted at the URL since the last copy leave the copy too
-            for old in [p for p in local.rglob("*") if p.is_file() and str(p) not in wanted]:
-                old.unlink()
-        todo = []
-        for path, info in found.items():
-            target = local / path[len(remote) :].lstrip("/")
-            if not target.is_file() or target.stat().st_size != info.get("size"):
-                target.parent.mkdir(parents=True, exist_ok=True)
-                todo.append((path, str(target)))
-        if todo:
-            fs.get([p for p, _ in todo], [t for _, t in todo])
-    return local
-
-
 def _write_atomically(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
     tmp.write_bytes(data)
     os.replace(tmp, path)
-
-
-def upload(local: Path, url: str, storage: Storage | None = None, overwrite: bool = False) -> None:
-    """Upload the tar dataset at ``local`` to ``url``: shards, then the index, the manifest last."""
-    storage = storage or Storage()
-    fs, remote = storage.filesystem(url)
-    with errors(url):
-        if fs.exists(f"{remote}/{tar.MANIFEST}"):
-            if not overwrite:
-                raise OutputExistsError(f"{url} holds a dataset; pass --overwrite to replace it")
-            if not Manifest.is_packdata(fs.cat_file(f"{remote}/{tar.MANIFEST}")):
-                raise OutputExistsError(f"{url}/{tar.MANIFEST} is not a packdata manifest; "
-                                        "refusing to replace it")
-            fs.rm_file(f"{remote}/{tar.MANIFEST}")  # first: the old dataset stops being one
-        manifest = Manifest.from_json((local / tar.MANIFEST).read_text(), str(local))
-        shards = [s["name"] for s in manifest.extra["shards"]]
-        fs.put([str(local / n) for n in shards], [f"{remote}/{n}" for n in shards])
-        fs.put_file(str(local / tar.INDEX), f"{remote}/{tar.INDEX}")
-        fs.put_file(str(local / tar.MANIFEST), f"{remote}/{tar.MANIFEST}")
-
-
-def convert_to_url(url: str, container: str | None, resume: bool, convert_locally: Any,
-                   storage: Storage | None = None, overwrite: bool = False) -> Any:
-    """Run ``convert_locally(path)`` into a temporary directory, then :func:`upload` the result."""
-    from packdata import containers
-
-    name = containers.for_destination(Path(url.split("://", 1)[1]), container).NAME
-    if name != "tar":
-        raise PackdataError(f"{url}: object storage takes tar shards (asked: {name}); LMDB and "
-                            "HDF5 datasets are read through memory maps of local files, so "
-                            "convert those to a local path")
-    if resume:
-        raise PackdataError(f"{url}: --resume needs a local destination (the finished parts "
-                            "are kept beside it); convert to a local path, then upload")
-    storage = storage or Storage()
-    fs, remote = storage.filesystem(url)
-    with errors(url):
-        if fs.exists(f"{remote}/{tar.MANIFEST}") and not overwrite:
-            raise OutputExistsError(f"{url} holds a dataset; pass --overwrite to replace it")
-    staging = Path(tempfile.mkdtemp(prefix="packdata-upload-"))
-    try:
-        result = convert_locally(staging / "dataset")
-        upload(result.path, url, storage, overwrite)
-        result.path = url  # type: ignore[assignment]
-        return result
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)

@@ -3,6 +3,7 @@ a worker killed mid-task is retried, an unreachable scheduler is a clear error."
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -77,6 +78,21 @@ def test_bad_input_error_comes_back_from_the_cluster(tmp_path, png_folder, clien
     with pytest.raises(PackdataError, match="png"):
         packdata.convert(packdata.open_source(folder), tmp_path / "out", client=client,
                          part_size=5)
+
+
+def test_default_part_size_follows_the_cluster_not_this_machine(tmp_path, png_folder):
+    def size(threads):  # about two parts per task the cluster runs at once
+        return math.ceil(120 / (2 * threads))
+
+    threads = next(t for t in (3, 5) if size(t) != size(os.cpu_count() or 1))
+    # worker processes: in-process (thread) workers would leave threads behind that break the
+    # fork of later conversions in this test process
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=threads, processes=True,
+                                  dashboard_address=":0") as cluster:
+        result = packdata.convert(packdata.open_source(png_folder), tmp_path / "out.h5",
+                                  scheduler=cluster.scheduler_address)
+    assert result.manifest.options["part_size"] == size(threads)
+    assert len(result.manifest.extra["parts"]) == math.ceil(120 / size(threads))
 
 
 def test_unreachable_scheduler_is_a_clear_error_within_seconds(tmp_path, png_folder,

@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
 
 import packdata
 from packdata import streaming
-from packdata.errors import DatasetError, PackdataError
+from packdata.errors import ArgumentError, DatasetError, PackdataError
 
 moto_server = pytest.importorskip("moto.server")
 fsspec = pytest.importorskip("fsspec")
 pytest.importorskip("s3fs")
 
 BUCKET = "packdata-test"
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +58,8 @@ def _open(url, s3, tmp_path, **kw):
 def test_written_and_read_equals_local(remote, s3, local, tmp_path):
     fs = fsspec.filesystem("s3", **s3)
     names = sorted(p.rsplit("/", 1)[1] for p in fs.ls(remote))
-    assert names == ["index.npz", "manifest.json"] + [f"shard-{n:06d}.tar" for n in range(6)]
+    shards = [f"shard-{n:06d}{ext}" for n in range(6) for ext in (".idx", ".tar")]
+    assert names == ["index.npz", "manifest.json", *shards, "wids-index.json"]
     ds, local = _open(remote, s3, tmp_path), packdata.open(local)
     assert ds.manifest.keys == local.manifest.keys
     for i in range(len(local)):
@@ -118,6 +121,32 @@ def test_deleted_or_corrupted_shard_is_named(remote, s3, tmp_path):
     assert ds[10][1] is not None  # intact shards still read
 
 
+def test_ranged_access_reads_records_without_fetching_shards(remote, s3, local, tmp_path):
+    ds, here = _open(remote, s3, tmp_path, access="ranges"), packdata.open(local)
+    picks = [119, 5, 40, 41, 77]
+    (x, y), (a, b) = ds[picks], here[picks]
+    assert (x == a).all() and (y == b).all()
+    assert all((ds[i][0] == here[i][0]).all() for i in (0, 63, 118))
+    assert not list((tmp_path / "cache").rglob("*.tar"))  # only the index was fetched
+    with pytest.raises(ArgumentError, match="access 'pages'"):
+        _open(remote, s3, tmp_path, access="pages")
+
+
+def test_ranged_access_names_a_missing_or_corrupted_shard(remote, s3, tmp_path):
+    fs, url = fsspec.filesystem("s3", **s3), f"s3://{BUCKET}/damaged-ranges"
+    fs.copy(remote, url, recursive=True)
+    fs.rm_file(f"{url}/shard-000002.tar")
+    shard = bytearray(fs.cat_file(f"{url}/shard-000004.tar"))
+    shard[2000] ^= 0xFF  # inside the first image's pixels: same size, other bytes
+    fs.pipe_file(f"{url}/shard-000004.tar", bytes(shard))
+    ds = _open(url, s3, tmp_path, access="ranges")
+    with pytest.raises(DatasetError, match=f"{url}/shard-000002.tar: shard missing"):
+        ds[[0, 45]]
+    with pytest.raises(DatasetError, match=f"{url}/shard-000004.tar: shard corrupted"):
+        ds[80]
+    assert ds[[10, 81]][1] is not None  # the other records still read
+
+
 def test_parts_written_to_the_bucket_as_one_tar_dataset(s3, local, tmp_path):
     url = f"s3://{BUCKET}/in-parts"
     source = packdata.open_source(packdata.open(local).manifest.source["path"])
@@ -129,14 +158,92 @@ def test_parts_written_to_the_bucket_as_one_tar_dataset(s3, local, tmp_path):
     assert (ds[list(range(120))][0] == here[list(range(120))][0]).all()
 
 
-def test_source_url_converts_like_the_local_folder(s3, png_folder, packed, tmp_path):
+def test_source_url_is_read_in_place_like_the_local_folder(s3, png_folder, packed, tmp_path):
     fs = fsspec.filesystem("s3", **s3)
     fs.put(str(png_folder) + "/", f"s3://{BUCKET}/raw/", recursive=True)
     source = packdata.open_source(f"s3://{BUCKET}/raw", storage_options=s3,
                                   cache_dir=tmp_path / "cache")
-    result = packdata.convert(source, tmp_path / "out", workers=1)
+    result = packdata.convert(source, tmp_path / "out", workers=2)  # each worker reads the URLs
     local = packdata.open(packed["tar"]).manifest
     assert result.manifest.keys == local.keys and result.manifest.checksums == local.checksums
+    assert result.manifest.source["path"] == f"s3://{BUCKET}/raw"
+    assert not (tmp_path / "cache").exists()  # nothing was copied to this machine first
+
+
+@pytest.mark.parametrize(("kind", "folder", "options"), [
+    ("pointcloud", FIXTURES / "lidar-pieces", {"points": 64, "normalize": "center"}),
+    ("text", FIXTURES / "text" / "peps", {"per_line": True}),
+])
+def test_point_clouds_and_text_lines_read_in_place(s3, kind, folder, options, tmp_path):
+    url = f"s3://{BUCKET}/raw-{kind}"
+    fsspec.filesystem("s3", **s3).put(str(folder) + "/", url + "/", recursive=True)
+    here = packdata.convert(packdata.open_source(folder, kind, **options), tmp_path / "a",
+                            workers=1).manifest
+    there = packdata.convert(packdata.open_source(url, kind, storage_options=s3, **options),
+                             tmp_path / "b", workers=1).manifest
+    assert there.keys == here.keys and there.checksums == here.checksums and len(here.keys) > 3
+
+
+def _watched(source, at_block, look):
+    """``source`` loading blocks of 10 items, calling ``look()`` before loading block
+    ``at_block`` (by then the records of the blocks before it have been written)."""
+    blocks, load = source.blocks, source.load_block
+    seen = []
+
+    def load_block(items):
+        if len(seen) == at_block:
+            look()
+        seen.append(items)
+        return load(items)
+
+    source.blocks = lambda items: [b for x in blocks(items) for b in
+                                   (x[i : i + 10] for i in range(0, len(x), 10))]
+    source.load_block = load_block
+    return source
+
+
+def _names(fs, url):
+    fs.invalidate_cache()  # another client (packdata's) wrote there meanwhile
+    return sorted(p.rsplit("/", 1)[1] for p in fs.find(url))
+
+
+def test_shards_are_uploaded_while_converting_the_manifest_last(s3, png_folder, local, tmp_path):
+    url, fs = f"s3://{BUCKET}/streamed", fsspec.filesystem("s3", **s3)
+    during = []
+
+    def look():  # shards 0-3 (records 0-79) are closed: they reach the bucket, no manifest does
+        deadline = time.monotonic() + 10
+        while "shard-000003.tar" not in _names(fs, url) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        during.extend(_names(fs, url))
+
+    source = _watched(packdata.open_source(png_folder), 10, look)
+    packdata.convert(source, url, container_options={"shard_size": "20"}, workers=1,
+                     storage_options=s3)
+    assert {f"shard-00000{n}.tar" for n in range(4)} <= set(during)
+    assert "manifest.json" not in during and "index.npz" not in during
+    assert {f"shard-00000{n}.idx" for n in range(6)} <= set(_names(fs, url))
+    ds = _open(url, s3, tmp_path)
+    assert ds.manifest.checksums == packdata.open(local).manifest.checksums
+
+
+def test_failed_conversion_leaves_nothing_in_the_bucket(s3, png_folder, tmp_path):
+    url, fs = f"s3://{BUCKET}/failed", fsspec.filesystem("s3", **s3)
+
+    def fail():
+        deadline = time.monotonic() + 10
+        while "shard-000003.tar" not in _names(fs, url) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "shard-000003.tar" in _names(fs, url)  # sent before the failure
+        raise PackdataError("the disk is full")
+
+    source = _watched(packdata.open_source(png_folder), 10, fail)
+    with pytest.raises(PackdataError, match="the disk is full"):
+        packdata.convert(source, url, container_options={"shard_size": "20"}, workers=1,
+                         storage_options=s3)
+    assert _names(fs, url) == []  # no manifest, and the shards sent were removed
+    with pytest.raises(DatasetError, match="no manifest.json"):
+        _open(url, s3, tmp_path)
 
 
 def test_unreachable_endpoint_is_a_clear_error_within_seconds(tmp_path):

@@ -16,8 +16,9 @@ from types import ModuleType
 from typing import Any
 
 from packdata.errors import PackdataError
+from packdata.remote_files import RemotePath
 from packdata.sources.base import Source
-from packdata.storage import Storage, is_url, stage
+from packdata.storage import is_url
 
 KINDS: dict[str, str] = {
     "image": "packdata.sources.images",
@@ -45,7 +46,10 @@ def detect_kind(root: Path) -> str:
     for k in KINDS:
         for suffix in get(k).SUFFIXES:
             suffix_kind.setdefault(suffix, k)
-    files = [root] if root.is_file() else (p for p in root.rglob("*") if p.is_file())
+    if isinstance(root, RemotePath):  # one listing, not a request per file
+        files = [root / f for f in root.files()]
+    else:
+        files = [root] if root.is_file() else (p for p in root.rglob("*") if p.is_file())
     for path in files:
         kind = suffix_kind.get(path.suffix.lower())
         if kind:
@@ -61,13 +65,11 @@ def open_source(root: str | Path, kind: str | None = None, **options: Any) -> So
     """A Source over ``root``; ``kind`` is detected from file suffixes when not given.
     ``options`` are the kind's (its module's ``OPTIONS``); another is an OptionError.
 
-    A URL ``root`` (``s3://bucket/raw``) is copied into ``cache_dir`` first, in parallel (see
-    :func:`packdata.storage.stage`), reached with ``storage_options`` for fsspec."""
+    A URL ``root`` (``s3://bucket/raw``) is listed and read in place through fsspec, in every
+    worker (see :class:`packdata.remote_files.RemotePath`), reached with ``storage_options``."""
     storage_options = options.pop("storage_options", None)
-    cache_dir = options.pop("cache_dir", None)
-    if is_url(root):
-        root = stage(str(root), Storage(storage_options or {}, cache_dir))
-    root = Path(root)
+    options.pop("cache_dir", None)  # sources read URLs in place: nothing is cached
+    root = RemotePath.of(str(root), storage_options or {}) if is_url(root) else Path(root)
     if not root.exists():
         raise PackdataError(f"{root}: no such file or directory")
     kind = kind or detect_kind(root)

@@ -18,6 +18,7 @@ import numpy as np
 
 from packdata.errors import InputWarning, PackdataError, SampleError
 from packdata.manifest import Field
+from packdata.remote_files import fetch_all
 
 BLOCK = 256  # items per worker task, unless a source groups them otherwise
 SHOWN = 5  # names listed when reporting what was left out
@@ -58,6 +59,7 @@ class Source(ABC):
 
     def load_block(self, items: list[Item]) -> list[Loaded]:
         """Load ``items`` in one call, one result per item (never raising for one bad input)."""
+        fetch_all([item.path for item in items])  # URL inputs: one batch of concurrent GETs
         return [safe_load(self, item) for item in items]
 
     def blocks(self, items: list[Item]) -> list[list[Item]]:
@@ -137,11 +139,16 @@ def list_files(root: Path, suffixes: tuple[str, ...], others: list[str] | None =
     if root.is_file():
         return [root.name]
     found, rest = [], []
-    for folder, _, names in os.walk(root):
-        rel = os.path.relpath(folder, root)
-        prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
-        for n in names:
-            (found if os.path.splitext(n)[1].lower() in suffixes else rest).append(prefix + n)
+    if hasattr(root, "files"):  # a folder at a URL (packdata.remote_files.RemotePath): one listing
+        listed = root.files()
+    else:
+        listed = []
+        for folder, _, names in os.walk(root):
+            rel = os.path.relpath(folder, root)
+            prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+            listed.extend(prefix + n for n in names)
+    for f in listed:
+        (found if os.path.splitext(f)[1].lower() in suffixes else rest).append(f)
     if others is not None:
         others.extend(sorted(rest))
     return sorted(found)

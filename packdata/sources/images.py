@@ -71,7 +71,7 @@ class ImageSource(Source):
     def __init__(self, root: str | Path, **options: Any) -> None:
         """``options``: see :data:`OPTIONS` (labels, encoding, resize, mode, max_size)."""
         o = resolve(KIND, OPTIONS, options)
-        self.root = Path(root)
+        self.root = root if isinstance(root, Path) else Path(root)  # a RemotePath stays one
         self.resize = parse_size(o["resize"])
         if o["encoding"] == "keep" and self.resize:
             raise PackdataError("--resize needs --encoding raw: 'keep' stores the file unchanged")

@@ -35,10 +35,10 @@ def load_labels(path: Path) -> tuple[dict[str, int], list[str] | None]:
             if isinstance(data, dict) and "labels" in data:
                 classes, data = data.get("classes"), data["labels"]
         elif suffix == ".pkl":
-            with open(path, "rb") as f:
+            with path.open("rb") as f:
                 data = pickle.load(f)  # noqa: S301 - documented: labels.pkl must be trusted
         elif suffix == ".csv":
-            with open(path, newline="") as f:
+            with path.open(newline="") as f:
                 rows = [r for r in csv.reader(f) if r]
             if rows and not rows[0][1].strip().lstrip("-").isdigit():
                 if any(not r[1].strip().lstrip("-").isdigit() for r in rows[1:]):

@@ -97,7 +97,7 @@ class PointCloudSource(Source):
     def __init__(self, root: str | Path, **options: Any) -> None:
         """``options``: see :data:`OPTIONS`; ``fields`` may also be a list of names."""
         o = resolve(KIND, OPTIONS, options)
-        self.root = Path(root)
+        self.root = root if isinstance(root, Path) else Path(root)  # a RemotePath stays one
         self.spec = SampleSpec(points=o["points"], method=o["sampling"], variants=o["variants"],
                                seed=o["seed"], voxel_size=o["voxel_size"], fewer=o["fewer"],
                                normalize=o["normalize"], dtype=o["dtype"])

@@ -91,7 +91,7 @@ def _read_las(path: Path, wanted: list[str]) -> dict[str, np.ndarray]:
     # Single-threaded lazrs: conversion parallelises across processes already, and the parallel
     # backend's thread pool deadlocks forked workers once the parent process has used it.
     backend = laspy.LazBackend.Lazrs if path.suffix.lower() == ".laz" else None
-    with laspy.open(path, laz_backend=backend) as reader:
+    with laspy.open(path.open("rb"), laz_backend=backend) as reader:
         header = reader.header
         expected = int(header.point_count)
         if not header.are_points_compressed:  # a damaged count must not become a huge allocation
@@ -123,7 +123,7 @@ def las_extent(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A LAS/LAZ file's coordinate bounds and scale (the step its integers stand for), as xyz
     arrays, from its header alone."""
     laspy = require("laspy", "lidar", "reading LAS/LAZ files")
-    with open(path, "rb") as f:
+    with path.open("rb") as f:
         header = laspy.LasHeader.read_from(f)
     return (np.asarray(header.mins, np.float64), np.asarray(header.maxs, np.float64),
             np.asarray(header.scales, np.float64))
@@ -178,12 +178,13 @@ def _read_ply(path: Path) -> dict[str, np.ndarray]:
 
 
 def _read_text(path: Path) -> dict[str, np.ndarray]:
-    with open(path, "rb") as f:
+    with path.open("rb") as f:
         first = f.readline().decode("utf-8", "replace").strip()
     names = first.lstrip("/#").replace(",", " ").split()
     header = bool(names) and not _numeric(names[0])
-    table = np.loadtxt(path, ndmin=2, dtype=np.float64, skiprows=int(header), comments="#",
-                       delimiter="," if "," in first else None)
+    with path.open() as f:
+        table = np.loadtxt(f, ndmin=2, dtype=np.float64, skiprows=int(header), comments="#",
+                           delimiter="," if "," in first else None)
     return _named(table, [n.lower() for n in names] if header else None)
 
 
@@ -196,7 +197,8 @@ def _numeric(word: str) -> bool:
 
 
 def _read_npy(path: Path) -> dict[str, np.ndarray]:
-    array = np.load(path, allow_pickle=False)
+    with path.open("rb") as f:
+        array = np.load(f, allow_pickle=False)
     if array.dtype.names:
         return {name: array[name] for name in array.dtype.names}
     if array.ndim != 2:

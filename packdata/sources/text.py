@@ -29,6 +29,7 @@ import torch
 from packdata.errors import PackdataError, SampleError, SkippedSample, TokenizerError
 from packdata.manifest import Field, Manifest
 from packdata.prep.tokenizers import load_tokenizer, token_dtype
+from packdata.remote_files import fetch_all
 from packdata.sources.base import Item, Loaded, Source
 from packdata.sources.options import Option, resolve
 
@@ -80,7 +81,7 @@ class TextSource(Source):
         o = resolve(KIND, OPTIONS, options)
         tokenizer, max_length, split = o["tokenizer"], o["max_length"], o["split"]
         add_bos, add_eos, dtype = o["add_bos"], o["add_eos"], o["dtype"]
-        self.root = Path(root)
+        self.root = root if isinstance(root, Path) else Path(root)  # a RemotePath stays one
         self.tokenizer = load_tokenizer(tokenizer)
         for flag, special in (("add_bos", "bos_id"), ("add_eos", "eos_id")):
             if o[flag] and getattr(self.tokenizer, special) is None:
@@ -153,6 +154,8 @@ class TextSource(Source):
         """Read every document of the block, then tokenise them with one batch-encode call."""
         results: list[Loaded | None] = [None] * len(items)
         texts, slots = [], []
+        # URL inputs: whole-file documents in one batch of concurrent GETs; lines are ranged reads
+        fetch_all([item.path for item in items if item.line is None])
         for i, (item, raw) in enumerate(zip(items, self._read(items))):
             text = raw if isinstance(raw, SampleError) else self._text(item, raw)
             if isinstance(text, SampleError):
@@ -178,7 +181,7 @@ class TextSource(Source):
                 if item.path not in span:
                     lines = [i for i in items if i.path == item.path]
                     lo, hi = min(i.start for i in lines), max(i.end for i in lines)
-                    with open(item.path, "rb") as f:
+                    with item.path.open("rb") as f:
                         f.seek(lo)
                         span[item.path] = (lo, f.read(hi - lo))
                 lo, data = span[item.path]
