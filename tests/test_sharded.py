@@ -26,7 +26,9 @@ def test_every_container_reads_as_one_dataset(parts, packed, container):
         assert split.manifest.container == "tar"
         assert [p["count"] for p in split.manifest.extra["shards"]] == [17] * 7 + [1]
         assert sorted(p.name for p in parts["tar"].iterdir()) == [
-            "index.npz", "manifest.json", *(f"shard-{n:06d}.tar" for n in range(8))]
+            "index.npz", "manifest.json",
+            *(f"shard-{n:06d}.{ext}" for n in range(8) for ext in ("idx", "tar")),
+            "wids-index.json"]  # one plain tar dataset, with the indexes of other readers
     else:
         assert split.manifest.container == "sharded"
         assert split.manifest.options["part_container"] == container
