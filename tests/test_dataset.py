@@ -177,3 +177,12 @@ def test_row_objects_are_reused_only_when_nothing_holds_them(packed):
     assert [id(r) for r in third] == ids  # nothing held them: the same objects, a new batch
     assert torch.equal(default_collate(third)[0], ds[[0, 3, 6]][0])
     assert [int(label) for _, label in third] == ds[[0, 3, 6]][1].tolist()
+
+
+def test_a_tar_batch_across_shards_is_the_same_as_from_hdf5(packed):
+    tar, h5 = packdata.open(packed["tar"]), packdata.open(packed["hdf5"])
+    order = [99, 3, 51, 0, 77, 50, 49, 12]  # shards of 50 records: 0, 1, 2 and back
+    for got, expected in zip(tar[order], h5[order], strict=True):
+        assert torch.equal(got, expected)
+    joined = tar.reader._joined_map()
+    assert joined is None or joined[0].flags.writeable is False  # None off Linux
