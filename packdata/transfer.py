@@ -82,7 +82,8 @@ def leave_worker(batch: Any) -> Any:
     map_tensors(batch, lambda t: tensors.append(t) if _small(t) else None)
     if not tensors:
         return batch
-    slot = _ring().acquire(sum(_aligned(t.nbytes) for t in tensors)) if USE_SLOTS else None
+    nbytes = max(sum(_aligned(t.nbytes) for t in tensors), _ALIGN)  # a segment is never empty
+    slot = _ring().acquire(nbytes) if USE_SLOTS else None
     if slot is None:
         return map_tensors(batch, lambda t: t.as_subclass(ByValueTensor) if _small(t) else t)
     offset = 0
@@ -114,6 +115,7 @@ def by_value(batch: Any) -> Any:
 
 def _small(t: torch.Tensor) -> bool:
     return (t.device.type == "cpu" and not t.requires_grad and type(t) is torch.Tensor
+            and t.layout == torch.strided and not t.is_quantized
             and t.nbytes <= BY_VALUE_MAX_BYTES and t.dtype not in _NO_NUMPY)
 
 

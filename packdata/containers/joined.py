@@ -1,10 +1,9 @@
 """Several files mapped back to back into one range of addresses, as one read-only uint8 array.
 
 A batch drawn from several tar shards is then one numpy gather over byte addresses, where a map
-per file needs a gather per shard and a second copy to put the rows in order (measured: 256
-CIFAR records over two shards, 16 µs against 44 µs). POSIX only (``mmap`` with ``MAP_FIXED``
-through ctypes); :func:`map_joined` returns None where that is not available, and callers keep
-their per-file path.
+per file needs a gather per shard and a second copy to put the rows in order. Linux only
+(``mmap`` with ``MAP_FIXED`` through ctypes); :func:`map_joined` returns None where that is not
+available, and callers keep their per-file path.
 """
 
 from __future__ import annotations
