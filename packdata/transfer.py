@@ -133,27 +133,26 @@ class Slot:
 
     def __init__(self, ring: _Ring, index: int, nbytes: int) -> None:
         self.ring, self.index = ring, index
-        self.memory = _create(nbytes)
+        self.memory = shared_memory.SharedMemory(create=True, size=nbytes)
 
     def __reduce__(self) -> tuple:
         return _Arrived, (self.ring.pid, self.ring.flags.name, self.memory.name, self.index)
 
 
-def _create(nbytes: int) -> shared_memory.SharedMemory:
-    """A new segment. On POSIX the training process unlinks it as soon as it mapped it, the
-    worker at its exit if it never was, so the resource tracker is not told about it (it would
-    unlink it a second time and warn)."""
-    memory = shared_memory.SharedMemory(create=True, size=nbytes)
-    if os.name == "posix":
-        resource_tracker.unregister(memory._name, "shared_memory")  # type: ignore[attr-defined]
-    return memory
+# Who unlinks a segment: the training process, as soon as it mapped it (then the name is gone and
+# the memory goes with the last mapping), and says so in the ring's flags; the worker then takes
+# it off the resource tracker's list. A segment never mapped there is unlinked by the worker at its
+# exit, or, if the worker is killed, by the resource tracker.
+_CLAIMED = SLOTS_PER_WORKER  # flags[_CLAIMED + i]: slot i unlinked by the training process
+_FLAGS_CLAIMED = 2 * SLOTS_PER_WORKER  # the flags segment itself
 
 
 def _unlink(name: str) -> None:
+    """Unlink a worker's segment here, without telling the resource tracker (the worker does)."""
     if os.name == "posix":  # elsewhere a segment goes with its last handle
         import _posixshmem
 
-        with contextlib.suppress(FileNotFoundError):  # already unlinked by the other side
+        with contextlib.suppress(FileNotFoundError):
             _posixshmem.shm_unlink("/" + name.lstrip("/"))
 
 
@@ -162,15 +161,18 @@ class _Ring:
     back to 0 by the training process once it copied the batch out."""
 
     def __init__(self) -> None:
-        self.flags = _create(SLOTS_PER_WORKER)
-        self.flags.buf[:] = bytes(SLOTS_PER_WORKER)
+        self.flags = shared_memory.SharedMemory(create=True, size=2 * SLOTS_PER_WORKER + 1)
+        self.flags.buf[:] = bytes(len(self.flags.buf))
         self.slots: list[Slot] = []
+        self.untracked: set[int] = set()  # claim bytes whose segment left the tracker's list
         self.pid = os.getpid()
         util.Finalize(self, self.close, exitpriority=0)  # at the worker's exit
 
     def acquire(self, nbytes: int) -> Slot | None:
         """A free slot of at least ``nbytes``, marked busy; a new one while there is room."""
         flags = self.flags.buf
+        if len(self.untracked) <= len(self.slots):
+            self._untrack_claimed()
         for slot in self.slots:
             if flags[slot.index] == 0 and slot.memory.size >= nbytes:
                 flags[slot.index] = 1
@@ -182,10 +184,23 @@ class _Ring:
         flags[slot.index] = 1
         return slot
 
+    def _segments(self) -> list[tuple[shared_memory.SharedMemory, int]]:
+        return [(s.memory, _CLAIMED + s.index) for s in self.slots] + [
+            (self.flags, _FLAGS_CLAIMED)]
+
+    def _untrack_claimed(self) -> None:
+        for memory, claim in self._segments():
+            if claim not in self.untracked and self.flags.buf[claim]:
+                resource_tracker.unregister(memory._name, "shared_memory")  # type: ignore[attr-defined]
+                self.untracked.add(claim)
+
     def close(self) -> None:
-        for memory in [s.memory for s in self.slots] + [self.flags]:
+        self._untrack_claimed()
+        for memory, claim in self._segments():
+            if claim not in self.untracked:
+                with contextlib.suppress(FileNotFoundError):
+                    memory.unlink()  # never mapped by the training process
             memory.close()
-            _unlink(memory.name)
         self.slots = []
 
 
@@ -204,7 +219,7 @@ def _ring() -> _Ring:
 _mapped: dict[int, dict[str, Any]] = {}  # worker pid -> its segments mapped in this process
 
 
-def _attach(pid: int, name: str) -> Any:
+def _attach(pid: int, name: str, flags: Any = None, claim: int = _FLAGS_CLAIMED) -> Any:
     """Worker ``pid``'s segment ``name``, mapped here (once; then unlinked, so it goes when both
     sides let it go). Segments of workers that exited are let go when a new worker shows up."""
     segments = _mapped.get(pid)
@@ -221,6 +236,7 @@ def _attach(pid: int, name: str) -> Any:
     if memory is None:
         memory = segments[name] = _open(name)
         _unlink(name)
+        (flags or memory).buf[claim] = 1
     return memory
 
 
@@ -249,7 +265,7 @@ class _Arrived:
 
     def __init__(self, pid: int, flags: str, memory: str, index: int) -> None:
         self.flags, self.index = _attach(pid, flags), index
-        self.memory = _attach(pid, memory)
+        self.memory = _attach(pid, memory, self.flags, _CLAIMED + index)
 
     def __del__(self) -> None:
         self.flags.buf[self.index] = 0
