@@ -22,7 +22,7 @@ from packdata import containers, sources
 from packdata.containers.base import Reader
 from packdata.errors import ArgumentError, ArgumentTypeError, DatasetError
 from packdata.manifest import Manifest
-from packdata.rows import rows_of
+from packdata.rows import RowPool
 from packdata.sampling import SharedEpoch
 from packdata.storage import CACHE_LIMIT, RemoteTarReader, Storage, is_url
 from packdata.verify import ChecksummedReader, at_open
@@ -76,6 +76,7 @@ class PackedDataset(Dataset):
             raise DatasetError(f"{self.path}: decode= applies to image datasets, not "
                                f"{self.manifest.kind}")
         self._epoch = SharedEpoch()
+        self._rows = RowPool()  # row objects for __getitems__, reused batch after batch
         self._reader: Reader | None = None
         self._pid = -1
 
@@ -195,7 +196,7 @@ class PackedDataset(Dataset):
         batch = self._batch(idx)
         if len(batch) == 1:  # one-part samples are tensors themselves: no row type can stand in
             return list(batch[0].unbind(0) if isinstance(batch[0], torch.Tensor) else batch[0])
-        return rows_of(batch)
+        return self._rows.rows_of(batch)
 
     @staticmethod
     def _indices(indices: Any) -> np.ndarray:

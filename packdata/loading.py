@@ -20,7 +20,7 @@ from packdata.dataset import PackedDataset
 from packdata.device import Augment, DeviceLoader, map_tensors, resolve_device
 from packdata.errors import ArgumentError, ArgumentTypeError
 from packdata.sampling import EpochBatchSampler
-from packdata.transfer import by_value
+from packdata.transfer import leave_worker
 
 WorkerKind = Literal["thread", "process"]
 
@@ -105,7 +105,7 @@ class Loader:
         or None when batches are read in this process."""
         if self._dataloader is None and self.workers == "process":
             options = dict(self._dataloader_options)
-            options["collate_fn"] = _ByValueCollate(self.collate)
+            options["collate_fn"] = _LeaveWorkerCollate(self.collate)
             self._dataloader = DataLoader(
                 self.dataset, batch_size=None, sampler=self.batch_sampler,
                 num_workers=self.num_workers, persistent_workers=self.persistent_workers,
@@ -195,15 +195,15 @@ class Loader:
                 f"{f', device={self.device}' if self.device is not None else ''})")
 
 
-class _ByValueCollate:
-    """Run in each worker: the batch (collated by ``collate``, if given) marked to travel by
-    value (:mod:`packdata.transfer`)."""
+class _LeaveWorkerCollate:
+    """Run in each worker: the batch (collated by ``collate``, if given) made ready to leave the
+    worker through its ring of shared-memory slots (:mod:`packdata.transfer`)."""
 
     def __init__(self, collate: Callable[[Any], Any] | None) -> None:
         self.collate = collate
 
     def __call__(self, batch: Any) -> Any:
-        return by_value(batch if self.collate is None else self.collate(batch))
+        return leave_worker(batch if self.collate is None else self.collate(batch))
 
 
 def _threaded(read: Callable[[Any], Any], sampler: Iterable[Any],

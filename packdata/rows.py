@@ -13,6 +13,7 @@ user's own ``collate_fn`` sees rows that act as tuples.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Sequence
 from itertools import repeat
 from operator import attrgetter, is_
@@ -20,17 +21,27 @@ from typing import Any
 
 from torch.utils.data._utils.collate import collate, default_collate_fn_map
 
-from packdata.transfer import by_value
+from packdata.transfer import leave_worker
+
+
+class _Cell:
+    """The batch a set of rows belongs to (one attribute, so a set of rows can be reused)."""
+
+    __slots__ = ("batch",)
 
 
 class BatchRow(Sequence):
     """Sample ``row`` of ``batch`` (a tuple of batched parts), its parts made on access."""
 
-    __slots__ = ("batch", "row")
+    __slots__ = ("_cell", "row")
 
-    def __init__(self, batch: tuple, row: int) -> None:
-        self.batch = batch
+    def __init__(self, cell: _Cell, row: int) -> None:
+        self._cell = cell
         self.row = row
+
+    @property
+    def batch(self) -> tuple:
+        return self._cell.batch
 
     def __len__(self) -> int:
         return len(self.batch)
@@ -62,9 +73,8 @@ class BatchRows(list):
 
     __slots__ = ("batch", "intact")
 
-    def __init__(self, batch: tuple) -> None:
-        n = len(batch[0])
-        super().__init__(map(BatchRow, repeat(batch, n), range(n)))
+    def __init__(self, batch: tuple, rows: list[BatchRow]) -> None:
+        super().__init__(rows)
         self.batch = batch
         self.intact = True
 
@@ -89,11 +99,54 @@ for _name in ("__setitem__", "__delitem__", "__iadd__", "__imul__", "append", "e
 
 
 def rows_of(batch: tuple) -> BatchRows:
-    """One row per sample of ``batch``."""
-    return BatchRows(batch)
+    """One new row per sample of ``batch``."""
+    return RowPool().rows_of(batch)
 
 
-_row_of, _batch_of = attrgetter("row"), attrgetter("batch")
+class RowPool:
+    """Makes the rows of each batch, reusing the last batch's row objects when nothing outside
+    holds any of them (the usual case: the collate read them and let them go), so a batch costs
+    one attribute change instead of a new object per sample. A row still held anywhere (in a
+    list, a variable, an iterator) is never reused, so no one sees a row change its batch.
+    Safe across threads; a copy (pickled, e.g. for a worker process) starts empty."""
+
+    __slots__ = ("_kept",)
+
+    def __init__(self) -> None:
+        self._kept: list[tuple[_Cell, list[BatchRow]]] = []  # at most one entry
+
+    def __reduce__(self) -> tuple:
+        return RowPool, ()
+
+    def rows_of(self, batch: tuple) -> BatchRows:
+        """One row per sample of ``batch``."""
+        n = len(batch[0])
+        try:
+            cell, rows = self._kept.pop()  # atomic: two threads never take the same rows
+        except IndexError:
+            cell, rows = _Cell(), []
+        if _ALONE is None or len(rows) != n or set(map(_refcount, rows)) != {_ALONE}:
+            cell = _Cell()
+            rows = list(map(BatchRow, repeat(cell, n), range(n)))
+        cell.batch = batch
+        self._kept.append((cell, rows))
+        return BatchRows(batch, rows)
+
+
+_refcount = getattr(sys, "getrefcount", None)
+
+
+def _alone() -> int | None:
+    """What ``map(_refcount, rows)`` gives for a row held by nothing but the list ``rows``
+    (None where the interpreter has no reference counts)."""
+    if _refcount is None:
+        return None
+    rows = [_Cell()]
+    return next(map(_refcount, rows))
+
+
+_ALONE = _alone()
+_row_of, _cell_of = attrgetter("row"), attrgetter("_cell")
 
 
 def whole_batch(rows: Sequence[Any]) -> tuple | None:
@@ -103,14 +156,14 @@ def whole_batch(rows: Sequence[Any]) -> tuple | None:
     first = rows[0]
     if type(first) is not BatchRow:
         return None
-    batch = first.batch
-    n = len(batch[0])
+    cell = first._cell
+    n = len(cell.batch[0])
     if len(rows) != n or set(map(type, rows)) != {BatchRow}:
         return None
     if list(map(_row_of, rows)) != list(range(n)) or not all(
-            map(is_, map(_batch_of, rows), repeat(batch))):
+            map(is_, map(_cell_of, rows), repeat(cell))):
         return None
-    return batch
+    return cell.batch
 
 
 def collate_rows(rows: Sequence[BatchRow], *, collate_fn_map: dict | None = None) -> list:
@@ -118,7 +171,7 @@ def collate_rows(rows: Sequence[BatchRow], *, collate_fn_map: dict | None = None
     default collate returns for tuple samples), or the samples collated one by one."""
     batch = whole_batch(rows)
     if batch is not None:
-        return by_value(list(batch))  # from a worker: its bytes, not a shared-memory handshake
+        return leave_worker(list(batch))  # from a worker: through a reused slot
     samples = [r.as_tuple() if isinstance(r, BatchRow) else r for r in rows]
     return collate(samples, collate_fn_map=collate_fn_map)
 

@@ -2,14 +2,24 @@
 
 Torch sends a tensor between processes by moving its storage into a new shared-memory segment
 and passing the segment's file descriptor over a socket, one round trip per tensor; for a batch
-of small records that handshake, not the bytes, is the cost (measured at several milliseconds a
-batch on a busy 2-core machine for a 0.8 MB CIFAR batch, against 0.2 ms to pickle and unpickle
-its bytes). :func:`by_value` marks a batch's small tensors to be pickled with their bytes
-instead, through the worker's result pipe, and rebuilt as plain tensors on arrival.
+of small records that handshake, not the bytes, is the cost (several milliseconds a batch on a
+busy 2-core machine for a 0.8 MB CIFAR batch). :func:`leave_worker` sends a batch's small tensors
+through a **ring of reused shared-memory slots** instead: each worker allocates a few slots once,
+copies the batch's tensors into a free one and sends only the slot's name and the tensors'
+layout; in the training process the batch's tensors are views of the slot, which is marked free
+again when the last of them (and every view of them) is gone. A slot is never written while
+the loop still holds anything of its batch; a loop that keeps batches simply keeps their slots,
+and when a worker finds none free (or a batch outgrows them), its tensors go by value through
+the worker's result pipe.
 """
 
 from __future__ import annotations
 
+import contextlib
+import mmap
+import os
+import weakref
+from multiprocessing import resource_tracker, shared_memory, util
 from typing import Any
 
 import numpy as np
@@ -18,10 +28,13 @@ from torch.utils.data import get_worker_info
 
 from packdata.device import map_tensors
 
-#: larger tensors go through shared memory, where the fixed cost is spread over more bytes (a
-#: limit chosen, not measured: by value, each byte is copied about four times on its way)
+#: larger tensors go through torch's own shared memory, where the fixed cost is spread over more
+#: bytes (a limit chosen, not measured)
 BY_VALUE_MAX_BYTES = 4 << 20
+SLOTS_PER_WORKER = 8  # at most; each is made when a batch finds none free
 ENABLED = True  # False: torch's shared-memory transfer (for measuring one against the other)
+USE_SLOTS = True  # False: by value through the result pipe, no slots
+_ALIGN = 64
 
 
 class ByValueTensor(torch.Tensor):
@@ -30,29 +43,243 @@ class ByValueTensor(torch.Tensor):
     __torch_function__ = torch._C._disabled_torch_function_impl  # ops give plain tensors
 
     def __reduce_ex__(self, protocol: int) -> tuple:
-        plain = self.as_subclass(torch.Tensor)
-        # its memory order kept (a channels-last batch arrives channels-last)
-        order = sorted(range(plain.ndim), key=lambda d: -plain.stride(d))
-        dense = plain.permute(order)
-        if not dense.is_contiguous():
-            dense, order = plain.contiguous(), list(range(plain.ndim))
-        return _from_numpy, (dense.numpy(), tuple(np.argsort(order).tolist()))
+        dense, inverse = _dense(self.as_subclass(torch.Tensor))
+        return _from_numpy, (dense.numpy(), inverse)
+
+
+class SlotTensor(torch.Tensor):
+    """A CPU tensor whose bytes were copied into a shared-memory slot: pickled as its place in
+    the slot, arriving as a plain tensor copied out of it."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def __reduce_ex__(self, protocol: int) -> tuple:
+        slot, offset, dtype, shape, inverse = self._packdata_slot
+        return _from_slot, (slot, offset, dtype, shape, inverse)
+
+
+def _dense(t: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+    """``t`` as a contiguous tensor in its own memory order (a channels-last batch stays
+    channels-last), and the permutation that restores its dimensions."""
+    order = sorted(range(t.ndim), key=lambda d: -t.stride(d))
+    dense = t.permute(order)
+    if not dense.is_contiguous():
+        dense, order = t.contiguous(), list(range(t.ndim))
+    return dense, tuple(np.argsort(order).tolist())
 
 
 def _from_numpy(array: np.ndarray, inverse: tuple) -> torch.Tensor:
     return torch.from_numpy(array).permute(inverse)
 
 
-def by_value(batch: Any) -> Any:
-    """``batch`` with its CPU tensors sent by value when it leaves a DataLoader worker; in the
-    training process (or for tensors that cannot be viewed as numpy), unchanged."""
+def leave_worker(batch: Any) -> Any:
+    """``batch`` made ready to leave a DataLoader worker: its small CPU tensors copied into a
+    reused shared-memory slot (or, with none free, marked to go by value); in the training process,
+    unchanged. Each tensor arrives as a plain tensor with the same values and memory order."""
     if not ENABLED or get_worker_info() is None:
         return batch
-    return map_tensors(batch, _mark)
+    tensors: list[torch.Tensor] = []
+    map_tensors(batch, lambda t: tensors.append(t) if _small(t) else None)
+    if not tensors:
+        return batch
+    nbytes = max(sum(_aligned(t.nbytes) for t in tensors), _ALIGN)  # a segment is never empty
+    slot = _ring().acquire(nbytes) if USE_SLOTS else None
+    if slot is None:
+        return map_tensors(batch, lambda t: t.as_subclass(ByValueTensor) if _small(t) else t)
+    offset = 0
+
+    def into_slot(t: torch.Tensor) -> torch.Tensor:
+        nonlocal offset
+        if not _small(t):
+            return t
+        dense, inverse = _dense(t)
+        target = np.frombuffer(slot.memory.buf, np.uint8, t.nbytes, offset)
+        np.copyto(target, dense.reshape(-1).view(torch.uint8).numpy())
+        del target  # no view left on the slot's buffer
+        marked = t.as_subclass(SlotTensor)
+        marked._packdata_slot = (slot, offset, str(t.dtype).removeprefix("torch."),
+                                 tuple(dense.shape), inverse)
+        offset += _aligned(t.nbytes)
+        return marked
+
+    return map_tensors(batch, into_slot)
 
 
-def _mark(t: torch.Tensor) -> torch.Tensor:
-    if (t.device.type != "cpu" or t.requires_grad or type(t) is not torch.Tensor
-            or t.nbytes > BY_VALUE_MAX_BYTES):
-        return t
-    return t.as_subclass(ByValueTensor)
+def by_value(batch: Any) -> Any:
+    """``batch`` with its small CPU tensors marked to go by value through the worker's result pipe
+    (no slots); in the training process, unchanged."""
+    if not ENABLED or get_worker_info() is None:
+        return batch
+    return map_tensors(batch, lambda t: t.as_subclass(ByValueTensor) if _small(t) else t)
+
+
+def _small(t: torch.Tensor) -> bool:
+    return (t.device.type == "cpu" and not t.requires_grad and type(t) is torch.Tensor
+            and t.layout == torch.strided and not t.is_quantized
+            and t.nbytes <= BY_VALUE_MAX_BYTES and t.dtype not in _NO_NUMPY)
+
+
+_NO_NUMPY = {torch.bfloat16, torch.complex32} | {
+    getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64")
+    if hasattr(torch, name)}
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+class Slot:
+    """One shared-memory slot of a worker's ring, as the worker holds it; pickled as its name."""
+
+    def __init__(self, ring: _Ring, index: int, nbytes: int) -> None:
+        self.ring, self.index = ring, index
+        self.memory = shared_memory.SharedMemory(create=True, size=nbytes)
+
+    def __reduce__(self) -> tuple:
+        return _Arrived, (self.ring.pid, self.ring.flags.name, self.memory.name, self.index)
+
+
+# Who unlinks a segment: the training process, as soon as it mapped it (then the name is gone and
+# the memory goes with the last mapping), and says so in the ring's flags; the worker then takes
+# it off the resource tracker's list. A segment never mapped there is unlinked by the worker at its
+# exit, or, if the worker is killed, by the resource tracker.
+_CLAIMED = SLOTS_PER_WORKER  # flags[_CLAIMED + i]: slot i unlinked by the training process
+_FLAGS_CLAIMED = 2 * SLOTS_PER_WORKER  # the flags segment itself
+
+
+def _unlink(name: str) -> None:
+    """Unlink a worker's segment here, without telling the resource tracker (the worker does)."""
+    if os.name == "posix":  # elsewhere a segment goes with its last handle
+        import _posixshmem
+
+        with contextlib.suppress(FileNotFoundError):
+            _posixshmem.shm_unlink("/" + name.lstrip("/"))
+
+
+class _Ring:
+    """A worker's slots, and one shared byte per slot: 1 while a batch in it is on its way, set
+    back to 0 by the training process once it copied the batch out."""
+
+    def __init__(self) -> None:
+        self.flags = shared_memory.SharedMemory(create=True, size=2 * SLOTS_PER_WORKER + 1)
+        self.flags.buf[:] = bytes(len(self.flags.buf))
+        self.slots: list[Slot] = []
+        self.untracked: set[int] = set()  # claim bytes whose segment left the tracker's list
+        self.pid = os.getpid()
+        util.Finalize(self, self.close, exitpriority=0)  # at the worker's exit
+
+    def acquire(self, nbytes: int) -> Slot | None:
+        """A free slot of at least ``nbytes``, marked busy; a new one while there is room."""
+        flags = self.flags.buf
+        if len(self.untracked) <= len(self.slots):
+            self._untrack_claimed()
+        for slot in self.slots:
+            if flags[slot.index] == 0 and slot.memory.size >= nbytes:
+                flags[slot.index] = 1
+                return slot
+        if len(self.slots) == SLOTS_PER_WORKER:
+            return None
+        slot = Slot(self, len(self.slots), nbytes)
+        self.slots.append(slot)
+        flags[slot.index] = 1
+        return slot
+
+    def _segments(self) -> list[tuple[shared_memory.SharedMemory, int]]:
+        return [(s.memory, _CLAIMED + s.index) for s in self.slots] + [
+            (self.flags, _FLAGS_CLAIMED)]
+
+    def _untrack_claimed(self) -> None:
+        for memory, claim in self._segments():
+            if claim not in self.untracked and self.flags.buf[claim]:
+                resource_tracker.unregister(memory._name, "shared_memory")  # type: ignore[attr-defined]
+                self.untracked.add(claim)
+
+    def close(self) -> None:
+        self._untrack_claimed()
+        for memory, claim in self._segments():
+            if claim not in self.untracked:
+                with contextlib.suppress(FileNotFoundError):
+                    memory.unlink()  # never mapped by the training process
+            memory.close()
+        self.slots = []
+
+
+_RING: _Ring | None = None
+
+
+def _ring() -> _Ring:
+    global _RING
+    if _RING is None or _RING.pid != os.getpid():
+        _RING = _Ring()
+    return _RING
+
+
+# --- in the training process ---------------------------------------------------------------
+
+_mapped: dict[int, dict[str, Any]] = {}  # worker pid -> its segments mapped in this process
+
+
+def _attach(pid: int, name: str, flags: Any = None, claim: int = _FLAGS_CLAIMED) -> Any:
+    """Worker ``pid``'s segment ``name``, mapped here (once; then unlinked, so it goes when both
+    sides let it go). Segments of workers that exited are let go when a new worker shows up."""
+    segments = _mapped.get(pid)
+    if segments is None:
+        for old in list(_mapped):
+            try:
+                os.kill(old, 0)
+            except ProcessLookupError:
+                del _mapped[old]
+            except PermissionError:  # alive, another user's (a reused pid)
+                pass
+        segments = _mapped[pid] = {}
+    memory = segments.get(name)
+    if memory is None:
+        memory = segments[name] = _open(name)
+        _unlink(name)
+        (flags or memory).buf[claim] = 1
+    return memory
+
+
+def _open(name: str) -> Any:
+    if os.name != "posix":
+        return shared_memory.SharedMemory(name)
+    import _posixshmem
+
+    fd = _posixshmem.shm_open("/" + name.lstrip("/"), os.O_RDWR, mode=0o600)
+    try:
+        return _Mapping(mmap.mmap(fd, os.fstat(fd).st_size))
+    finally:
+        os.close(fd)
+
+
+class _Mapping:
+    """A mapped segment, with SharedMemory's ``buf``."""
+
+    def __init__(self, mapped: mmap.mmap) -> None:
+        self.buf = memoryview(mapped)
+
+
+class _Arrived:
+    """A slot as the training process sees it: the batch's tensors are views of it, and it is
+    freed for the worker to reuse when the last of them (and of any view of them) is gone."""
+
+    def __init__(self, pid: int, flags: str, memory: str, index: int) -> None:
+        self.flags, self.index = _attach(pid, flags), index
+        self.memory = _attach(pid, memory, self.flags, _CLAIMED + index)
+
+    def __del__(self) -> None:
+        self.flags.buf[self.index] = 0
+
+
+def _from_slot(slot: _Arrived, offset: int, dtype: str, shape: tuple,
+               inverse: tuple) -> torch.Tensor:
+    kind = getattr(torch, dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * kind.itemsize
+    view = np.frombuffer(slot.memory.buf, np.uint8, nbytes, offset)
+    # the slot stays busy while this array lives: every tensor made from it holds it
+    weakref.finalize(view, _hold, slot).atexit = False
+    return torch.from_numpy(view).view(kind).reshape(shape).permute(inverse)
+
+
+def _hold(slot: _Arrived) -> None:
+    """Nothing: the finalizer's reference to ``slot`` is what keeps it until then."""

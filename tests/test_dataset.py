@@ -162,3 +162,27 @@ def test_stock_dataloader_workers_give_the_in_process_batches(packed, start):
     assert len(workers) == len(reference) == 5
     for (x, y), (rx, ry) in zip(workers, reference, strict=True):
         assert torch.equal(x, rx) and torch.equal(y, ry) and x.dtype == torch.float32
+
+
+def test_row_objects_are_reused_only_when_nothing_holds_them(packed):
+    ds = packdata.open(packed["hdf5"])
+    first = ds.__getitems__([4, 1, 9])
+    held = first[2]
+    del first
+    second = ds.__getitems__([2, 8, 5])  # a row of the first batch is held: no reuse
+    assert torch.equal(held[0], ds[9][0]) and torch.equal(second[2][0], ds[5][0])
+    ids = [id(r) for r in second]
+    del second, held
+    third = ds.__getitems__([0, 3, 6])
+    assert [id(r) for r in third] == ids  # nothing held them: the same objects, a new batch
+    assert torch.equal(default_collate(third)[0], ds[[0, 3, 6]][0])
+    assert [int(label) for _, label in third] == ds[[0, 3, 6]][1].tolist()
+
+
+def test_a_tar_batch_across_shards_is_the_same_as_from_hdf5(packed):
+    tar, h5 = packdata.open(packed["tar"]), packdata.open(packed["hdf5"])
+    order = [99, 3, 51, 0, 77, 50, 49, 12]  # shards of 50 records: 0, 1, 2 and back
+    for got, expected in zip(tar[order], h5[order], strict=True):
+        assert torch.equal(got, expected)
+    joined = tar.reader._joined_map()
+    assert joined is None or joined[0].flags.writeable is False  # None off Linux

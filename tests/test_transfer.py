@@ -1,11 +1,14 @@
-"""Batches leaving DataLoader workers by value: plain tensors on arrival, same values and
-memory order; only in workers, only small CPU tensors."""
+"""Batches leaving DataLoader workers through reused shared-memory slots (or by value): plain
+tensors on arrival, same values and memory order; a slot reused only once nothing of its batch
+is held; only in workers, only small CPU tensors."""
 
 from __future__ import annotations
 
+import gc
 import pickle
 from multiprocessing.reduction import ForkingPickler
 
+import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -43,3 +46,36 @@ def test_through_worker_processes():
     got = list(DataLoader(Squares(), batch_size=None, num_workers=2))
     assert [type(t) for t in got] == [torch.Tensor] * 8
     assert [int(t[0, 0]) for t in got] == list(range(8))
+
+
+class Batches(Dataset):
+    """Batch ``i``: a channels-last image batch and labels, both made from ``i``."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        images = torch.arange(4 * 3 * 5 * 6, dtype=torch.uint8).reshape(4, 5, 6, 3) + i
+        return transfer.leave_worker((images.permute(0, 3, 1, 2), torch.full((4,), i)))
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_slots_are_reused_only_once_nothing_of_their_batch_is_held(start):
+    loader = DataLoader(Batches(), batch_size=None, num_workers=2, multiprocessing_context=start)
+    # all 40 held: more than a worker's slots, so some go by value; none is overwritten
+    got = list(loader)
+    for i, (images, labels) in enumerate(got):
+        expected = torch.arange(4 * 3 * 5 * 6, dtype=torch.uint8).reshape(4, 5, 6, 3) + i
+        assert type(images) is torch.Tensor and torch.equal(images, expected.permute(0, 3, 1, 2))
+        assert images.is_contiguous(memory_format=torch.channels_last)
+        assert labels.tolist() == [i] * 4
+    flags = [m.buf[:transfer.SLOTS_PER_WORKER] for segments in transfer._mapped.values()
+             for m in segments.values() if len(m.buf) == 2 * transfer.SLOTS_PER_WORKER + 1]
+    assert flags and any(f.tobytes() != bytes(len(f)) for f in flags)  # held batches keep slots
+    view, kept = got[3][0][1:2], got[3][0][1:2].clone()  # a view of a batch keeps its slot
+    del got, images, labels
+    gc.collect()
+    assert sum(f.tobytes().count(1) for f in flags) == 1 and torch.equal(view, kept)
+    del view
+    gc.collect()
+    assert all(f.tobytes() == bytes(len(f)) for f in flags)  # every slot free again

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from packdata.containers.base import Batch, Reader, Select, Writer, map_file
+from packdata.containers.joined import byte_window, map_joined
 from packdata.errors import ArgumentError, DatasetError, PackdataError
 from packdata.manifest import Field, Manifest
 from packdata.reader_index import idx_path, write_idx, write_wids_index
@@ -244,6 +245,8 @@ class TarReader(Reader):
             ends = self.index[f"{name}.offset"] + self.index[f"{name}.nbytes"]
             np.maximum.at(self._shard_end, self.index[f"{name}.shard"], ends)
         self._views: dict[tuple[str, int], np.ndarray | None] = {}
+        self._joined: tuple[np.ndarray, np.ndarray] | None | bool = False  # False: not tried
+        self._windows: dict[Any, np.ndarray] = {}
 
     @staticmethod
     def detect(path: Path) -> bool:
@@ -282,6 +285,35 @@ class TarReader(Reader):
             self._views[name, shard] = view
         return self._views[name, shard]
 
+    def _joined_map(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """All shards mapped back to back (see :mod:`packdata.containers.joined`), once each
+        was checked as :meth:`_map` checks it; None where that is not available, where a shard
+        is damaged (the others still read, one by one), or for readers that fetch shards on
+        demand (they override ``_map``)."""
+        if self._joined is False:
+            self._joined = None
+            if type(self)._map is TarReader._map:
+                try:
+                    for shard in range(len(self.shard_names)):
+                        self._map(shard)
+                except DatasetError:
+                    return None
+                self._joined = map_joined([self.path / n for n in self.shard_names])
+        return self._joined  # type: ignore[return-value]
+
+    def _window(self, name: str, nbytes: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(byte address of each record of field ``name`` in the joined map, a window of
+        ``nbytes`` rows over it), or None."""
+        joined = self._joined_map()
+        if joined is None:
+            return None
+        if name not in self._windows:
+            whole, starts = joined
+            self._windows[name] = starts[self.index[f"{name}.shard"]] + self.index[f"{name}.offset"]
+        if nbytes not in self._windows:
+            self._windows[nbytes] = byte_window(joined[0], nbytes)
+        return self._windows[name], self._windows[nbytes]
+
     def _payloads(self, name: str, idx: np.ndarray) -> list[np.ndarray]:
         shard = self.index[f"{name}.shard"][idx]
         offset = self.index[f"{name}.offset"][idx]
@@ -305,6 +337,11 @@ class TarReader(Reader):
                 return view[local]
             return view.reshape(len(view), parts, nbytes)[local, sel]
 
+        joined = self._window(name, nbytes) if len(idx) else None
+        if joined is not None:  # records of any shards at any offsets: one gather
+            addresses, window = joined
+            at = addresses[idx] if rows is None else addresses[idx] + rows * nbytes
+            return window[at].view(field.np_dtype).reshape(len(idx), *shape)
         shards = self.index[f"{name}.shard"][idx]
         first = int(shards[0]) if len(shards) else 0
         view = self._strided(name, first)
@@ -347,6 +384,8 @@ class TarReader(Reader):
     def close(self) -> None:
         self._views.clear()
         self._maps.clear()
+        self._windows.clear()
+        self._joined = False
 
 
 def read_manifest(path: str | Path) -> Manifest:
