@@ -183,7 +183,11 @@ class LMDBReader(Reader):
                                "the dataset is damaged") from None
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
-        return apply_select(self._read(indices), select)  # LMDB copies whole values anyway
+        try:
+            return apply_select(self._read(indices), select)  # LMDB copies whole values anyway
+        except lmdb.Error as exc:  # a damaged B-tree found by a lookup: name the dataset
+            raise DatasetError(f"{self.path}: LMDB cannot be read ({type(exc).__name__}: {exc}); "
+                               "the dataset is damaged") from None
 
     def _read(self, indices: np.ndarray) -> Batch:
         idx = self.check_indices(indices)
