@@ -96,23 +96,10 @@ def epoch(stream, epochs: int, workers: int) -> tuple[float, float, int]:
 
 
 def stream_rates(folder: Path, tmp: Path, rounds: int) -> dict:
-    import fsspec
-
     import packdata
 
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
-                               str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server, options = moto(free_port())
     try:
-        options = {"key": "bench", "secret": "bench",
-                   "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}}
-        fs = fsspec.filesystem("s3", **options)
-        for _ in range(100):
-            try:
-                fs.mkdir("bench")
-                break
-            except Exception:
-                time.sleep(0.1)
         source = packdata.open_source(folder)
         local = packdata.convert(source, tmp / "stream-local", workers=2,
                                  container_options={"shard_size": "1000"}).path
