@@ -182,6 +182,24 @@ def _result(pool: ProcessPoolExecutor, future) -> list[Loaded]:
             raise BrokenProcessPool("a worker died and the pool did not notice")
 
 
+def _plan(source: Source, dst: str | Path, container: str | None,
+          container_options: dict[str, Any] | None, overwrite: bool
+          ) -> tuple[Any, Path, dict[str, Any], list[Item]]:
+    """What every conversion settles first: the container module, the real destination and its
+    options, and the checked list of inputs."""
+    dst = Path(dst)
+    module = containers.for_destination(dst, container)
+    options = dict(container_options or {})
+    if hasattr(module, "destination"):  # e.g. tar: "out/cifar-%04d.tar" names the shards
+        dst, options = module.destination(dst, options)
+    _check_destination(dst, source.root, overwrite)
+    items = source.items()
+    if not items:
+        raise PackdataError(f"{source.root}: no {source.kind} inputs found")
+    _check_unique_keys(items)
+    return module, dst, options, items
+
+
 def _check_unique_keys(items: list[Item]) -> None:
     """Samples are found by key (the file's path without suffix): two inputs may not share one."""
     first: dict[str, Item] = {}
@@ -311,16 +329,7 @@ def convert(
             engine=engine or "local", client=client, scheduler=scheduler, part_size=part_size,
             resume=resume)
     start = time.perf_counter()
-    dst = Path(dst)
-    module = containers.for_destination(dst, container)
-    options = dict(container_options or {})
-    if hasattr(module, "destination"):  # e.g. tar: "out/cifar-%04d.tar" names the shards
-        dst, options = module.destination(dst, options)
-    _check_destination(dst, source.root, overwrite)
-    items = source.items()
-    if not items:
-        raise PackdataError(f"{source.root}: no {source.kind} inputs found")
-    _check_unique_keys(items)
+    module, dst, options, items = _plan(source, dst, container, container_options, overwrite)
     blocks = source.blocks(items)
     workers = max(1, min(workers or os.cpu_count() or 1, len(blocks)))
 

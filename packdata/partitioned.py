@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packdata import containers, engines
+from packdata import engines
 from packdata.containers import sharded
 from packdata.errors import PackdataError
 from packdata.manifest import Manifest
@@ -124,22 +124,13 @@ def convert_parts(
     """:func:`packdata.convert` into a sharded dataset (see the module docstring)."""
     from packdata.convert import (
         ConvertResult,
-        _check_destination,
-        _check_unique_keys,
+        _plan,
         _remove,
         _TermAsInterrupt,
     )
 
     start = time.perf_counter()
-    module = containers.for_destination(dst, container)
-    options = dict(container_options or {})
-    if hasattr(module, "destination"):
-        dst, options = module.destination(dst, options)
-    _check_destination(dst, source.root, overwrite)
-    items = source.items()
-    if not items:
-        raise PackdataError(f"{source.root}: no {source.kind} inputs found")
-    _check_unique_keys(items)
+    module, dst, options, items = _plan(source, dst, container, container_options, overwrite)
     if part_size is not None and part_size < 1:
         raise PackdataError(f"part size {part_size}: expected at least 1 record per part")
     work = work_dir(dst)
