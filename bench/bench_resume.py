@@ -3,7 +3,7 @@
     python bench/bench_resume.py [--data ../shared/data/cifar10/test-png] [--out bench/results/resume.json]
 
 Converts the folder once (raw pixels, tar shards of 1,000) into a temporary directory, then runs
-the check-resume command as a user would (``python -m packdata.cli check-resume DATASET``, its
+the check-resume command as a user would (``python -m packdata check-resume DATASET``, its
 defaults: 3 samplers × 3 setups, 2 trials each), timing it end to end, process start included.
 """
 
@@ -35,7 +35,7 @@ def main() -> None:
                                      container=args.container, container_options=options)
         convert_s = time.perf_counter() - start
         start = time.perf_counter()
-        run = subprocess.run([sys.executable, "-m", "packdata.cli", "check-resume", str(dst)],
+        run = subprocess.run([sys.executable, "-m", "packdata", "check-resume", str(dst)],
                              capture_output=True, text=True)
         seconds = time.perf_counter() - start
     print(run.stdout, run.stderr, sep="\n")

@@ -39,8 +39,9 @@ from bench_containers import build_folder  # noqa: E402
 
 
 def convert_rates(folder: Path, tmp: Path, rounds: int) -> dict:
-    import packdata
     from packdata.engines import dask_client
+
+    import packdata
 
     source = packdata.open_source(folder)
     count = len(source.items())
@@ -158,8 +159,9 @@ def remote_rates(folder: Path, tmp: Path, rounds: int, files: int) -> dict:
     import fsspec
 
     import packdata
-    from packdata.storage import Storage
-    from packdata.upload import convert_to_url
+    from packdata.conversion import local
+    from packdata.conversion.upload import convert_to_url
+    from packdata.remote.storage import Storage
 
     server, options = moto(free_port())
     try:
@@ -187,9 +189,10 @@ def remote_rates(folder: Path, tmp: Path, rounds: int, files: int) -> dict:
             for name, streamed in (("upload streamed", True), ("upload at the end", False)):
                 url = f"s3://bench/out-{r}-{streamed}"
                 t = time.perf_counter()
-                convert_to_url(url, None, False, lambda local: packdata.convert(
-                    packdata.open_source(subset), local, workers=2, container_options=shards),
-                    Storage(options), streamed=streamed)
+                convert_to_url(packdata.open_source(subset), url, container_options=shards,
+                               write=lambda job, closed: local.write(job, workers=2,
+                                                                     on_shard_closed=closed),
+                               storage=Storage(options), streamed=streamed)
                 times[name].append(time.perf_counter() - t)
             picks = random.Random(r).sample(range(files), 16)
             for name, access in (("16 records by ranges", "ranges"),

@@ -39,8 +39,8 @@ import numpy as np
 
 import packdata
 from packdata import containers
+from packdata.containers.integrity import at_open
 from packdata.errors import PackdataError
-from packdata.verify import at_open
 
 ROOT = Path(__file__).resolve().parents[1]
 CIFAR = ROOT / "packdata" / "demo_data" / "cifar10"

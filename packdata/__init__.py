@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 _HOMES = {
     "StepTimer": "packdata.bench.timer",
     "PackCollate": "packdata.collate", "PadCollate": "packdata.collate",
-    "ConvertResult": "packdata.convert", "convert": "packdata.convert",
+    "ConvertResult": "packdata.conversion", "convert": "packdata.conversion",
     "HDF5Dataset": "packdata.dataset", "LMDBDataset": "packdata.dataset",
     "PackedDataset": "packdata.dataset", "TarDataset": "packdata.dataset",
     "open": "packdata.dataset",
@@ -27,20 +27,21 @@ _HOMES = {
     "RandomResizedCrop": "packdata.imagedecode", "Resize": "packdata.imagedecode",
     "DatasetError": "packdata.errors", "MissingExtraError": "packdata.errors",
     "OutputExistsError": "packdata.errors", "PackdataError": "packdata.errors",
-    "SampleError": "packdata.errors",
+    "ResumeError": "packdata.errors", "SampleError": "packdata.errors",
     "Loader": "packdata.loading", "loader": "packdata.loading",
     "Field": "packdata.manifest", "Manifest": "packdata.manifest",
     "ResidentLoader": "packdata.resident",
     "EpochBatchSampler": "packdata.sampling", "LengthBucketBatchSampler": "packdata.sampling",
     "open_source": "packdata.sources",
     "StreamingDataset": "packdata.streaming", "StreamingLoader": "packdata.streaming",
+    "VerifyReport": "packdata.verify", "verify": "packdata.verify",
 }
 _RENAMED = {"open": "open_dataset"}  # the package's front door
 
 if TYPE_CHECKING:
     from packdata.bench.timer import StepTimer
     from packdata.collate import PackCollate, PadCollate
-    from packdata.convert import ConvertResult, convert
+    from packdata.conversion import ConvertResult, convert
     from packdata.dataset import HDF5Dataset, LMDBDataset, PackedDataset, TarDataset
     from packdata.dataset import open_dataset as open  # noqa: A004
     from packdata.device import DeviceLoader
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
         MissingExtraError,
         OutputExistsError,
         PackdataError,
+        ResumeError,
         SampleError,
     )
     from packdata.imagedecode import CenterCrop, ImageDecode, RandomResizedCrop, Resize
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
     from packdata.sampling import EpochBatchSampler, LengthBucketBatchSampler
     from packdata.sources import open_source
     from packdata.streaming import StreamingDataset, StreamingLoader
+    from packdata.verify import VerifyReport, verify
 
 
 def __getattr__(name: str) -> Any:
@@ -98,6 +101,7 @@ __all__ = [
     "CenterCrop", "ConvertResult", "DatasetError", "DeviceLoader", "EpochBatchSampler", "Field",
     "HDF5Dataset", "ImageDecode", "LMDBDataset", "LengthBucketBatchSampler", "Loader", "Manifest",
     "MissingExtraError", "OutputExistsError", "PackCollate", "PackdataError", "PackedDataset",
-    "PadCollate", "RandomResizedCrop", "ResidentLoader", "Resize", "SampleError", "StepTimer",
-    "StreamingDataset", "StreamingLoader", "TarDataset", "convert", "loader", "open", "open_source",
+    "PadCollate", "RandomResizedCrop", "ResidentLoader", "Resize", "ResumeError", "SampleError",
+    "StepTimer", "StreamingDataset", "StreamingLoader", "TarDataset", "VerifyReport", "convert",
+    "loader", "open", "open_source", "verify",
 ]

@@ -28,12 +28,13 @@ import numpy as np
 import torch
 
 from packdata.augment.ops import CIFAR10_MEAN, CIFAR10_STD
-from packdata.containers.tar import image_suffix, read_manifest, shard_paths
+from packdata.containers.tar import read_manifest, shard_paths
+from packdata.containers.tar.indexes import dali_index_paths
+from packdata.containers.tar.reindex import write_reader_indexes
 from packdata.dataset import PackedDataset
 from packdata.errors import ArgumentError, DatasetError, require
 from packdata.imagedecode import CenterCrop, ImageDecode, RandomResizedCrop
 from packdata.manifest import Manifest
-from packdata.reader_index import dali_index_paths
 
 LABEL_DIGITS = 20  # .cls members are decimal text: padded to this many bytes, parsed in torch
 
@@ -47,50 +48,6 @@ def _image_manifest(path: Path) -> Manifest:
     if manifest.container != "tar" or manifest.kind != "image":
         raise DatasetError(f"{path}: the DALI tar reader needs a tar dataset of images")
     return manifest
-
-
-def write_dali_index(path: str | Path, out_dir: str | Path) -> tuple[list[str], list[str], str]:
-    """Write one DALI webdataset index file (v1.2) per shard of the tar dataset at ``path``.
-
-    Returns (shard paths, index paths, image extension as the reader matches it). DALI reads
-    whole members (offsets must be 512-byte blocks), so raw ``.npy`` members come with their
-    header; :func:`npy_header_size` says how many bytes to skip."""
-    path = Path(path)
-    if not (path / "manifest.json").is_file() or not (path / "index.npz").is_file():
-        raise DatasetError(f"{path}: the DALI tar reader needs a packdata tar dataset "
-                           "(a directory with manifest.json and index.npz)")
-    manifest = _image_manifest(path)
-    index = np.load(path / "index.npz")
-    shards = shard_paths(path)
-    keys = [k.replace(".", "_").replace(" ", "_") for k in manifest.keys]
-    # keep: the member's own suffix (png/jpg) is the extension DALI sees, so match either
-    keep = manifest.fields["image"].codec == "image"
-    ext = "png;jpg;jpeg" if keep else "image.npy"
-    has_label = "label" in manifest.fields
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    index_paths = []
-    for s, shard in enumerate(shards):
-        rows = np.nonzero(index["image.shard"] == s)[0]
-        lines = [f"v1.2 {len(rows)}"]
-        with open(shard, "rb") as f:
-            for i in rows:
-                off, size = int(index["image.offset"][i]), int(index["image.nbytes"][i])
-                if not keep:  # raw: DALI wants the member's start (a 512-byte block)
-                    suffix, header = ext, off % 512
-                    off, size = off - header, size + header
-                else:
-                    f.seek(off)
-                    suffix = image_suffix(f.read(4))
-                line = f"{suffix} {off} {size} {keys[i]}.{suffix}"
-                if has_label:
-                    line += (f" cls {int(index['label.offset'][i])} "
-                             f"{int(index['label.nbytes'][i])} {keys[i]}.cls")
-                lines.append(line)
-        target = out_dir / f"{shard.stem}.idx"
-        target.write_text("\n".join(lines) + "\n")
-        index_paths.append(str(target))
-    return [str(p) for p in shards], index_paths, ext
 
 
 def npy_header_size(path: str | Path) -> int:
@@ -195,7 +152,8 @@ def tar_loader(path: str | Path, batch_size: int, *, device: str = "auto",
         if index_dir is None:
             keep = tempfile.TemporaryDirectory(prefix="packdata-dali-")
             index_dir = keep.name
-        shards, index_paths, _ = write_dali_index(path, index_dir)
+        shards = [str(p) for p in shard_paths(Path(path))]
+        index_paths = [str(p) for p in write_reader_indexes(path, index_dir)]
     image = _image_manifest(Path(path)).fields["image"]
     stored = list(image.shape)
     raw = image.codec != "image"

@@ -20,12 +20,14 @@ from torch.utils.data import Dataset
 
 from packdata import containers, sources
 from packdata.containers.base import Reader
+from packdata.containers.integrity import ChecksummedReader, at_open
 from packdata.errors import ArgumentError, ArgumentTypeError, DatasetError
 from packdata.manifest import Manifest
+from packdata.remote.storage import CACHE_LIMIT, Storage
+from packdata.remote.tar_reader import RemoteTarReader
 from packdata.rows import RowPool
 from packdata.sampling import SharedEpoch
-from packdata.storage import CACHE_LIMIT, RemoteTarReader, Storage, is_url
-from packdata.verify import ChecksummedReader, at_open
+from packdata.urls import is_url
 
 Transform = Callable[[Any], Any]
 
@@ -57,7 +59,7 @@ class PackedDataset(Dataset):
     ) -> None:
         self.storage = storage if storage is not None or not is_url(path) else Storage()
         self.path: Path | str = str(path).rstrip("/") if self.storage else Path(path)
-        if self.storage:  # object storage holds tar shards (see packdata.storage)
+        if self.storage:  # object storage holds tar shards (see packdata.remote)
             self.container_name = "tar"
         elif self.container is None:
             self.container_name = containers.for_existing(self.path).NAME

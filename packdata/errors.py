@@ -96,3 +96,13 @@ class ResidentMemoryError(PackdataError, MemoryError):
 
 class ResumeError(PackdataError, ValueError):
     """A saved loader or sampler state that does not fit what it is loaded into."""
+
+
+class WorkerDied(PackdataError):
+    """A conversion worker process stopped unexpectedly (killed, out of memory, a crash in a
+    native decoder) while ``task`` (None: any of the tasks) was in flight. Conversion turns it
+    into an error naming the inputs."""
+
+    def __init__(self, task: object = None) -> None:
+        super().__init__("a worker process stopped unexpectedly")
+        self.task = task

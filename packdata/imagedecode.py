@@ -98,7 +98,7 @@ class ImageDecode:
         """Per image, the region to resample as float (left, top, right, bottom) in pixels."""
         raise NotImplementedError
 
-    def plan(self, heights: np.ndarray, widths: np.ndarray, indices: np.ndarray | None = None,
+    def crop_boxes(self, heights: np.ndarray, widths: np.ndarray, indices: np.ndarray | None = None,
              epoch: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Each image's box (float left, top, right, bottom) and whether it is mirrored."""
         if self.seed is None:
@@ -137,7 +137,7 @@ class ImageDecode:
             opened = images
             hw = (np.asarray(sizes, np.int64).reshape(n, 2) if sizes is not None
                   else np.array([im.shape[:2] for im in images], np.int64).reshape(n, 2))
-        boxes, flips = self.plan(hw[:, 0], hw[:, 1], indices, epoch)
+        boxes, flips = self.crop_boxes(hw[:, 0], hw[:, 1], indices, epoch)
         target = out.permute(0, 3, 1, 2)
         work = _resample_encoded if encoded else _resample_pixels
         draft = self.draft

@@ -7,7 +7,10 @@ so the command checks :func:`received` at safe points and at the end.
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import signal
+from collections.abc import Iterator
 from types import FrameType
 
 _received = False
@@ -33,3 +36,22 @@ def check() -> None:
     """Raise KeyboardInterrupt if a SIGINT arrived (one Python may have swallowed)."""
     if _received:
         raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def term_as_interrupt() -> Iterator[None]:
+    """SIGTERM raised as KeyboardInterrupt inside the block, so that `kill` cleans up as Ctrl-C
+    does (main thread of the main process only; elsewhere signals are left alone)."""
+    previous = None
+    if multiprocessing.current_process().name == "MainProcess":
+        with contextlib.suppress(ValueError):  # not the main thread
+            previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")

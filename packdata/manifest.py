@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import zlib
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -72,14 +72,6 @@ class Field:
             raise ArgumentError(f"field '{name}': expected shape {shape}, got {list(value.shape)}")
 
 
-def record_checksum(record: dict[str, np.ndarray], fields: dict[str, Field]) -> int:
-    """CRC-32 of a record's bytes, fields in manifest order."""
-    crc = 0
-    for name in fields:
-        crc = zlib.crc32(np.ascontiguousarray(record[name]).data, crc)
-    return crc
-
-
 @dataclass
 class Manifest:
     """Everything a reader needs to interpret a container, and what made it."""
@@ -136,3 +128,37 @@ class Manifest:
     @property
     def variable_fields(self) -> dict[str, Field]:
         return {k: f for k, f in self.fields.items() if f.variable}
+
+
+NUMERIC_KINDS = "biufc"  # bool, integers, floats, complex: never objects, strings or voids
+
+
+def check_manifest(manifest: Manifest, where: str | Path) -> None:
+    """Raise DatasetError unless ``manifest`` is self-consistent: numeric fixed-size dtypes,
+    non-negative integer shapes, and ``keys``/``checksums`` one per record. Readers call this
+    before sizing any view or allocation from the manifest."""
+    count = manifest.count
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise DatasetError(f"{where}: manifest count {count!r} is not a record count; "
+                           "the dataset is damaged")
+    if not manifest.fields:
+        raise DatasetError(f"{where}: the manifest lists no fields; the dataset is damaged")
+    for name, f in manifest.fields.items():
+        try:
+            dtype = np.dtype(f.dtype)
+        except (TypeError, ValueError):
+            dtype = None
+        if dtype is None or dtype.kind not in NUMERIC_KINDS or dtype.itemsize == 0 \
+                or dtype.hasobject or not isinstance(f.dtype, str):
+            raise DatasetError(f"{where}: field '{name}' has dtype {f.dtype!r}; packdata stores "
+                               "only numeric fields, the manifest is damaged")
+        sizes = f.shape[1:] if f.variable else f.shape
+        if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in sizes):
+            raise DatasetError(f"{where}: field '{name}' has shape {list(f.shape)}; the manifest "
+                               "is damaged")
+    if len(manifest.keys) != count:
+        raise DatasetError(f"{where}: the manifest lists {len(manifest.keys)} keys for {count} "
+                           "records; the dataset is damaged")
+    if manifest.checksums and len(manifest.checksums) != count:
+        raise DatasetError(f"{where}: the manifest lists {len(manifest.checksums)} checksums for "
+                           f"{count} records; the dataset is damaged")

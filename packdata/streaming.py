@@ -26,8 +26,9 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from packdata.dataset import PackedDataset, Transform
 from packdata.errors import ArgumentError, ResumeError
+from packdata.remote.storage import CACHE_LIMIT, Storage
 from packdata.sampling import SharedEpoch, ddp_rank_world, per_rank
-from packdata.storage import CACHE_LIMIT, Storage, is_url
+from packdata.urls import is_url
 
 Span = tuple[int, int]  # sample indices [start, stop)
 

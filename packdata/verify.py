@@ -1,20 +1,10 @@
-"""Checking a packed dataset against its manifest (and, optionally, against its source).
-
-Three levels, from cheapest:
-
-- structural checks that every Reader makes when it opens (:func:`check_manifest` and the
-  containers' own size/offset checks): the manifest is plain numeric fields, its count, keys and
-  checksums agree, and nothing points outside a file; always on, they cost no record reads;
-- ``packdata.open(path, verify="sample")`` (the default): also the CRC-32 of a few records spread
-  over the dataset, checked once at open;
-- ``verify="full"``: every record read is checked against its CRC-32 (:class:`ChecksummedReader`);
-- :func:`verify` (``packdata verify``): every record's shape and CRC-32, and with a source, every
-  record against a fresh conversion of its input.
+"""``packdata verify``: check every record of a dataset against its manifest, and optionally
+against a fresh conversion of its source. The checks a read makes on its own (at open, and with
+``verify="full"`` on every batch) are in :mod:`packdata.containers.integrity`.
 """
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,148 +12,17 @@ from typing import Any
 
 import numpy as np
 
-from packdata.containers.base import Batch, Reader, Select, apply_select
-from packdata.errors import ArgumentError, DatasetError, PackdataError
-from packdata.manifest import Manifest, record_checksum
-
-LEVELS = ("off", "sample", "full")
-SAMPLED_RECORDS = 8  # records checksummed at open with verify="sample"
-NUMERIC_KINDS = "biufc"  # bool, integers, floats, complex: never objects, strings or voids
-
-
-def check_manifest(manifest: Manifest, where: str | Path) -> None:
-    """Raise DatasetError unless ``manifest`` is self-consistent: numeric fixed-size dtypes,
-    non-negative integer shapes, and ``keys``/``checksums`` one per record. Readers call this
-    before sizing any view or allocation from the manifest."""
-    count = manifest.count
-    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-        raise DatasetError(f"{where}: manifest count {count!r} is not a record count; "
-                           "the dataset is damaged")
-    if not manifest.fields:
-        raise DatasetError(f"{where}: the manifest lists no fields; the dataset is damaged")
-    for name, f in manifest.fields.items():
-        try:
-            dtype = np.dtype(f.dtype)
-        except (TypeError, ValueError):
-            dtype = None
-        if dtype is None or dtype.kind not in NUMERIC_KINDS or dtype.itemsize == 0 \
-                or dtype.hasobject or not isinstance(f.dtype, str):
-            raise DatasetError(f"{where}: field '{name}' has dtype {f.dtype!r}; packdata stores "
-                               "only numeric fields, the manifest is damaged")
-        sizes = f.shape[1:] if f.variable else f.shape
-        if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in sizes):
-            raise DatasetError(f"{where}: field '{name}' has shape {list(f.shape)}; the manifest "
-                               "is damaged")
-    if len(manifest.keys) != count:
-        raise DatasetError(f"{where}: the manifest lists {len(manifest.keys)} keys for {count} "
-                           "records; the dataset is damaged")
-    if manifest.checksums and len(manifest.checksums) != count:
-        raise DatasetError(f"{where}: the manifest lists {len(manifest.checksums)} checksums for "
-                           f"{count} records; the dataset is damaged")
+from packdata.checksum import record_checksum
+from packdata.containers.base import Batch, Reader
+from packdata.containers.integrity import read_checked
+from packdata.errors import PackdataError
+from packdata.manifest import Manifest
 
 
 def record_at(batch: Batch, j: int, manifest: Manifest) -> dict[str, np.ndarray]:
     """Record ``j`` of a batch as ``{field: array}``."""
     return {name: np.asarray(batch[name][j]) for name in manifest.fields}
 
-
-def batch_checksums(batch: Batch, manifest: Manifest, n: int) -> list[int]:
-    """Each record's CRC-32 as :func:`packdata.manifest.record_checksum` computes it, over a
-    whole batch: fixed fields as one (records, bytes) table each, so the loop over records
-    makes one zlib call per field and nothing else."""
-    parts = []
-    for name, f in manifest.fields.items():
-        value = batch[name]
-        if f.variable:
-            parts.append([np.ascontiguousarray(v) for v in value])
-        else:
-            parts.append(np.ascontiguousarray(value).reshape(n, -1).view(np.uint8))
-    crcs = []
-    for j in range(n):
-        crc = 0
-        for part in parts:
-            crc = zlib.crc32(part[j], crc)
-        crcs.append(crc)
-    return crcs
-
-
-def bad_checksums(reader: Reader, idx: np.ndarray, batch: Batch) -> list[int]:
-    """The indices among ``idx`` whose record in ``batch`` does not match its CRC-32."""
-    m = reader.manifest
-    if not m.checksums:
-        return []
-    expected = m.checksums
-    return [i for i, crc in zip(idx.tolist(), batch_checksums(batch, m, len(idx)))
-            if crc != expected[i]]
-
-
-def check_sample(reader: Reader, where: str | Path, records: int = SAMPLED_RECORDS) -> None:
-    """The CRC-32 of ``records`` records spread over the dataset (first and last included)."""
-    n = reader.manifest.count
-    if not n or not reader.manifest.checksums:
-        return
-    idx = np.unique(np.linspace(0, n - 1, min(records, n)).astype(np.int64))
-    batch = _read_checked(reader, idx, where)
-    bad = bad_checksums(reader, idx, batch)
-    if bad:
-        raise DatasetError(f"{where}: record {bad[0]} ('{reader.manifest.keys[bad[0]]}') does not "
-                           "match its checksum; the dataset is damaged (run `packdata verify`)")
-
-
-def _read_checked(reader: Reader, idx: np.ndarray, where: str | Path,
-                  select: Select | None = None) -> Batch:
-    """``reader.read``, with any failure that is not packdata's turned into a DatasetError
-    naming the dataset (a damaged file makes numpy or a backend raise its own errors)."""
-    try:
-        return reader.read(idx, select)
-    except (PackdataError, IndexError):
-        raise
-    except Exception as exc:
-        raise DatasetError(f"{where}: records cannot be read ({type(exc).__name__}: {exc}); "
-                           "the dataset is damaged") from None
-
-
-class ChecksummedReader(Reader):
-    """A Reader whose every batch is checked against the manifest's CRC-32s (``verify="full"``).
-
-    A wrapper, so the plain readers' hot paths stay as they are. A ``select`` read fetches whole
-    records (the checksum covers all of a record), then selects."""
-
-    def __init__(self, inner: Reader, where: str | Path) -> None:
-        self.inner = inner
-        self.where = where
-        self.manifest = inner.manifest
-
-    @staticmethod
-    def detect(path: Path) -> bool:  # never used to find a container
-        return False
-
-    def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
-        idx = self.inner.check_indices(indices)
-        batch = _read_checked(self.inner, idx, self.where)
-        bad = bad_checksums(self.inner, idx, batch)
-        if bad:
-            raise DatasetError(f"{self.where}: record {bad[0]} ('{self.manifest.keys[bad[0]]}') "
-                               "does not match its checksum; the dataset is damaged")
-        return apply_select(batch, select)
-
-    def lengths(self, name: str) -> np.ndarray:
-        return self.inner.lengths(name)
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-def at_open(reader: Reader, where: str | Path, level: str) -> Reader:
-    """The reader to use for ``level``: checked now (``"sample"``) or wrapped (``"full"``)."""
-    if level not in LEVELS:
-        raise ArgumentError(f"verify={level!r}: expected one of {', '.join(LEVELS)}")
-    if level == "sample":
-        check_sample(reader, where)
-    return ChecksummedReader(reader, where) if level == "full" else reader
-
-
-# -- packdata verify -------------------------------------------------------------------------
 
 @dataclass
 class VerifyReport:
@@ -232,7 +91,7 @@ def _records(reader: Reader, idx: np.ndarray, path: str | Path):
     """``(index, record, error)`` for each of ``idx``: a failed batch is retried record by
     record, so one damaged record does not hide the others."""
     try:
-        batch = _read_checked(reader, idx, path)
+        batch = read_checked(reader, idx, path)
     except (PackdataError, IndexError):
         if len(idx) == 1:
             raise
@@ -268,7 +127,7 @@ def _record_problem(record: dict[str, np.ndarray], m: Manifest, i: int, deep: bo
 
 def _read_alone(reader: Reader, i: int, path: str | Path) -> dict[str, np.ndarray] | None:
     try:
-        return record_at(_read_checked(reader, np.array([i]), path), 0, reader.manifest)
+        return record_at(read_checked(reader, np.array([i]), path), 0, reader.manifest)
     except (PackdataError, IndexError):
         return None
 

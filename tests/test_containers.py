@@ -160,14 +160,14 @@ def test_truncated_tar_shard_is_a_named_error(tmp_path, packed):
 def test_tar_manifest_is_read_through_manifest_everywhere(tmp_path, packed):
     """Shard listing and the DALI index read the manifest as the reader does: a version this
     packdata does not read is refused, not parsed by hand."""
-    from packdata.dali import write_dali_index
+    from packdata.containers.tar.reindex import write_reader_indexes
 
     copy = shutil.copytree(packed["tar"], tmp_path / "t")
     assert [p.name for p in shard_paths(copy)] == [p.name for p in shard_paths(packed["tar"])]
     manifest = json.loads((copy / "manifest.json").read_text())
     manifest["packdata"]["version"] = 99
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    for read in (shard_paths, lambda p: write_dali_index(p, tmp_path / "idx")):
+    for read in (shard_paths, lambda p: write_reader_indexes(p, tmp_path / "idx")):
         with pytest.raises(packdata.DatasetError, match="manifest version 99"):
             read(copy)
 

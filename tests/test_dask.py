@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import packdata
-from packdata import engines
+from packdata.conversion import engines
 from packdata.errors import PackdataError
 
 distributed = pytest.importorskip("distributed")

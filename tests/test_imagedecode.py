@@ -73,7 +73,7 @@ def test_fused_decode_equals_decode_crop_resize(stage):
     encoded = crops()
     decoded = [full_decode(b) for b in encoded]
     indices = np.arange(len(encoded))
-    boxes, flips = stage.plan(*sizes_of(decoded), indices, epoch=2)
+    boxes, flips = stage.crop_boxes(*sizes_of(decoded), indices, epoch=2)
     expected = reference(decoded, boxes, flips, stage.size)
     # raw pixels of any size, as rows plus sizes: only the box is touched, result identical
     rows = [np.asarray(im).reshape(-1, 3) for im in decoded]
@@ -96,7 +96,7 @@ def test_draft_scaled_jpeg_decode_stays_close_to_the_full_decode():
     encoded = crops(count=8, seed=1)
     decoded = [full_decode(b) for b in encoded]
     stage = packdata.Resize(24)  # every crop is >= 60 px: reduced at least 2x
-    boxes, flips = stage.plan(*sizes_of(decoded))
+    boxes, flips = stage.crop_boxes(*sizes_of(decoded))
     expected = reference(decoded, boxes, flips, stage.size).int()
     got = stage(as_arrays(encoded), encoded=True).int()
     diff = (got - expected).abs().float()
@@ -195,7 +195,7 @@ def test_no_fitting_box_in_ten_tries_falls_back_to_the_centre(height, width, sca
 
 def test_center_crop_is_torchvisions_resize_then_center_crop():
     stage = packdata.CenterCrop(224, resize=256)
-    boxes, flips = stage.plan(np.array([375]), np.array([500]))
+    boxes, flips = stage.crop_boxes(np.array([375]), np.array([500]))
     # Resize(256): 375x500 -> 256x341 (long side truncated); CenterCrop(224): top 16, left 58
     sx, sy = 500 / 341, 375 / 256  # the same region of the original, to whole pixels
     assert np.array_equal(boxes[0], np.round([58 * sx, 16 * sy, 282 * sx, 240 * sy]))
@@ -227,7 +227,7 @@ def test_flip_threads_seed_and_epoch():
 def test_grey_png_and_empty_batches():
     encoded = crops(count=3, seed=6, fmt="PNG")
     grey = packdata.CenterCrop(20)(as_arrays(encoded), encoded=True, mode="L")
-    boxes, _ = packdata.CenterCrop(20).plan(*sizes_of([full_decode(b) for b in encoded]))
+    boxes, _ = packdata.CenterCrop(20).crop_boxes(*sizes_of([full_decode(b) for b in encoded]))
     expected = reference([full_decode(b, "L") for b in encoded], boxes, np.zeros(3, bool), (20, 20))
     assert grey.shape == (3, 1, 20, 20) and torch.equal(grey, expected)
     empty = packdata.RandomResizedCrop(16)([], encoded=True)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import packdata
+from packdata.conversion.parts import RECIPE, work_dir
 from packdata.errors import PackdataError
-from packdata.partitioned import PLAN, work_dir
 
 
 def _records(path: Path) -> tuple[list, list]:
@@ -45,7 +45,7 @@ def test_resume_after_kill_keeps_finished_parts(tmp_path, png_folder, packed):
     run = subprocess.run([sys.executable, "-c", KILL, str(png_folder), str(dst)], timeout=120)
     assert run.returncode == 9
     work = work_dir(dst)
-    assert not dst.exists() and (work / PLAN).is_file()  # nothing that looks like a dataset
+    assert not dst.exists() and (work / RECIPE).is_file()  # nothing that looks like a dataset
     finished = sorted(p.name for p in work.glob("part-*.lmdb"))
     assert finished == [f"part-{n:06d}.lmdb" for n in range(3)]
     stamps = {p: (work / p / "data.mdb").stat().st_mtime_ns for p in finished}
@@ -59,7 +59,7 @@ def test_resume_after_kill_keeps_finished_parts(tmp_path, png_folder, packed):
     done = packdata.convert(packdata.open_source(png_folder), dst, resume=True, workers=1)
     assert _records(done.path) == _records(packed["lmdb"])
     assert {p: (dst / p / "data.mdb").stat().st_mtime_ns for p in finished} == stamps  # kept
-    assert not work.exists() and not (dst / PLAN).exists()
+    assert not work.exists() and not (dst / RECIPE).exists()
     assert json.loads((dst / "manifest.json").read_text())["packdata"]["options"]["part_size"] == 20
 
 
@@ -81,7 +81,7 @@ def test_cli_resume_option(tmp_path, png_folder):
 
 
 def test_killed_while_joining_tar_parts_resumes(tmp_path, png_folder, packed, monkeypatch):
-    import packdata.partitioned as partitioned
+    import packdata.conversion.parts as partitioned
 
     source = packdata.open_source(png_folder)
 
@@ -101,14 +101,14 @@ def test_killed_while_joining_tar_parts_resumes(tmp_path, png_folder, packed, mo
 
 def test_parts_written_where_this_machine_cannot_see_them_are_an_error(tmp_path, png_folder,
                                                                        monkeypatch):
-    import packdata.partitioned as partitioned
+    import packdata.conversion.parts as partitioned
 
     real = partitioned.convert_part
 
-    def elsewhere(task):  # a worker on another machine writing to its own disk
-        task.path = tmp_path / "worker-disk" / task.path.name
-        task.path.parent.mkdir(exist_ok=True)
-        return real(task)
+    def elsewhere(part):  # a worker on another machine writing to its own disk
+        part.dst = tmp_path / "worker-disk" / part.dst.name
+        part.dst.parent.mkdir(exist_ok=True)
+        return real(part)
 
     monkeypatch.setattr(partitioned, "convert_part", elsewhere)
     with pytest.raises(PackdataError, match="part-000000.h5: a task reported this part written, "
@@ -119,7 +119,7 @@ def test_parts_written_where_this_machine_cannot_see_them_are_an_error(tmp_path,
 
 
 def test_joined_tar_parts_carry_the_reader_indexes_of_one_process(tmp_path, png_folder):
-    from packdata.reader_index import WIDS_INDEX
+    from packdata.containers.tar.indexes import WIDS_INDEX
 
     source = packdata.open_source(png_folder)
     one = packdata.convert(source, tmp_path / "one", container_options={"shard_size": "40"}).path

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import packdata
-from packdata.reader_index import WIDS_INDEX, dali_index_paths, write_reader_indexes
+from packdata.containers.tar.indexes import WIDS_INDEX, dali_index_paths
+from packdata.containers.tar.reindex import write_reader_indexes
 
 
 def test_conversion_writes_an_idx_per_shard_and_the_wids_json(packed):

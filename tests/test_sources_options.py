@@ -8,7 +8,7 @@ import pytest
 import packdata
 from packdata import sources
 from packdata.errors import OptionError
-from packdata.sources.options import Option, resolve
+from packdata.options import Option, resolve
 
 TABLE = (Option("points", int, 4096, "N."), Option("sampling", str, "fps", "How.", ("fps", "random")),
          Option("voxel", float, None, "Edge."), Option("split", bool, False, "Cut."))

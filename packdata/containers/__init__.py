@@ -1,7 +1,10 @@
 """Containers: the on-disk formats. One module each; this table is the only place that lists them.
 
-A container module defines ``NAME``, ``SUFFIXES``, a ``Writer`` and a ``Reader``
-(see :mod:`packdata.containers.base`). Modules are imported only when used, so a missing backend
+A container module declares ``NAME``, ``SUFFIXES`` (recognised in a destination), ``NEW_SUFFIX``
+(what a new dataset's name ends in: ``""`` for a folder of shards), ``WRITER`` and ``READER`` (see
+:mod:`packdata.containers.base`), ``detect(path)`` (whether a complete dataset of it is there)
+and ``destination(dst, options)`` (the path really written and the writer options it implies,
+e.g. tar's ``out/cifar-%04d.tar``). Modules are imported only when used, so a missing backend
 costs nothing until it is asked for.
 """
 
@@ -57,7 +60,7 @@ def for_existing(path: str | Path) -> ModuleType:
         raise DatasetError(f"{p}: no such file or directory")
     for key in (*CONTAINERS, *COMPOSITE):
         module = get(key)
-        if module.READER.detect(p):
+        if module.detect(p):
             return module
     found = "a directory holding " + ", ".join(sorted(x.name for x in p.iterdir())[:5]) \
         if p.is_dir() else f"a file of {p.stat().st_size} bytes"

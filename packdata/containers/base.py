@@ -6,7 +6,7 @@ from __future__ import annotations
 import mmap
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -14,30 +14,40 @@ import numpy as np
 
 from packdata.errors import ArgumentError, DatasetError
 from packdata.manifest import Field, Manifest
+from packdata.options import Option
 
 Batch = dict[str, "np.ndarray | list[np.ndarray]"]
 #: per fixed field, the one entry of its first axis to read for each requested record
 Select = dict[str, np.ndarray]
 
 
-class Writer(ABC):
-    """Appends records into a fresh path; :func:`packdata.convert` renames it into place."""
+#: what a writer announces when a shard is complete: its files (e.g. a tar file and its index)
+ShardClosed = Callable[[list[Path]], None]
 
-    #: container-specific options this writer accepts (name -> default)
-    OPTIONS: ClassVar[dict[str, Any]] = {}
+
+class Writer(ABC):
+    """Appends records into a fresh path; :mod:`packdata.conversion` renames it into place."""
+
+    #: container-specific options this writer accepts (``packdata convert`` has a flag for each)
+    OPTIONS: ClassVar[tuple[Option, ...]] = ()
+    #: whether it writes the dataset as shards it closes one after another, announcing each to
+    #: ``on_shard_closed`` (so that an uploader can send it while the next is written)
+    ANNOUNCES_SHARDS: ClassVar[bool] = False
 
     def __init__(
-        self, path: Path, fields: dict[str, Field], options: dict[str, Any]
+        self, path: Path, fields: dict[str, Field], options: dict[str, Any],
+        on_shard_closed: ShardClosed | None = None,
     ) -> None:
-        unknown = set(options) - set(self.OPTIONS)
+        unknown = set(options) - {o.name for o in self.OPTIONS}
         if unknown:
-            accepted = ", ".join(self.OPTIONS) or "none"
+            accepted = ", ".join(o.name for o in self.OPTIONS) or "none"
             raise ArgumentError(
                 f"options {sorted(unknown)} do not apply to this container (accepted: {accepted})"
             )
         self.path = path
         self.fields = fields
-        self.options = {**self.OPTIONS, **options}
+        self.options = {**{o.name: o.default for o in self.OPTIONS}, **options}
+        self.on_shard_closed = on_shard_closed
         self.count = 0
 
     @abstractmethod
@@ -56,11 +66,6 @@ class Reader(ABC):
     """Batched random access to a container. Open one per process (handles do not survive fork)."""
 
     manifest: Manifest
-
-    @staticmethod
-    @abstractmethod
-    def detect(path: Path) -> bool:
-        """Whether ``path`` looks like a complete dataset of this container."""
 
     @abstractmethod
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
@@ -116,6 +121,11 @@ def map_file(path: Path) -> np.ndarray:
             return np.empty(0, dtype=np.uint8)
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     return np.frombuffer(mapped, dtype=np.uint8)
+
+
+def same_destination(dst: Path, options: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+    """A container's ``destination`` where the output is exactly the path given."""
+    return dst, options
 
 
 def disk_size(path: Path) -> int:

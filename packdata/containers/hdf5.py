@@ -19,13 +19,13 @@ from typing import Any
 import h5py
 import numpy as np
 
-from packdata.containers.base import Batch, Reader, Select, Writer, map_file
+from packdata.containers.base import Batch, Reader, Select, ShardClosed, Writer, map_file, same_destination
 from packdata.containers.spool import Spool
 from packdata.errors import DatasetError, PackdataError
-from packdata.manifest import Field, Manifest
-from packdata.verify import check_manifest
+from packdata.manifest import Field, Manifest, check_manifest
 
 NAME = "hdf5"
+NEW_SUFFIX = ".h5"
 SUFFIXES = (".h5", ".hdf5")
 MANIFEST = "manifest"
 
@@ -36,9 +36,10 @@ def _offsets_name(name: str) -> str:
 
 class HDF5Writer(Writer):
     def __init__(
-        self, path: Path, fields: dict[str, Field], options: dict[str, Any]
+        self, path: Path, fields: dict[str, Field], options: dict[str, Any],
+        on_shard_closed: ShardClosed | None = None,
     ) -> None:
-        super().__init__(path, fields, options)
+        super().__init__(path, fields, options, on_shard_closed)
         self.spools = {
             name: Spool(path.with_name(f"{path.name}.{name}.spool"), field)
             for name, field in fields.items()
@@ -157,6 +158,8 @@ class HDF5Reader(Reader):
 
 WRITER = HDF5Writer
 READER = HDF5Reader
+detect = HDF5Reader.detect
+destination = same_destination
 
 
 def _check_field(ds: h5py.Dataset, path: Path, name: str, field: Field) -> None:

@@ -19,12 +19,21 @@ from typing import Any
 import lmdb
 import numpy as np
 
-from packdata.containers.base import Batch, Reader, Select, Writer, apply_select, map_file
+from packdata.containers.base import (
+    Batch,
+    Reader,
+    Select,
+    ShardClosed,
+    Writer,
+    apply_select,
+    map_file,
+    same_destination,
+)
 from packdata.errors import DatasetError
-from packdata.manifest import Field, Manifest
-from packdata.verify import check_manifest
+from packdata.manifest import Field, Manifest, check_manifest
 
 NAME = "lmdb"
+NEW_SUFFIX = ".lmdb"
 SUFFIXES = (".lmdb",)
 MANIFEST_KEY = b"__manifest__"
 MAP_SIZE = 1 << 40  # address space only; the file grows with the data
@@ -41,9 +50,10 @@ def lengths_key(name: str) -> bytes:
 
 class LMDBWriter(Writer):
     def __init__(
-        self, path: Path, fields: dict[str, Field], options: dict[str, Any]
+        self, path: Path, fields: dict[str, Field], options: dict[str, Any],
+        on_shard_closed: ShardClosed | None = None,
     ) -> None:
-        super().__init__(path, fields, options)
+        super().__init__(path, fields, options, on_shard_closed)
         self.env = lmdb.open(str(path), map_size=MAP_SIZE, subdir=True, sync=False)
         self.txn = self.env.begin(write=True)
         self.pending = 0
@@ -368,6 +378,8 @@ def _mapping_of(address: int, inode: int) -> tuple[int, int] | None:
 
 WRITER = LMDBWriter
 READER = LMDBReader
+detect = LMDBReader.detect
+destination = same_destination
 
 
 def _lengths(txn: lmdb.Transaction, where: Path, name: str, count: int) -> np.ndarray:

@@ -27,13 +27,11 @@ from packdata.manifest import Manifest
 NAME = "sharded"
 SUFFIXES: tuple[str, ...] = ()  # never chosen by suffix: a conversion into parts asks for it
 MANIFEST = "manifest.json"
-WRITER = None  # parts are written by their own container's writer (packdata.partitioned)
 
 
 def part_name(container: str, number: int) -> str:
     """The file or directory name of part ``number`` of a dataset whose parts are ``container``."""
-    suffix = {"lmdb": ".lmdb", "hdf5": ".h5", "tar": ""}[container]
-    return f"part-{number:06d}{suffix}"
+    return f"part-{number:06d}{containers.get(container).NEW_SUFFIX}"
 
 
 class ShardedReader(Reader):
@@ -58,6 +56,7 @@ class ShardedReader(Reader):
 
     @staticmethod
     def detect(path: Path) -> bool:
+        """Whether ``path`` is a complete sharded dataset (its manifest written last)."""
         if not (path.is_dir() and (path / MANIFEST).is_file()):
             return False
         try:
@@ -120,3 +119,4 @@ class ShardedReader(Reader):
 
 
 READER = ShardedReader
+detect = ShardedReader.detect

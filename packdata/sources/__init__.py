@@ -1,7 +1,7 @@
 """Sources: one module per input kind. This table is the only place that lists them.
 
 A kind module defines ``KIND``, ``SUFFIXES`` (input files it recognises), ``OPTIONS`` (its
-conversion options, :class:`packdata.sources.options.Option`), ``SOURCE`` (a
+conversion options, :class:`packdata.options.Option`), ``SOURCE`` (a
 :class:`packdata.sources.base.Source` subclass taking ``root, **options``) and
 ``to_torch(batch, manifest, *, indices, epoch)``, which turns a batch read from any container
 into the tensors its Dataset returns (``indices`` and ``epoch`` let a kind vary what it serves,
@@ -16,9 +16,9 @@ from types import ModuleType
 from typing import Any
 
 from packdata.errors import PackdataError
-from packdata.remote_files import RemotePath
+from packdata.remote.files import RemotePath
 from packdata.sources.base import Source
-from packdata.storage import is_url
+from packdata.urls import is_url
 
 KINDS: dict[str, str] = {
     "image": "packdata.sources.images",
@@ -66,7 +66,7 @@ def open_source(root: str | Path, kind: str | None = None, **options: Any) -> So
     ``options`` are the kind's (its module's ``OPTIONS``); another is an OptionError.
 
     A URL ``root`` (``s3://bucket/raw``) is listed and read in place through fsspec, in every
-    worker (see :class:`packdata.remote_files.RemotePath`), reached with ``storage_options``."""
+    worker (see :class:`packdata.remote.files.RemotePath`), reached with ``storage_options``."""
     storage_options = options.pop("storage_options", None)
     options.pop("cache_dir", None)  # sources read URLs in place: nothing is cached
     root = RemotePath.of(str(root), storage_options or {}) if is_url(root) else Path(root)

@@ -18,7 +18,7 @@ import numpy as np
 
 from packdata.errors import InputWarning, PackdataError, SampleError
 from packdata.manifest import Field
-from packdata.remote_files import fetch_all
+from packdata.remote.files import fetch_all
 
 BLOCK = 256  # items per worker task, unless a source groups them otherwise
 SHOWN = 5  # names listed when reporting what was left out
@@ -100,11 +100,6 @@ class Source(ABC):
         workers, whose state is lost): a place to count facts for the manifest."""
 
 
-def relative_key(path: Path, root: Path) -> str:
-    """A sample's key: its path under ``root`` without the suffix, with forward slashes."""
-    return path.relative_to(root).with_suffix("").as_posix()
-
-
 #: what a failure while loading one input never is: the user's or the interpreter's own stop.
 #: Anything else a decoder raises is that input's failure, BaseException subclasses included
 #: (lazrs panics as pyo3's PanicException, which derives from BaseException).
@@ -139,7 +134,7 @@ def list_files(root: Path, suffixes: tuple[str, ...], others: list[str] | None =
     if root.is_file():
         return [root.name]
     found, rest = [], []
-    if hasattr(root, "files"):  # a folder at a URL (packdata.remote_files.RemotePath): one listing
+    if hasattr(root, "files"):  # a folder at a URL (packdata.remote.files.RemotePath): one listing
         listed = root.files()
     else:
         listed = []

@@ -27,9 +27,9 @@ from PIL import Image, UnidentifiedImageError
 from packdata.errors import DatasetError, PackdataError, SampleError
 from packdata.imagedecode import ImageDecode
 from packdata.manifest import Field, Manifest
+from packdata.options import Option, resolve
 from packdata.sources import labels as labelling
 from packdata.sources.base import Item, Source
-from packdata.sources.options import Option, resolve
 
 KIND = "image"
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")

@@ -9,7 +9,7 @@ import pickle
 from pathlib import Path
 
 from packdata.errors import PackdataError
-from packdata.sources.options import Option
+from packdata.options import Option
 
 LABEL_FILES = ("labels.json", "labels.csv", "labels.pkl")
 MISSING = -1  # a file with no entry in the labels file; the source's load() reports it

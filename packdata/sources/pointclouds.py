@@ -33,6 +33,7 @@ from packdata.errors import (
     require,
 )
 from packdata.manifest import Field, Manifest
+from packdata.options import Option, resolve
 from packdata.prep.pointsample import (
     DTYPES,
     FEWER,
@@ -46,7 +47,6 @@ from packdata.prep.pointsample import (
 from packdata.sources import labels as labelling
 from packdata.sources import pointfiles
 from packdata.sources.base import Item, Source, shown
-from packdata.sources.options import Option, resolve
 
 KIND = "pointcloud"
 SUFFIXES = pointfiles.SUFFIXES

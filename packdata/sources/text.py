@@ -28,10 +28,10 @@ import torch
 
 from packdata.errors import PackdataError, SampleError, SkippedSample, TokenizerError
 from packdata.manifest import Field, Manifest
+from packdata.options import Option, resolve
 from packdata.prep.tokenizers import load_tokenizer, token_dtype
-from packdata.remote_files import fetch_all
+from packdata.remote.files import fetch_all
 from packdata.sources.base import Item, Loaded, Source
-from packdata.sources.options import Option, resolve
 
 KIND = "text"
 SUFFIXES = (".txt", ".jsonl")

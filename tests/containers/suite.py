@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 
 from packdata import containers
+from packdata.checksum import record_checksum
+from packdata.containers.integrity import at_open
 from packdata.errors import DatasetError
-from packdata.manifest import Field, Manifest, record_checksum
-from packdata.verify import at_open, verify
+from packdata.manifest import Field, Manifest
+from packdata.verify import verify
 
 Record = dict[str, np.ndarray]
 

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from packdata.storage import Storage, errors
+from packdata.remote.storage import Storage, errors
 
 #: storage options by protocol, for the RemotePaths of this process (filled where a URL source
 #: is opened, and by unpickling a RemotePath in a worker)

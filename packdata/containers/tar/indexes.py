@@ -7,8 +7,8 @@
 - ``wids-index.json``: the shard list ``wids.ShardListDataset`` opens (``__kind__``
   ``wids-shard-index-v1``; shard URLs relative to the JSON file).
 
-:class:`~packdata.containers.tar.TarWriter` writes both during conversion;
-:func:`write_reader_indexes` (``packdata index DATASET``) writes them for a dataset made before.
+The tar writer writes both during conversion; :mod:`.reindex` writes them for a dataset made
+before (``packdata index DATASET``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from packdata.containers.tar.layout import MANIFEST, shard_paths
 
 IDX_VERSION = "v1.2"
 WIDS_INDEX = "wids-index.json"
@@ -64,49 +66,7 @@ def write_wids_index(dataset: str | Path, shards: list[dict[str, Any]]) -> Path:
 def dali_index_paths(dataset: str | Path) -> list[str] | None:
     """The DALI index of every shard of ``dataset``, or None if any is missing (or ``dataset``
     is no tar dataset)."""
-    from packdata.containers.tar import MANIFEST, shard_paths
-
     if not (Path(dataset) / MANIFEST).is_file():
         return None
     paths = [idx_path(dataset, p.name) for p in shard_paths(Path(dataset))]
     return [str(p) for p in paths] if all(p.is_file() for p in paths) else None
-
-
-def write_reader_indexes(dataset: str | Path) -> list[Path]:
-    """Write the DALI ``.idx`` files and the wids JSON of a tar dataset made by an older packdata
-    (from its ``index.npz``: no shard is scanned). Returns the files written."""
-    from packdata.containers.tar import TarReader, member_suffix
-
-    dataset = Path(dataset)
-    reader = TarReader(dataset)  # checks manifest and index (a DatasetError names the problem)
-    try:
-        manifest, index = reader.manifest, reader.index
-        shards = manifest.extra["shards"]
-        keys = [k.replace(".", "_") for k in manifest.keys]
-        columns = []
-        for name, field in manifest.fields.items():
-            if field.codec == "image":  # png or jpg, per record: sniff the first bytes
-                suffixes = [member_suffix(name, field, _head(reader, index, name, i))
-                            for i in range(len(keys))]
-            else:
-                suffixes = [member_suffix(name, field, np.zeros(0, field.np_dtype))] * len(keys)
-            columns.append((suffixes, index[f"{name}.offset"].tolist(),
-                            index[f"{name}.nbytes"].tolist()))
-        shard_of = index[f"{next(iter(manifest.fields))}.shard"]
-    finally:
-        reader.close()
-    written = []
-    for s, shard in enumerate(shards):
-        rows = np.nonzero(shard_of == s)[0]
-        lo, hi = (int(rows[0]), int(rows[-1]) + 1) if len(rows) else (0, 0)
-        target = idx_path(dataset, shard["name"])
-        write_idx(target, keys[lo:hi], [(x[lo:hi], o[lo:hi], n[lo:hi]) for x, o, n in columns])
-        written.append(target)
-    written.append(write_wids_index(dataset, shards))
-    return written
-
-
-def _head(reader: Any, index: dict[str, np.ndarray], name: str, i: int) -> np.ndarray:
-    """The first bytes of record ``i``'s member of field ``name``."""
-    offset = int(index[f"{name}.offset"][i])
-    return reader._map(int(index[f"{name}.shard"][i]))[offset : offset + 4]

@@ -1,129 +1,36 @@
-"""Object storage through fsspec (S3 with s3fs; GCS, Azure and others the same way).
+"""A tar dataset at a URL, read through a bounded local cache of whole shards, or by ranged GETs.
 
-Reading: a tar dataset at a URL is read through :class:`RemoteTarReader`, which keeps the
-manifest and record index in a local cache directory and fetches whole shards into it on first
-use, a few shards ahead of the reader (prefetch, in threads), evicting the least recently used
-shards past ``cache_limit``. Every fetched shard is checked against the record checksums of the
-manifest before any of its records is served. With ``access="ranges"`` a batch's records are
-fetched instead by concurrent ranged GETs of their members (``cat_ranges``), each record checked
-against its checksum: map-style access to a few records without whole shards. Writing is in
-:mod:`packdata.upload`, input files at a URL in :mod:`packdata.remote_files`.
-
-Credentials come from where the storage library looks (environment, profile files, instance
-metadata) or from ``storage_options``; packdata keeps none of its own.
+:class:`RemoteTarReader` keeps the manifest and record index in a local cache directory and
+fetches whole shards into it on first use, a few shards ahead of the reader (prefetch, in
+threads), evicting the least recently used shards past ``cache_limit``. Every fetched shard is
+checked against the record checksums of the manifest before any of its records is served. With
+``access="ranges"`` a batch's records are fetched instead by concurrent ranged GETs of their
+members (``cat_ranges``), each record checked against its checksum: map-style access to a few
+records without whole shards.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
-import tempfile
-import uuid
-import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from packdata import atomic
+from packdata.checksum import chunks_checksum
 from packdata.containers import tar
 from packdata.containers.base import Batch, Select
-from packdata.errors import ArgumentError, DatasetError, PackdataError, require
-
-#: default bound on the bytes of cached shards in one cache directory
-CACHE_LIMIT = 10 << 30
-#: botocore settings so that an unreachable endpoint fails in seconds, not minutes
-S3_DEFAULTS = {"config_kwargs": {"connect_timeout": 5, "read_timeout": 60,
-                                 "retries": {"max_attempts": 2}}}
-ACCESS = ("shards", "ranges")
-CREDENTIAL_PLACES = (
-    "storage_options (key=, secret= or profile=), the environment (AWS_ACCESS_KEY_ID and "
-    "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE), the shared files ~/.aws/credentials and "
-    "~/.aws/config (or AWS_SHARED_CREDENTIALS_FILE / AWS_CONFIG_FILE), and the instance or "
-    "container metadata service"
-)
-
-
-def is_url(path: Any) -> bool:
-    """Whether ``path`` names object storage (``s3://…``, ``gs://…``, ``file://…``)."""
-    return isinstance(path, str) and "://" in path
-
-
-def parse_bytes(value: int | str) -> int:
-    """``10_000_000`` or ``"10GB"``/``"512MB"``/``"64KB"`` as a byte count."""
-    text = str(value).strip().upper()
-    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10), ("B", 1)):
-        if text.endswith(unit):
-            return int(float(text[: -len(unit)]) * scale)
-    return int(text)
-
-
-@dataclass
-class Storage:
-    """How to reach object storage and where to cache what is read from it."""
-
-    storage_options: dict[str, Any] = field(default_factory=dict)
-    cache_dir: str | Path | None = None
-    cache_limit: int | str = CACHE_LIMIT
-    prefetch: int = 2  # shards fetched ahead of the one being read
-    #: "shards": whole shards fetched into the cache (streaming, epochs over the dataset);
-    #: "ranges": each batch's records fetched by ranged GETs of their members (map-style access
-    #: to a few records of a large dataset, nothing cached but the index)
-    access: str = "shards"
-
-    def __post_init__(self) -> None:
-        if self.access not in ACCESS:
-            raise ArgumentError(f"access '{self.access}': expected one of {', '.join(ACCESS)}")
-
-    def filesystem(self, url: str) -> tuple[Any, str]:
-        """The fsspec filesystem for ``url`` and the path within it."""
-        fsspec = require("fsspec", "cloud", f"reading or writing {url}")
-        protocol = url.split("://", 1)[0]
-        options = dict(self.storage_options or {})
-        if protocol in ("s3", "s3a"):
-            require("s3fs", "cloud", f"reading or writing {url}")
-            options = {**S3_DEFAULTS, **options}
-        with errors(url):
-            fs, path = fsspec.core.url_to_fs(url, **options)
-        return fs, path.rstrip("/")
-
-    def local_dir(self, url: str) -> Path:
-        """This URL's cache directory."""
-        base = Path(self.cache_dir) if self.cache_dir else Path(tempfile.gettempdir()) / "packdata"
-        return base / hashlib.sha1(url.rstrip("/").encode()).hexdigest()[:16]
-
-
-@contextlib.contextmanager
-def errors(url: str):
-    """Storage-library failures as packdata errors that say what to do."""
-    try:
-        yield
-    except PackdataError:
-        raise
-    except Exception as exc:
-        names = {c.__name__ for c in type(exc).__mro__}
-        text = str(exc)
-        if "NoSuchBucket" in text or "bucket does not exist" in text.lower():
-            raise DatasetError(f"{url}: no such bucket") from None
-        if isinstance(exc, FileNotFoundError):
-            raise DatasetError(f"{url}: not found ({exc})") from None
-        if "NoCredentialsError" in names or "Unable to locate credentials" in text:
-            raise PackdataError(f"{url}: no credentials found; looked in {CREDENTIAL_PLACES}") \
-                from None
-        if isinstance(exc, PermissionError):
-            raise PackdataError(f"{url}: access denied ({text}); check the credentials found in "
-                                f"{CREDENTIAL_PLACES}") from None
-        if isinstance(exc, (OSError, TimeoutError)) or "EndpointConnectionError" in names \
-                or "ConnectTimeoutError" in names:
-            raise PackdataError(f"cannot reach {url} ({exc.__class__.__name__}: {text}); is the "
-                                "endpoint right and reachable?") from None
-        raise
+from packdata.errors import DatasetError
+from packdata.remote.storage import Storage, errors
+from packdata.units import parse_bytes
 
 
 class RemoteTarReader(tar.TarReader):
     """A tar dataset at a URL, read through a bounded local cache of whole shards."""
+
+    JOINS_SHARDS = False  # shards arrive on demand and may be evicted
 
     def __init__(self, url: str, storage: Storage | None = None) -> None:
         self.url = url.rstrip("/")
@@ -146,17 +53,13 @@ class RemoteTarReader(tar.TarReader):
                     old.unlink()
             with errors(self.url):
                 self._download(tar.INDEX)
-            _write_atomically(cached, manifest)
+            atomic.write_bytes(cached, manifest)
         super().__init__(self.local)
         self.limit = parse_bytes(self.storage.cache_limit)
         self._pool: ThreadPoolExecutor | None = None
         self._pid = os.getpid()
         self._pending: dict[int, Future] = {}
         self._order: list[int] = list(range(len(self.shard_names)))
-
-    @staticmethod
-    def detect(path: Any) -> bool:
-        return False  # found by URL, never by looking at a local path
 
     def shard_url(self, shard: int) -> str:
         return f"{self.url}/{self.shard_names[shard]}"
@@ -215,10 +118,9 @@ class RemoteTarReader(tar.TarReader):
                     self._download, self.shard_names[nxt], nxt)
 
     def _download(self, name: str, shard: int | None = None) -> None:
-        target = self.local / name
-        tmp = target.with_name(f".{name}.{uuid.uuid4().hex[:8]}.part")
         where = self.shard_url(shard) if shard is not None else f"{self.url}/{name}"
-        try:
+
+        def fetch(tmp: Path) -> None:
             with errors(where):
                 try:
                     self.fs.get_file(f"{self.remote}/{name}", str(tmp))
@@ -226,9 +128,8 @@ class RemoteTarReader(tar.TarReader):
                     kind = "shard" if shard is not None else "file"
                     raise DatasetError(f"{where}: {kind} missing in the bucket; the dataset is "
                                        "incomplete") from None
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
+
+        atomic.write_file(self.local / name, fetch)
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         if self.storage.access != "ranges":
@@ -271,14 +172,10 @@ class RemoteTarReader(tar.TarReader):
                                    "asked, fewer found); the dataset is damaged")
         blobs = {n: got[k * len(idx) : (k + 1) * len(idx)] for k, n in enumerate(names)}
         for j, i in enumerate(idx.tolist()):
-            crc = 0
-            for name in self.manifest.fields:
-                if name in blobs:
-                    crc = zlib.crc32(blobs[name][j], crc)
-                else:
-                    crc = zlib.crc32(np.ascontiguousarray(self.index[f"{name}.values"][i]).data,
-                                     crc)
-            if crc != self.manifest.checksums[i]:
+            chunks = (blobs[name][j] if name in blobs
+                      else np.ascontiguousarray(self.index[f"{name}.values"][i]).data
+                      for name in self.manifest.fields)
+            if chunks_checksum(chunks) != self.manifest.checksums[i]:
                 shard = self.shards_of([i])[0]
                 raise DatasetError(f"{self.shard_url(shard)}: shard corrupted (record "
                                    f"'{self.manifest.keys[i]}' does not match its checksum); "
@@ -297,14 +194,10 @@ class RemoteTarReader(tar.TarReader):
                                           self.index[f"{name}.nbytes"][a:b].tolist())))
         expected = self.manifest.checksums[a:b]
         for j in range(b - a):
-            crc = 0
-            for kind, column in columns:
-                if kind == "values":
-                    crc = zlib.crc32(np.ascontiguousarray(column[j]).data, crc)
-                else:
-                    offset, nbytes = column[0][j], column[1][j]
-                    crc = zlib.crc32(mapped[offset : offset + nbytes].data, crc)
-            if crc != expected[j]:
+            chunks = (np.ascontiguousarray(column[j]).data if kind == "values"
+                      else mapped[column[0][j] : column[0][j] + column[1][j]].data
+                      for kind, column in columns)
+            if chunks_checksum(chunks) != expected[j]:
                 self._forget(shard)
                 (self.local / self.shard_names[shard]).unlink(missing_ok=True)
                 raise DatasetError(f"{self.shard_url(shard)}: shard corrupted (record "
@@ -336,9 +229,3 @@ class RemoteTarReader(tar.TarReader):
             self._pool.shutdown(wait=True, cancel_futures=True)
         self._pool, self._pending = None, {}
         super().close()
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)

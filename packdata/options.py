@@ -1,6 +1,7 @@
-"""Conversion options. Each sample kind lists its own in its module's ``OPTIONS``: the one place
-that gives their names, types, defaults and help, read by the source itself (:func:`resolve`),
-by :func:`packdata.sources.open_source` and by ``packdata convert`` (one flag per option)."""
+"""Conversion options. Each sample kind and each container writer lists its own in its
+``OPTIONS``: the one place that gives their names, types, defaults and help, read by the source or
+writer itself (:func:`resolve`), by :func:`packdata.sources.open_source` and by ``packdata convert``
+(one flag per option, unless ``flag=False``)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ class Option:
     default: Any
     help: str
     choices: tuple[str, ...] = ()
+    #: whether ``packdata convert`` has a flag for it (else it is set another way, e.g. by DST)
+    on_command_line: bool = True
 
     @property
     def flag(self) -> str:
@@ -41,12 +44,13 @@ class Option:
         return value
 
 
-def resolve(kind: str, options: Iterable[Option], given: dict[str, Any]) -> dict[str, Any]:
+def resolve(kind: str, options: Iterable[Option], given: dict[str, Any],
+            what: str = "sources") -> dict[str, Any]:
     """Every option of ``kind``: the given value, checked, or its default. An option the kind
     does not have is an OptionError naming the kind and listing the ones it has."""
     table = {o.name: o for o in options}
     unknown = [name for name in given if name not in table]
     if unknown:
-        raise OptionError(f"option '{unknown[0]}' does not apply to {kind} sources (theirs: "
-                          f"{', '.join(table)}; see `packdata convert --help`)")
+        raise OptionError(f"option '{unknown[0]}' does not apply to {kind} {what} (theirs: "
+                          f"{', '.join(table) or 'none'}; see `packdata convert --help`)")
     return {name: o.check(given.get(name, o.default)) for name, o in table.items()}

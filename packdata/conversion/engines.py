@@ -9,15 +9,14 @@ failures (a worker killed, out of memory, a lost connection) are retried.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
-import multiprocessing as mp
-import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from packdata.errors import PackdataError, require
+from packdata.conversion.pool import WorkerPool
+from packdata.errors import PackdataError, WorkerDied, require
+from packdata.units import available_cores
 
 ENGINES = ("local", "dask")
 #: how long to wait for a scheduler named by address before giving up
@@ -54,7 +53,7 @@ def run(
 
     ``engine="dask"`` uses ``client`` (a ``distributed.Client``), else connects to
     ``scheduler`` (``tcp://host:port``), else starts a ``LocalCluster`` of ``workers`` processes
-    (default: the CPU count) for the duration of the run.
+    (default: the cores this process may use) for the duration of the run.
     """
     if engine not in ENGINES:
         raise PackdataError(f"engine '{engine}': expected one of {', '.join(ENGINES)}")
@@ -62,7 +61,7 @@ def run(
         with dask_client(client, scheduler, workers) as dask:
             yield from _run_dask(dask, fn, tasks)
         return
-    yield from _run_local(fn, tasks, max(1, min(workers or os.cpu_count() or 1, len(tasks))))
+    yield from _run_local(fn, tasks, max(1, min(workers or available_cores(), len(tasks))))
 
 
 def _unwrap(number: int, result: Any) -> tuple[int, Any]:
@@ -76,19 +75,14 @@ def _run_local(fn: Callable, tasks: list, workers: int) -> Iterator[tuple[int, A
         for number, task in enumerate(tasks):
             yield _unwrap(number, guarded(fn, task))
         return
-    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"))
     try:
-        running = {pool.submit(guarded, fn, task): n for n, task in enumerate(tasks)}
-        while running:
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                yield _unwrap(running.pop(future), future.result())
-    except BrokenProcessPool:
+        with WorkerPool(workers) as pool:
+            for number, result in pool.as_completed(functools.partial(guarded, fn), tasks):
+                yield _unwrap(number, result)
+    except WorkerDied:
         raise PackdataError("a conversion worker stopped unexpectedly (killed, out of memory, or "
                             "crashed in a decoder); rerun with --resume to keep the finished "
                             "parts") from None
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def cluster_threads(client: Any = None, scheduler: str | None = None) -> int | None:
@@ -122,7 +116,7 @@ def dask_client(client: Any = None, scheduler: str | None = None, workers: int |
     with dask.config.set({"distributed.worker.profile.enabled": False,
                           "distributed.scheduler.worker-saturation": float("inf")}):
         cluster = distributed.LocalCluster(
-            n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
+            n_workers=workers or available_cores(), threads_per_worker=1, processes=True,
             dashboard_address=":0", silence_logs=logging.ERROR,
         )
     with cluster, distributed.Client(cluster) as local:

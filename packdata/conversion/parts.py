@@ -2,18 +2,18 @@
 complete dataset of its own (a part), and one manifest binds the parts into a sharded dataset.
 
 Parts are built in a hidden ``.NAME.parts`` directory beside the destination, each committed by
-its own atomic rename, with the plan (every option that decides the records) in ``plan.json``.
+its own atomic rename, with the recipe (every option that decides the records) in ``recipe.json``.
 The dataset manifest is written last and the directory renamed into place only when every part
 is there. An interrupted conversion leaves the hidden directory (never a dataset); rerunning
-with ``resume=True`` keeps its finished parts and redoes the rest, after checking the plan.
+with ``resume=True`` keeps its finished parts and redoes the rest, after checking the recipe.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
-import os
 import shutil
 import time
 import zlib
@@ -21,74 +21,45 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packdata import engines
+from packdata import atomic
 from packdata.containers import sharded
+from packdata.conversion import engines, local
+from packdata.conversion.job import ConvertResult, Job
 from packdata.errors import PackdataError
+from packdata.interrupts import term_as_interrupt
 from packdata.manifest import Manifest
-from packdata.sources.base import Item, Source
+from packdata.sources.base import Source
+from packdata.units import available_cores
 
-PLAN = "plan.json"
+RECIPE = "recipe.json"
 #: most records per part when not asked otherwise: parts enough to spread the work, each big
 #: enough that a task's fixed cost (scheduling, opening a writer) stays small against its work
 DEFAULT_PART_SIZE = 100_000
 
 
-class SliceSource:
-    """A source restricted to some of its items (everything else is the whole source's)."""
-
-    def __init__(self, inner: Source, items: list[Item]) -> None:
-        self.inner, self._items = inner, items
-
-    def items(self) -> list[Item]:
-        return self._items
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("inner", "_items"):  # not yet set (unpickling): never recurse
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-
-@dataclass
-class PartTask:
-    """One task: convert ``items`` of ``source`` into the part at ``path``."""
-
-    source: Source
-    items: list[Item]
-    path: Path
-    container: str
-    options: dict[str, Any]
-    on_error: str
-
-
-def convert_part(task: PartTask) -> str:
-    """Convert one part (in a worker); return its manifest as JSON."""
-    from packdata.convert import convert
-
+def convert_part(part: Job) -> str:
+    """Convert one part (a task, run in a worker); return its manifest as JSON."""
     # a private copy: sources gather per-record facts in observe(), which must be this part's
-    source = copy.deepcopy(task.source)
-    result = convert(SliceSource(source, task.items), task.path,  # type: ignore[arg-type]
-                     container=task.container, container_options=task.options, workers=1,
-                     on_error=task.on_error, overwrite=True)
-    return result.manifest.to_json()
+    part = dataclasses.replace(part, source=copy.deepcopy(part.source))
+    return local.write(part, workers=1).manifest.to_json()
 
 
 def work_dir(dst: Path) -> Path:
     return dst.parent / f".{dst.name}.parts"
 
 
-def make_plan(source: Source, items: list[Item], container: str, options: dict[str, Any],
-              part_size: int, on_error: str) -> dict[str, Any]:
+def make_recipe(job: Job, part_size: int) -> dict[str, Any]:
     """Everything that decides which records each part holds, as plain JSON."""
-    described = source.describe()
-    keys = "\n".join(item.key for item in items).encode()
-    plan = {"container": container, "container_options": options, "part_size": part_size,
-            "on_error": on_error, "kind": source.kind, "inputs": len(items),
-            "inputs_crc32": zlib.crc32(keys), "source": described.get("source", {}),
-            "options": described.get("options", {})}
-    return json.loads(json.dumps(plan, default=str))
+    described = job.source.describe()
+    keys = "\n".join(item.key for item in job.items).encode()
+    recipe = {"container": job.container.NAME, "container_options": job.options,
+              "part_size": part_size, "on_error": job.on_error, "kind": job.source.kind,
+              "inputs": len(job.items), "inputs_crc32": zlib.crc32(keys),
+              "source": described.get("source", {}), "options": described.get("options", {})}
+    return json.loads(json.dumps(recipe, default=str))
 
 
-def _check_plan(old: dict[str, Any], new: dict[str, Any], where: Path) -> None:
+def _check_recipe(old: dict[str, Any], new: dict[str, Any], where: Path) -> None:
     """Refuse to resume into parts made with other options, naming the first that differs."""
     for key in new:
         a, b = old.get(key), new[key]
@@ -105,85 +76,99 @@ def _check_plan(old: dict[str, Any], new: dict[str, Any], where: Path) -> None:
                 "start over")
 
 
-def convert_parts(
-    source: Source,
-    dst: Path,
-    *,
-    container: str | None,
-    container_options: dict[str, Any] | None,
-    workers: int | None,
-    on_error: str,
-    overwrite: bool,
-    progress: Any,
-    engine: str,
-    client: Any,
-    scheduler: str | None,
-    part_size: int | None,
-    resume: bool,
-) -> Any:
-    """:func:`packdata.convert` into a sharded dataset (see the module docstring)."""
-    from packdata.convert import (
-        ConvertResult,
-        _plan,
-        _remove,
-        _TermAsInterrupt,
-    )
+@dataclass
+class Parts:
+    """How to convert in parts: where the tasks run (``engine``: "local" or "dask"; a Dask
+    ``client`` or ``scheduler`` address), records per part, and whether to keep the finished
+    parts of an interrupted run (``resume``)."""
 
+    engine: str = "local"
+    client: Any = None
+    scheduler: str | None = None
+    part_size: int | None = None
+    resume: bool = False
+
+    @classmethod
+    def asked(cls, engine: str | None, client: Any, scheduler: str | None,
+              part_size: int | None, resume: bool) -> Parts | None:
+        """The parts asked for, or None for a conversion in one piece."""
+        if not (engine or client is not None or scheduler or part_size or resume):
+            return None
+        return cls(engine or "local", client, scheduler, part_size, resume)
+
+
+def write(job: Job, parts: Parts, *, workers: int | None = None, progress: Any = None
+          ) -> ConvertResult:
+    """Run ``job`` in parts into a sharded dataset (see the module docstring)."""
     start = time.perf_counter()
-    module, dst, options, items = _plan(source, dst, container, container_options, overwrite)
-    if part_size is not None and part_size < 1:
-        raise PackdataError(f"part size {part_size}: expected at least 1 record per part")
-    work = work_dir(dst)
-    if (client is not None or scheduler) and workers is None:  # the cluster's size, not ours
-        workers = engines.cluster_threads(client, scheduler)
-    size = part_size or _default_part_size(len(items), workers)
-    if resume and part_size is None and (work / PLAN).is_file():
-        size = json.loads((work / PLAN).read_text()).get("part_size", size)
-    plan = make_plan(source, items, module.NAME, options, size, on_error)
-    if resume and (work / PLAN).is_file():
-        _check_plan(json.loads((work / PLAN).read_text()), plan, work)
-    else:
-        if work.exists():
-            shutil.rmtree(work)
-        work.mkdir(parents=True)
-        (work / PLAN).write_text(json.dumps(plan))
-
-    slices = [items[a : a + size] for a in range(0, len(items), size)]
-    paths = [work / sharded.part_name(module.NAME, n) for n in range(len(slices))]
-    manifests: dict[int, Manifest] = {}
-    for n, path in enumerate(paths):  # parts finished before an interruption (atomic renames)
-        if resume and path.exists() and module.READER.detect(path):
-            reader = module.READER(path)
-            manifests[n] = reader.manifest
-            reader.close()
-        elif path.exists():  # what is left of a part half deleted while joining: ours to redo
-            _remove(path)
+    if parts.part_size is not None and parts.part_size < 1:
+        raise PackdataError(f"part size {parts.part_size}: expected at least 1 record per part")
+    if (parts.client is not None or parts.scheduler) and workers is None:  # the cluster's size
+        workers = engines.cluster_threads(parts.client, parts.scheduler)
+    work = work_dir(job.dst)
+    size = _settle_work_dir(job, work, parts, workers)
+    slices = [job.items[a : a + size] for a in range(0, len(job.items), size)]
+    paths = [work / sharded.part_name(job.container.NAME, n) for n in range(len(slices))]
+    manifests = _finished_parts(job, paths, parts.resume)
     todo = [n for n in range(len(slices)) if n not in manifests]
-    tasks = [PartTask(source, slices[n], paths[n], module.NAME, options, on_error) for n in todo]
+    tasks = [job.part(slices[n], paths[n]) for n in todo]
     done = sum(len(slices[n]) for n in manifests)
-    with _TermAsInterrupt():  # `kill` stops the workers as Ctrl-C does
-        for number, text in engines.run(convert_part, tasks, engine=engine, workers=workers,
-                                        client=client, scheduler=scheduler):
+    with term_as_interrupt():  # `kill` stops the workers as Ctrl-C does
+        for number, text in engines.run(convert_part, tasks, engine=parts.engine,
+                                        workers=workers, client=parts.client,
+                                        scheduler=parts.scheduler):
             n = todo[number]
             manifests[n] = Manifest.from_json(text, str(paths[n]))
             done += len(slices[n])
             if progress:
-                progress(done, len(items))
+                progress(done, len(job.items))
     for path in paths:  # every part must be where this machine can see it before binding them
-        if not module.READER.detect(path):
+        if not job.container.detect(path):
             raise PackdataError(f"{path}: a task reported this part written, but it is not here; "
                                 "on a cluster the destination must be on a file system every "
                                 "worker shares, at the same path")
-
-    manifest = _merge(source, [manifests[n] for n in range(len(slices))], paths, module.NAME, size)
-    if module.NAME == "tar":  # tar parts join into one plain tar dataset (webdataset, DALI, S3)
-        manifest = _join_tar(work, paths, manifest, options)
-    (work / PLAN).unlink()
+    manifest = _merge(job.source, [manifests[n] for n in range(len(slices))], paths,
+                      job.container.NAME, size)
+    if job.container.NAME == "tar":  # tar parts join into one plain tar dataset
+        manifest = _join_tar(work, paths, manifest, job.options)
+    (work / RECIPE).unlink()
     (work / sharded.MANIFEST).write_text(manifest.to_json())  # last: now it is a dataset
-    if dst.exists():
-        _remove(dst)
-    os.replace(work, dst)
-    return ConvertResult(dst, manifest, time.perf_counter() - start)
+    atomic.publish(work, job.dst)
+    return ConvertResult(job.dst, manifest, time.perf_counter() - start)
+
+
+def _settle_work_dir(job: Job, work: Path, parts: Parts, workers: int | None) -> int:
+    """The records per part; the work folder made afresh, or (``resume``) kept after checking
+    that its recipe is this conversion's."""
+    recipe_path = work / RECIPE
+    resuming = parts.resume and recipe_path.is_file()
+    old = json.loads(recipe_path.read_text()) if resuming else None
+    size = parts.part_size or _default_part_size(len(job.items), workers)
+    if old is not None and parts.part_size is None:
+        size = old.get("part_size", size)
+    recipe = make_recipe(job, size)
+    if old is not None:
+        _check_recipe(old, recipe, work)
+    else:
+        if work.exists():
+            shutil.rmtree(work)
+        work.mkdir(parents=True)
+        recipe_path.write_text(json.dumps(recipe))
+    return size
+
+
+def _finished_parts(job: Job, paths: list[Path], resume: bool) -> dict[int, Manifest]:
+    """The manifests of parts an interrupted run finished (atomic renames), by number; what is
+    left of a part half deleted while joining is removed (ours to redo)."""
+    manifests: dict[int, Manifest] = {}
+    for n, path in enumerate(paths):
+        if resume and path.exists() and job.container.detect(path):
+            reader = job.container.READER(path)
+            manifests[n] = reader.manifest
+            reader.close()
+        elif path.exists():
+            atomic.remove(path)
+    return manifests
 
 
 def _join_tar(work: Path, paths: list[Path], manifest: Manifest,
@@ -193,9 +178,10 @@ def _join_tar(work: Path, paths: list[Path], manifest: Manifest,
     import numpy as np
 
     from packdata.containers import tar
-    from packdata.reader_index import idx_path, write_wids_index
+    from packdata.containers.tar.indexes import idx_path, write_wids_index
 
-    pattern = {**tar.TarWriter.OPTIONS, **options}["pattern"]
+    pattern = options.get("pattern") or next(o.default for o in tar.WRITER.OPTIONS
+                                              if o.name == "pattern")
     shards: list[dict[str, Any]] = []
     columns: dict[str, list[np.ndarray]] = {}
     for path in paths:
@@ -206,9 +192,10 @@ def _join_tar(work: Path, paths: list[Path], manifest: Manifest,
                 columns.setdefault(key, []).append(column)
         for shard in part.extra["shards"]:
             name = pattern % len(shards)
-            _link(path / shard["name"], work / name)
+            # hard links, not moves: killed halfway, the parts are still whole for --resume
+            atomic.link_file(path / shard["name"], work / name)
             if idx_path(path, shard["name"]).is_file():  # offsets within the shard: still valid
-                _link(idx_path(path, shard["name"]), idx_path(work, name))
+                atomic.link_file(idx_path(path, shard["name"]), idx_path(work, name))
             shards.append({"name": name, "count": shard["count"]})
     np.savez(work / tar.INDEX, **{k: np.concatenate(v) for k, v in columns.items()})
     write_wids_index(work, shards)
@@ -223,19 +210,10 @@ def _join_tar(work: Path, paths: list[Path], manifest: Manifest,
     return manifest
 
 
-def _link(src: Path, dst: Path) -> None:
-    """``src`` also at ``dst``: a hard link, not a move, so that killed halfway the parts are
-    still whole for --resume."""
-    link = dst.parent / f".{dst.name}.link"
-    link.unlink(missing_ok=True)
-    os.link(src, link)
-    os.replace(link, dst)
-
-
 def _default_part_size(count: int, workers: int | None) -> int:
     """About two parts per worker (so a slow one does not hold up the end for long; more cost
     a scheduling round trip each), at most DEFAULT_PART_SIZE records each."""
-    return max(1, min(DEFAULT_PART_SIZE, math.ceil(count / (2 * (workers or os.cpu_count() or 1)))))
+    return max(1, min(DEFAULT_PART_SIZE, math.ceil(count / (2 * (workers or available_cores())))))
 
 
 def _merge(source: Source, parts: list[Manifest], paths: list[Path], container: str,

@@ -4,75 +4,83 @@ finds a half-written dataset at the URL. A failed conversion removes what it sen
 
 from __future__ import annotations
 
+import queue
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from packdata import containers
 from packdata.containers import tar
+from packdata.containers.base import ShardClosed
+from packdata.containers.tar.indexes import WIDS_INDEX
+from packdata.conversion.job import ConvertResult, Job, settle
 from packdata.errors import OutputExistsError, PackdataError
 from packdata.manifest import Manifest
-from packdata.reader_index import WIDS_INDEX
-from packdata.storage import Storage, errors
+from packdata.remote.storage import Storage, errors
+from packdata.sources.base import Source
+
+#: runs a settled conversion locally, announcing closed shards to the callback (if any)
+WriteLocally = Callable[[Job, ShardClosed | None], ConvertResult]
 
 
 class ShardUploader:
-    """Uploads each tar shard of a conversion into ``local`` as soon as the writer closes it
-    (its DALI ``.idx`` is written at that moment), in a background thread, while the next shards
-    are still being written. The manifest is never uploaded here: :func:`upload` sends it last."""
+    """Uploads each shard the tar writer announces closed (with its DALI index) in a background
+    thread, while the next shards are still being written. Called with a shard's files, it is the
+    writer's ``on_shard_closed``. The manifest is never uploaded here: :func:`upload` sends it
+    last."""
 
-    POLL = 0.2  # seconds between looks at the staging directory
-
-    def __init__(self, local: Path, url: str, storage: Storage) -> None:
-        self.staging, self.name, self.url = local.parent, local.name, url
+    def __init__(self, final: Path, url: str, storage: Storage) -> None:
+        self.final, self.url = final, url  # where the shards are once the conversion committed
         self.fs, self.remote = storage.filesystem(url)
-        self.uploaded: list[str] = []  # remote names, in upload order
+        self.uploaded: list[str] = []  # remote names of the shards sent, in order
         self.error: BaseException | None = None
-        self._stop = threading.Event()
+        self._queue: queue.Queue[list[Path] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="packdata-upload", daemon=True)
         self._thread.start()
 
-    def _closed(self) -> list[tuple[Path, Path]]:
-        """(shard, idx) pairs closed by the writer and not yet sent, in the one-part layout
-        (``.NAME.partial-*/`` while writing, ``NAME/`` once renamed into place)."""
-        done, found = set(self.uploaded), {}
-        for idx in [*self.staging.glob(f".{self.name}.partial-*/*.idx"),
-                    *self.staging.glob(f"{self.name}/*.idx")]:
-            found.setdefault(idx.with_suffix(".tar").name, (idx.with_suffix(".tar"), idx))
-        return [found[n] for n in sorted(found) if n not in done]
+    def __call__(self, files: list[Path]) -> None:
+        self._queue.put(files)
 
     def _run(self) -> None:
-        while True:
-            last = self._stop.is_set()  # one more sweep after the stop is asked
+        while (files := self._queue.get()) is not None:
             try:
-                for shard, idx in self._closed():
-                    with errors(self.url):
-                        try:
-                            self.fs.put_file(str(shard), f"{self.remote}/{shard.name}")
-                            self.fs.put_file(str(idx), f"{self.remote}/{idx.name}")
-                        except FileNotFoundError:  # renamed into place meanwhile: next sweep
-                            continue
-                    self.uploaded.append(shard.name)
+                for path in files:
+                    self._send(path)
+                self.uploaded.append(files[0].name)
             except BaseException as exc:  # noqa: BLE001 - handed to the converting thread
                 self.error = exc
                 return
-            if last:
-                return
-            self._stop.wait(self.POLL)
+
+    def _send(self, path: Path) -> None:
+        """Upload one closed file: written under the conversion's partial name, it is in the
+        final folder once the conversion committed (a rename that may fall between tries)."""
+        with errors(self.url):
+            for candidate in (path, self.final / path.name):
+                try:
+                    self.fs.put_file(str(candidate), f"{self.remote}/{path.name}")
+                    return
+                except FileNotFoundError:
+                    continue
+        raise PackdataError(f"{path.name}: announced closed, but neither in the partial output "
+                            f"nor in {self.final}")
+
+    def _stop(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
 
     def finish(self) -> list[str]:
-        """Wait for the shards closed so far; the names sent (an upload failure is raised)."""
-        self._stop.set()
-        self._thread.join()
+        """Wait for the shards announced so far; the names sent (an upload failure is raised)."""
+        self._stop()
         if self.error is not None:
             raise self.error
         return self.uploaded
 
     def remove(self) -> str:
         """Delete what was sent (after a failure); a sentence saying what is left, if any."""
-        self._stop.set()
-        self._thread.join()
+        self._stop()
         names = [n for s in self.uploaded for n in (s, Path(s).with_suffix(".idx").name)]
         try:
             if names:
@@ -113,14 +121,14 @@ def _retire(fs: Any, remote: str, url: str, overwrite: bool) -> None:
         fs.rm_file(f"{remote}/{tar.MANIFEST}")
 
 
-def convert_to_url(url: str, container: str | None, resume: bool, convert_locally: Any,
-                   storage: Storage | None = None, overwrite: bool = False,
-                   streamed: bool = True) -> Any:
-    """Run ``convert_locally(path)`` into a temporary directory and upload the result: with
-    ``streamed``, each shard is sent as soon as it is closed (:class:`ShardUploader`), the rest at
-    the end, the manifest last. A failure removes what was sent; no manifest is ever written."""
-    from packdata import containers
-
+def convert_to_url(source: Source, url: str, *, write: WriteLocally,
+                   container: str | None = None, container_options: dict[str, Any] | None = None,
+                   on_error: str = "fail", overwrite: bool = False, resume: bool = False,
+                   storage: Storage | None = None, streamed: bool = True) -> ConvertResult:
+    """Convert ``source`` into tar shards at ``url``: ``write(job, on_shard_closed)`` runs the
+    conversion into a temporary folder; with ``streamed`` each shard is sent as soon as the
+    writer closes it (:class:`ShardUploader`), the rest at the end, the manifest last. A failure
+    removes what was sent; no manifest is ever written then."""
     name = containers.for_destination(Path(url.split("://", 1)[1]), container).NAME
     if name != "tar":
         raise PackdataError(f"{url}: object storage takes tar shards (asked: {name}); LMDB and "
@@ -134,10 +142,11 @@ def convert_to_url(url: str, container: str | None, resume: bool, convert_locall
     with errors(url):
         _retire(fs, remote, url, overwrite)
     staging = Path(tempfile.mkdtemp(prefix="packdata-upload-"))
-    uploader = ShardUploader(staging / "dataset", url, storage) if streamed else None
     try:
+        job = settle(source, staging / "dataset", "tar", container_options, on_error, False)
+        uploader = ShardUploader(job.dst, url, storage) if streamed else None
         try:
-            result = convert_locally(staging / "dataset")
+            result = write(job, uploader)
             upload(result.path, url, storage, sent=uploader.finish() if uploader else [])
         except BaseException as exc:
             left = uploader.remove() if uploader else ""

@@ -1,0 +1,101 @@
+"""Where a tar dataset keeps what: the manifest, the record index and the shard list, each read
+and checked against the others before any shard is mapped.
+
+A dataset folder holds ``shard-000000.tar`` … (see :mod:`.members` for their members),
+``index.npz`` (numpy, no pickle: per field ``<field>.shard`` (int32), ``<field>.offset`` and
+``<field>.nbytes`` (int64) locating each record's payload bytes, and ``<field>.values`` for scalar
+fields, so labels need no member reads), ``manifest.json`` (``extra.shards`` lists shard names and
+record counts) and the indexes other readers use (:mod:`.indexes`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packdata.errors import DatasetError
+from packdata.manifest import Manifest
+
+MANIFEST = "manifest.json"
+INDEX = "index.npz"
+
+
+def read_manifest(path: str | Path) -> Manifest:
+    """The manifest of the tar dataset at ``path`` (checked: packdata JSON, a version this
+    packdata reads)."""
+    path = Path(path)
+    try:
+        text = (path / MANIFEST).read_text()
+    except OSError as exc:
+        raise DatasetError(f"{path}: not a packdata tar dataset (no readable {MANIFEST}: "
+                           f"{exc.strerror})") from None
+    return Manifest.from_json(text, str(path))
+
+
+def shard_paths(path: str | Path) -> list[Path]:
+    """The shard files of a tar dataset, in order (for webdataset or DALI readers)."""
+    return [Path(path) / s["name"] for s in read_manifest(path).extra["shards"]]
+
+
+def load_index(path: Path, manifest: Manifest) -> dict[str, np.ndarray]:
+    """The per-record index of a tar dataset, checked against the manifest: one entry per record
+    for every field (the shard, offset and size of its member; or its value, for scalars)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            index = {k: z[k] for k in z.files}
+    except Exception as exc:  # numpy's messages (e.g. "contains pickled data") mislead here
+        raise DatasetError(f"{path}: the record index cannot be read ({exc.__class__.__name__}); "
+                           "the dataset is damaged") from None
+    wanted = [f"{name}.{part}" for name in manifest.fields
+              for part in ("shard", "offset", "nbytes")]
+    for key in wanted:
+        if key not in index:
+            raise DatasetError(f"{path}: the record index has no '{key}'; the dataset is damaged")
+        if len(index[key]) != manifest.count:
+            raise DatasetError(f"{path}: '{key}' indexes {len(index[key])} records, the manifest "
+                               f"{manifest.count}; the dataset is damaged")
+    return index
+
+
+def shard_list(path: Path, manifest: Manifest) -> list[dict[str, Any]]:
+    """The manifest's shard list: plain file names inside the dataset, counts adding up."""
+    shards = manifest.extra.get("shards")
+    ok = isinstance(shards, list) and all(
+        isinstance(s, dict) and isinstance(s.get("name"), str) and isinstance(s.get("count"), int)
+        and s["count"] >= 0 and s["name"] not in ("", ".", "..") and "/" not in s["name"]
+        and "\\" not in s["name"] for s in shards)
+    if not ok or sum(s["count"] for s in shards) != manifest.count:
+        raise DatasetError(f"{path}: the manifest's shard list is damaged (names must be files "
+                           "in the dataset, counts must add up to its records)")
+    return shards
+
+
+def check_index(path: Path, index: dict[str, np.ndarray], manifest: Manifest,
+                 shard_start: np.ndarray) -> None:
+    """Every record's member lies in the shard that holds it, at a non-negative offset, with
+    the size its field needs: checked before any view is laid over a shard."""
+    counts = np.diff(shard_start)
+    expected_shard = np.repeat(np.arange(len(counts)), counts)
+    for name, field in manifest.fields.items():
+        shard, offset, nbytes = (index[f"{name}.{col}"] for col in ("shard", "offset", "nbytes"))
+        if any(a.dtype.kind not in "iu" for a in (shard, offset, nbytes)) or (len(offset) and (
+                offset.min() < 0 or nbytes.min() < 0)) or not np.array_equal(shard, expected_shard):
+            raise DatasetError(f"{path}: the index of '{name}' points outside its shards; the "
+                               "dataset is damaged")
+        if field.variable:
+            row = int(np.prod(field.row_shape, dtype=np.int64)) * field.np_dtype.itemsize
+            bad = (nbytes % row != 0) if row else (nbytes != 0)
+        elif f"{name}.values" in index:  # read from the index; the member may be text (.cls)
+            bad = False
+        else:
+            bad = nbytes != field.nbytes
+        if np.any(bad):
+            raise DatasetError(f"{path}: the index of '{name}' gives sizes that do not fit its "
+                               f"field ({field.dtype} {list(field.shape)}); the dataset is "
+                               "damaged (or the manifest edited)")
+        values = index.get(f"{name}.values")
+        if values is not None and (values.dtype != field.np_dtype or len(values) != manifest.count):
+            raise DatasetError(f"{path}: the index's values of '{name}' do not match the "
+                               "manifest; the dataset is damaged")

@@ -1,0 +1,202 @@
+"""Reading a tar dataset: shards memory-mapped, a batch one numpy gather.
+
+Where every shard can be mapped back to back in one address range (Linux), a batch drawn from
+several shards is one gather over byte addresses; otherwise, where a shard's records sit at a
+constant stride (the usual case for fixed-shape fields), one gather per shard through a strided
+view. Every offset is checked against the shard sizes before any view is laid over a shard.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from packdata.containers.base import Batch, Reader, Select, map_file
+from packdata.containers.joined import byte_window, map_joined
+from packdata.containers.tar.layout import (
+    INDEX,
+    MANIFEST,
+    check_index,
+    load_index,
+    read_manifest,
+    shard_list,
+)
+from packdata.errors import DatasetError, PackdataError
+from packdata.manifest import Field, check_manifest
+
+
+class TarReader(Reader):
+    """Batched reads from memory-mapped shards (see the module docstring)."""
+
+    #: whether all shards may be mapped back to back up front (:meth:`_joined_map`); readers
+    #: that fetch shards on demand say no
+    JOINS_SHARDS: ClassVar[bool] = True
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        if not (self.path / MANIFEST).is_file():
+            raise DatasetError(f"{self.path}: no {MANIFEST}; not a packdata tar dataset")
+        try:
+            self._open()
+        except PackdataError:
+            raise
+        except Exception as exc:  # numpy or the OS on a damaged index or shard list
+            raise DatasetError(f"{self.path}: the dataset cannot be read ({type(exc).__name__}: "
+                               f"{exc}); the dataset is damaged") from None
+
+    def _open(self) -> None:
+        self.manifest = read_manifest(self.path)
+        check_manifest(self.manifest, self.path)
+        self.index = load_index(self.path / INDEX, self.manifest)
+        shards = shard_list(self.path, self.manifest)
+        self.shard_names = [s["name"] for s in shards]
+        self.shard_start = np.concatenate([[0], np.cumsum([s["count"] for s in shards])]).astype(
+            np.int64)
+        check_index(self.path / INDEX, self.index, self.manifest, self.shard_start)
+        self._maps: dict[int, np.ndarray] = {}
+        # bytes each shard must hold: checked before any strided view is laid over it
+        self._shard_end = np.zeros(len(shards), dtype=np.int64)
+        for name in self.manifest.fields:
+            ends = self.index[f"{name}.offset"] + self.index[f"{name}.nbytes"]
+            np.maximum.at(self._shard_end, self.index[f"{name}.shard"], ends)
+        self._views: dict[tuple[str, int], np.ndarray | None] = {}
+        self._joined: tuple[np.ndarray, np.ndarray] | None | bool = False  # False: not tried
+        self._windows: dict[Any, np.ndarray] = {}
+
+    def _map(self, shard: int) -> np.ndarray:
+        if shard not in self._maps:
+            path = self.path / self.shard_names[shard]
+            if not path.is_file():
+                raise DatasetError(f"{path}: shard missing; the dataset is incomplete")
+            mapped = map_file(path)
+            if len(mapped) < self._shard_end[shard]:
+                raise DatasetError(
+                    f"{path}: shard truncated ({len(mapped)} bytes, the index needs "
+                    f"{self._shard_end[shard]}); the dataset is damaged"
+                )
+            self._maps[shard] = mapped
+        return self._maps[shard]
+
+    def _strided(self, name: str, shard: int) -> np.ndarray | None:
+        """A (records, nbytes) view of one field in one shard, if its records sit at a fixed stride."""
+        if (name, shard) not in self._views:
+            a, b = self.shard_start[shard], self.shard_start[shard + 1]
+            offsets = self.index[f"{name}.offset"][a:b]
+            nbytes = int(self.manifest.fields[name].nbytes)
+            view = None
+            steps = np.diff(offsets)
+            if len(offsets) and (len(steps) == 0 or (steps == steps[0]).all()):
+                stride = int(steps[0]) if len(steps) else nbytes
+                mm = self._map(shard)
+                view = np.lib.stride_tricks.as_strided(
+                    mm[offsets[0] :], shape=(len(offsets), nbytes), strides=(stride, 1),
+                    writeable=False,
+                )
+            self._views[name, shard] = view
+        return self._views[name, shard]
+
+    def _joined_map(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """All shards mapped back to back (see :mod:`packdata.containers.joined`), once each
+        was checked as :meth:`_map` checks it; None where that is not available, where a shard
+        is damaged (the others still read, one by one), or for readers that fetch shards on
+        demand (they override ``_map``)."""
+        if self._joined is False:
+            self._joined = None
+            if self.JOINS_SHARDS:
+                try:
+                    for shard in range(len(self.shard_names)):
+                        self._map(shard)
+                except DatasetError:
+                    return None
+                self._joined = map_joined([self.path / n for n in self.shard_names])
+        return self._joined  # type: ignore[return-value]
+
+    def _window(self, name: str, nbytes: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(byte address of each record of field ``name`` in the joined map, a window of
+        ``nbytes`` rows over it), or None."""
+        joined = self._joined_map()
+        if joined is None:
+            return None
+        if name not in self._windows:
+            whole, starts = joined
+            self._windows[name] = starts[self.index[f"{name}.shard"]] + self.index[f"{name}.offset"]
+        if nbytes not in self._windows:
+            self._windows[nbytes] = byte_window(joined[0], nbytes)
+        return self._windows[name], self._windows[nbytes]
+
+    def _payloads(self, name: str, idx: np.ndarray) -> list[np.ndarray]:
+        shard = self.index[f"{name}.shard"][idx]
+        offset = self.index[f"{name}.offset"][idx]
+        nbytes = self.index[f"{name}.nbytes"][idx]
+        return [
+            np.array(self._map(s)[o : o + n])
+            for s, o, n in zip(shard.tolist(), offset.tolist(), nbytes.tolist())
+        ]
+
+    def _gather_fixed(
+        self, name: str, field: Field, idx: np.ndarray, rows: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Field ``name`` of records ``idx``; with ``rows``, only entry ``rows[j]`` of the first
+        axis of record ``idx[j]`` (the other entries' bytes are not touched)."""
+        shape = field.shape if rows is None else field.shape[1:]
+        parts = 1 if rows is None else field.shape[0]
+        nbytes = field.nbytes // parts
+
+        def gather(view: np.ndarray, local: np.ndarray, sel: np.ndarray | None) -> np.ndarray:
+            if sel is None:
+                return view[local]
+            return view.reshape(len(view), parts, nbytes)[local, sel]
+
+        joined = self._window(name, nbytes) if len(idx) else None
+        if joined is not None:  # records of any shards at any offsets: one gather
+            addresses, window = joined
+            at = addresses[idx] if rows is None else addresses[idx] + rows * nbytes
+            return window[at].view(field.np_dtype).reshape(len(idx), *shape)
+        shards = self.index[f"{name}.shard"][idx]
+        first = int(shards[0]) if len(shards) else 0
+        view = self._strided(name, first)
+        if view is not None and (shards == first).all():  # one shard: one gather, no masks
+            out = gather(view, idx - self.shard_start[first], rows)
+        else:
+            out = np.empty((len(idx), nbytes), dtype=np.uint8)
+            for s in np.unique(shards).tolist():
+                mask = shards == s
+                view = self._strided(name, s)
+                if view is None:
+                    view = np.stack(self._payloads(name, idx[mask]))
+                    local = np.arange(len(view))
+                else:
+                    local = idx[mask] - self.shard_start[s]
+                out[mask] = gather(view, local, None if rows is None else rows[mask])
+        return out.view(field.np_dtype).reshape(len(idx), *shape)
+
+    def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
+        idx = self.check_indices(indices)
+        select = select or {}
+        batch: Batch = {}
+        for name, field in self.manifest.fields.items():
+            if f"{name}.values" in self.index:
+                batch[name] = self.index[f"{name}.values"][idx]
+            elif field.variable:
+                batch[name] = [
+                    p.view(field.np_dtype).reshape(-1, *field.row_shape)
+                    for p in self._payloads(name, idx)
+                ]
+            else:
+                batch[name] = self._gather_fixed(name, field, idx, select.get(name))
+        return batch
+
+    def lengths(self, name: str) -> np.ndarray:
+        field = self.check_variable(name)
+        row_bytes = int(np.prod(field.row_shape, dtype=np.int64)) * field.np_dtype.itemsize
+        return self.index[f"{name}.nbytes"] // row_bytes
+
+    def close(self) -> None:
+        self._views.clear()
+        self._maps.clear()
+        self._windows.clear()
+        self._joined = False
+
+

@@ -1,0 +1,134 @@
+"""Writing tar shards: records appended as members, shards closed (and announced) as they fill,
+the record index, wids index and manifest written last."""
+
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packdata.containers.base import ShardClosed, Writer
+from packdata.containers.tar.indexes import idx_path, write_idx, write_wids_index
+from packdata.containers.tar.layout import INDEX, MANIFEST
+from packdata.containers.tar.members import member_key as key_of_members
+from packdata.containers.tar.members import member_suffix, npy_header, ustar_header
+from packdata.errors import PackdataError
+from packdata.manifest import Field, Manifest
+from packdata.options import Option
+from packdata.units import parse_count_or_bytes
+
+
+class TarWriter(Writer):
+    """Records as members of shards that close at a record count or a size; each closed shard
+    (with its DALI index) is announced to ``on_shard_closed``."""
+
+    OPTIONS = (
+        Option("shard_size", str, "10000", "Tar: samples per shard (10000) or bytes per shard "
+               "(e.g. 512MB)."),
+        Option("pattern", str, "shard-%06d.tar", "Tar: shard file names (set by DST, e.g. "
+               "out/cifar-%04d.tar).", on_command_line=False),
+    )
+    ANNOUNCES_SHARDS = True
+
+    def __init__(
+        self, path: Path, fields: dict[str, Field], options: dict[str, Any],
+        on_shard_closed: ShardClosed | None = None,
+    ) -> None:
+        super().__init__(path, fields, options, on_shard_closed)
+        self.max_count, self.max_bytes = parse_count_or_bytes(self.options["shard_size"])
+        path.mkdir(parents=True)
+        self.shards: list[dict[str, Any]] = []
+        self.file: Any = None  # the open shard
+        self.offset = 0  # bytes written to the open shard
+        self.index: dict[str, list] = {
+            f"{n}.{col}": [] for n in fields for col in ("shard", "offset", "nbytes")
+        }
+        self.values = {n: [] for n, f in fields.items() if f.shape == ()}
+        self.columns = {n: tuple(self.index[f"{n}.{col}"] for col in ("shard", "offset", "nbytes"))
+                        for n in fields}  # the index lists each record appends to
+        self.member_keys: dict[str, str] = {}  # member name stem → record key
+        self.shard_first = 0  # the open shard's first record
+        self.shard_keys: list[str] = []  # its records' member keys, for its DALI index
+        self.suffixes = {n: [] for n, f in fields.items() if f.codec}  # png/jpg vary per record
+
+    def _shard(self) -> Any:
+        full = self.file is not None and (
+            (self.max_count and self.shards[-1]["count"] >= self.max_count)
+            or (self.max_bytes and self.offset >= self.max_bytes)
+        )
+        if self.file is None or full:
+            self._close_shard()
+            name = self.options["pattern"] % len(self.shards)
+            self.shards.append({"name": name, "count": 0})
+            self.file = open(self.path / name, "wb", buffering=1 << 20)  # noqa: SIM115
+            self.offset = 0
+        return self.file
+
+    def _close_shard(self) -> None:
+        if self.file is not None:
+            end = self.offset + 1024  # two zero blocks end the archive
+            self.file.write(bytes(1024 + (-end) % tarfile.RECORDSIZE))
+            self.file.close()
+            self.file = None
+            lo, hi = self.shard_first, self.count
+            columns = [(self.suffixes[n][lo:hi] if n in self.suffixes else
+                        [member_suffix(n, f, np.zeros(0, f.np_dtype))] * (hi - lo),
+                        self.columns[n][1][lo:hi], self.columns[n][2][lo:hi])
+                       for n, f in self.fields.items()]
+            name = self.shards[-1]["name"]
+            write_idx(idx_path(self.path, name), self.shard_keys, columns)
+            self.shard_first, self.shard_keys = hi, []
+            if self.on_shard_closed is not None:
+                self.on_shard_closed([self.path / name, idx_path(self.path, name)])
+
+    def append(self, key: str, record: dict[str, np.ndarray]) -> None:
+        member_key = key_of_members(key)
+        other = self.member_keys.setdefault(member_key, key)
+        if other != key:
+            raise PackdataError(f"keys '{other}' and '{key}' both make tar members named "
+                                f"'{member_key}.*'; rename one of the inputs")
+        out = self._shard()
+        for name, field in self.fields.items():
+            value = record[name]
+            suffix = member_suffix(name, field, value)
+            if suffix == "cls":
+                payload, skip = str(int(value)).encode(), 0
+            elif suffix.endswith(".npy"):
+                header = npy_header(value.dtype.str, value.shape)
+                payload, skip = header + np.ascontiguousarray(value).tobytes(), len(header)
+            else:
+                payload, skip = value.tobytes(), 0
+            header = ustar_header(f"{member_key}.{suffix}", len(payload))
+            out.write(header + payload + bytes(-len(payload) % 512))
+            data_start = self.offset + len(header)
+            self.offset = data_start + len(payload) + (-len(payload) % 512)
+            if name in self.suffixes:
+                self.suffixes[name].append(suffix)
+            shards, offsets, sizes = self.columns[name]
+            shards.append(len(self.shards) - 1)
+            offsets.append(data_start + skip)
+            sizes.append(len(payload) - skip)
+            if name in self.values:
+                self.values[name].append(value)
+        self.shard_keys.append(member_key)
+        self.shards[-1]["count"] += 1
+        self.count += 1
+
+    def finish(self, manifest: Manifest) -> None:
+        self._close_shard()
+        arrays = {
+            k: np.asarray(v, dtype=np.int32 if k.endswith(".shard") else np.int64)
+            for k, v in self.index.items()
+        }
+        for name, vals in self.values.items():
+            arrays[f"{name}.values"] = np.asarray(vals, dtype=self.fields[name].np_dtype)
+        np.savez(self.path / INDEX, **arrays)
+        manifest.extra["shards"] = self.shards
+        write_wids_index(self.path, self.shards)
+        (self.path / MANIFEST).write_text(manifest.to_json())  # last: what makes it a dataset
+
+    def abort(self) -> None:
+        if self.file is not None:
+            self.file.close()

@@ -1,0 +1,12 @@
+"""Conversion: a source's inputs into a packed dataset.
+
+- :mod:`.dispatch`: ``packdata.convert``, which settles the job once (:mod:`.job`) and runs it
+  here (:mod:`.local`), in parts (:mod:`.parts`, on :mod:`.engines`: processes or Dask) or
+  towards object storage (:mod:`.upload`);
+- :mod:`.pool`: the one process pool; every output is committed by :mod:`packdata.atomic`.
+"""
+
+from packdata.conversion.dispatch import convert
+from packdata.conversion.job import ConvertResult
+
+__all__ = ["ConvertResult", "convert"]

@@ -1,0 +1,61 @@
+"""``packdata.convert``: settle the job once, then run it here, in parts, or towards a URL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from packdata.containers.base import ShardClosed
+from packdata.conversion import local, parts, upload
+from packdata.conversion.job import ConvertResult, Job, settle
+from packdata.conversion.local import Progress
+from packdata.remote.storage import Storage
+from packdata.sources.base import Source
+from packdata.urls import is_url
+
+
+def convert(
+    source: Source,
+    dst: str | Path,
+    *,
+    container: str | None = None,
+    container_options: dict[str, Any] | None = None,
+    workers: int | None = None,
+    on_error: str = "fail",
+    overwrite: bool = False,
+    progress: Progress | None = None,
+    engine: str | None = None,
+    client: Any = None,
+    scheduler: str | None = None,
+    part_size: int | None = None,
+    resume: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> ConvertResult:
+    """Convert ``source`` into a packed dataset at ``dst``.
+
+    The container is ``container`` ("lmdb", "hdf5", "tar") or chosen by ``dst``'s suffix. A URL
+    ``dst`` (``s3://bucket/ds``) receives tar shards, uploaded with the manifest last, reached
+    with ``storage_options`` for fsspec.
+    ``on_error="skip"`` skips inputs that fail to load and records them in the manifest;
+    ``"fail"`` stops at the first, naming the file. ``workers`` defaults to the cores this
+    process may use.
+
+    Given ``engine`` ("local" or "dask"), a Dask ``client`` or ``scheduler`` address,
+    ``part_size`` or ``resume``, the output is a sharded dataset converted part by part as
+    independent tasks (see :mod:`packdata.conversion.parts`; ``resume`` keeps the parts an
+    interrupted run finished).
+    """
+    in_parts = parts.Parts.asked(engine, client, scheduler, part_size, resume)
+
+    def write(job: Job, on_shard_closed: ShardClosed | None = None) -> ConvertResult:
+        if in_parts is not None:
+            return parts.write(job, in_parts, workers=workers, progress=progress)
+        return local.write(job, workers=workers, progress=progress,
+                           on_shard_closed=on_shard_closed)
+
+    if is_url(dst):  # object storage: built locally, shards uploaded as they close
+        return upload.convert_to_url(
+            source, str(dst), write=write, container=container,
+            container_options=container_options, on_error=on_error, overwrite=overwrite,
+            resume=resume, storage=Storage(storage_options or {}))
+    return write(settle(source, dst, container, container_options, on_error, overwrite))

@@ -1,0 +1,102 @@
+"""What every conversion settles before it writes a record: the container, the real destination
+and the writer's options, and the checked list of inputs (a :class:`Job`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from packdata import containers
+from packdata.errors import DatasetError, OutputExistsError, PackdataError
+from packdata.manifest import Manifest
+from packdata.sources.base import Item, Source
+
+ON_ERROR = ("fail", "skip")
+
+
+@dataclass
+class Job:
+    """One conversion, settled: ``source``'s ``items`` into ``container`` at ``dst``."""
+
+    source: Source
+    container_name: str  # a name, not the module: a Job travels to worker processes
+    dst: Path
+    options: dict[str, Any]  # the writer's
+    items: list[Item]
+    on_error: str = "fail"
+
+    @property
+    def container(self) -> ModuleType:
+        """The container module (see :mod:`packdata.containers`)."""
+        return containers.get(self.container_name)
+
+    def part(self, items: list[Item], dst: Path) -> Job:
+        """The same conversion of some of the items into another destination (a part)."""
+        return dataclasses.replace(self, items=items, dst=dst)
+
+
+@dataclass
+class ConvertResult:
+    """What a conversion wrote: where, its manifest, and how long it took."""
+
+    path: Path
+    manifest: Manifest
+    seconds: float
+    #: partial outputs of killed earlier conversions to the same destination, removed by this one
+    removed_stale: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def skipped(self) -> list[dict[str, str]]:
+        return self.manifest.skipped
+
+
+def settle(source: Source, dst: str | Path, container: str | None,
+           container_options: dict[str, Any] | None, on_error: str, overwrite: bool,
+           check_destination: bool = True) -> Job:
+    """The :class:`Job` for converting ``source`` to ``dst``: the container (``container``, or
+    by ``dst``'s suffix), the path really written and its writer options, the inputs (at least
+    one, no two with one key). ``check_destination``: refuse a destination that is a link, lies
+    inside the source (or holds it), or exists (unless ``overwrite`` and it is a dataset)."""
+    if on_error not in ON_ERROR:
+        raise PackdataError(f"on_error '{on_error}': expected one of {', '.join(ON_ERROR)}")
+    module = containers.for_destination(dst, container)
+    path, options = module.destination(Path(dst), dict(container_options or {}))
+    if check_destination:
+        _check_destination(path, source.root, overwrite)
+    items = source.items()
+    if not items:
+        raise PackdataError(f"{source.root}: no {source.kind} inputs found")
+    _check_unique_keys(items)
+    return Job(source, module.NAME, path, options, items, on_error)
+
+
+def _check_unique_keys(items: list[Item]) -> None:
+    """Samples are found by key (the file's path without suffix): two inputs may not share one."""
+    first: dict[str, Item] = {}
+    for item in items:
+        other = first.setdefault(item.key, item)
+        if other is not item:
+            raise PackdataError(f"{other.path} and {item.path} would both be sample "
+                                f"'{item.key}' (keys are paths without suffix); rename one")
+
+
+def _check_destination(dst: Path, src: Path, overwrite: bool) -> None:
+    if dst.is_symlink():  # replacing it would replace the link, not what it points to
+        raise PackdataError(f"{dst} is a symbolic link; give the path it points to")
+    src_abs, dst_abs = src.resolve(), dst.resolve()
+    if dst_abs == src_abs or src_abs in dst_abs.parents or dst_abs in src_abs.parents:
+        raise PackdataError(f"{dst}: the output must lie outside the source {src} (and not hold it)")
+    if not dst.exists():
+        return
+    if not overwrite:
+        raise OutputExistsError(f"{dst} exists; pass --overwrite to replace it")
+    try:
+        containers.for_existing(dst)
+    except DatasetError:
+        raise OutputExistsError(
+            f"{dst} exists and is not a packdata dataset; refusing to delete it even with "
+            "--overwrite"
+        ) from None

@@ -1,0 +1,199 @@
+"""The record loop on this machine: inputs loaded in worker processes, in order, records appended
+to the container's writer, the manifest written last, all under one atomic commit.
+
+The output is built under a hidden partial name beside the destination and renamed into place
+only once complete (:func:`packdata.atomic.committing`); any failure or interruption deletes it,
+so nothing half-written ever opens as a dataset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from packdata import atomic
+from packdata.checksum import record_checksum
+from packdata.containers.base import ShardClosed, Writer
+from packdata.conversion.job import ConvertResult, Job
+from packdata.conversion.pool import WorkerPool
+from packdata.errors import PackdataError, SampleError, SkippedSample, WorkerDied
+from packdata.manifest import Field, Manifest
+from packdata.sources.base import SHOWN, STOPS, Item, Loaded, Source, reason_of, safe_load
+from packdata.units import available_cores
+
+Progress = Callable[[int, int], None]
+
+
+def write(job: Job, *, workers: int | None = None, progress: Progress | None = None,
+          on_shard_closed: ShardClosed | None = None) -> ConvertResult:
+    """Run ``job`` here: its inputs loaded by ``workers`` processes (default: the cores this
+    process may use), its records written and committed at ``job.dst``."""
+    start = time.perf_counter()
+    blocks = job.source.blocks(job.items)
+    workers = max(1, min(workers or available_cores(), len(blocks)))
+    with atomic.committing(job.dst) as partial:
+        records = _Records(job, partial.path, on_shard_closed)
+        try:
+            for done, (item, loaded) in enumerate(_loaded(job.source, blocks, workers), 1):
+                records.add(item, loaded)
+                if progress:
+                    progress(done, len(job.items))
+            manifest = records.finish()
+        except BaseException as exc:
+            records.abort()
+            if _is_write_error(exc):
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                raise PackdataError(f"{job.dst}: cannot write the output ({reason}); nothing was "
+                                    "left behind") from None
+            raise
+    return ConvertResult(job.dst, manifest, time.perf_counter() - start, partial.removed_stale)
+
+
+class _Records:
+    """Where loaded inputs go: checked against the fields of the first, appended to the writer
+    (made for those fields), counted for the manifest; failed inputs per ``on_error``."""
+
+    def __init__(self, job: Job, path: Path, on_shard_closed: ShardClosed | None) -> None:
+        self.job, self.path, self.on_shard_closed = job, path, on_shard_closed
+        self.writer: Writer | None = None
+        self.fields: dict[str, Field] = {}
+        self.first: Item | None = None
+        self.keys: list[str] = []
+        self.checksums: list[int] = []
+        self.skipped: list[dict[str, str]] = []
+
+    def add(self, item: Item, loaded: Loaded) -> None:
+        pairs = _pairs(item, loaded)  # one input may make several records (chunks)
+        if self.writer is None and pairs and not isinstance(pairs, SampleError):
+            self.fields, self.first = self.job.source.fields(pairs[0][1]), item
+            self.writer = self.job.container.WRITER(self.path, self.fields, self.job.options,
+                                                    self.on_shard_closed)
+        if not isinstance(pairs, SampleError):
+            pairs = self._checked(pairs, item)
+        if isinstance(pairs, SampleError):
+            if self.job.on_error == "fail" and not isinstance(pairs, SkippedSample):
+                raise pairs
+            self.skipped.append({"path": pairs.path, "reason": pairs.reason})
+            return
+        for key, record in pairs:
+            self.writer.append(key, record)  # type: ignore[union-attr]
+            self.job.source.observe(record)
+            self.keys.append(key)
+            self.checksums.append(record_checksum(record, self.fields))
+
+    def _checked(self, pairs: list[tuple[str, dict]], item: Item) -> list | SampleError:
+        """The pairs, or a SampleError naming the file when a record does not match the fields
+        (set by the first input converted)."""
+        source = self.job.source
+        for _, record in pairs:
+            for name, field in self.fields.items():
+                if name not in record:
+                    return SampleError(str(item.path), f"missing field '{name}'")
+                try:
+                    field.check(name, record[name])
+                except ValueError as exc:
+                    hint = f"; {source.shape_hint}" if source.shape_hint else ""
+                    return SampleError(str(item.path), f"{exc} (records must match the first "
+                                                       f"input, {self.first.path}{hint})")
+        return pairs
+
+    def finish(self) -> Manifest:
+        """The manifest, stored by the writer: after this the output is complete."""
+        if self.writer is None:
+            first = self.skipped[0]
+            raise PackdataError(
+                f"no input could be converted ({len(self.skipped)} failed); first: "
+                f"{first['path']}: {first['reason']}")
+        source = self.job.source
+        manifest = Manifest(
+            container=self.job.container.NAME, kind=source.kind, fields=self.fields,
+            count=len(self.keys), classes=source.classes, keys=self.keys,
+            checksums=self.checksums, skipped=self.skipped, **source.describe(),
+        )
+        manifest.options.update(self.job.options)
+        ignored = {why: {"count": len(names), "first": names[:SHOWN]}
+                   for why, names in source.__dict__.get("ignored", {}).items() if names}
+        if ignored:  # what the listing left out, so that it is never silent
+            manifest.source["ignored"] = ignored
+        self.writer.finish(manifest)
+        return manifest
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            with contextlib.suppress(Exception):  # e.g. a full disk again while flushing
+                self.writer.abort()
+
+
+def _pairs(item: Item, loaded: Loaded) -> list[tuple[str, dict]] | SampleError:
+    """What one item loaded as ``(key, record)`` pairs (or its error)."""
+    if isinstance(loaded, (SampleError, list)):
+        return loaded
+    return [(item.key, loaded)]
+
+
+def _is_write_error(exc: BaseException) -> bool:
+    """An error of the output's storage (disk full, file too large, I/O error), rather than
+    packdata's own or the user's: inputs' errors arrive as SampleErrors."""
+    if isinstance(exc, PackdataError):
+        return False
+    return isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in ("lmdb", "h5py")
+
+
+# -- loading inputs in worker processes ---------------------------------------------------------
+
+# Worker-side state: the source is sent once per worker, not once per task.
+_worker_source: Source | None = None
+
+
+def _set_worker_source(source: Source) -> None:
+    global _worker_source
+    _worker_source = source
+
+
+def _loaded(source: Source, blocks: list[list[Item]], workers: int
+            ) -> Iterator[tuple[Item, Loaded]]:
+    """Every item with what it loaded, in order; at most ``2 × workers`` blocks in flight."""
+    if workers <= 1:
+        for block in blocks:
+            yield from zip(block, _load_block_with(source, block))
+        return
+    try:
+        with WorkerPool(workers, _set_worker_source, (source,)) as pool:
+            for block, loaded in pool.ordered(_load_block, blocks, 2 * workers):
+                yield from zip(block, loaded)
+    except WorkerDied as died:  # the culprit is in this block or one queued after it
+        raise PackdataError("a conversion worker stopped unexpectedly (killed, out of memory, or "
+                            f"crashed in a decoder) while loading inputs from {died.task[0].path} "
+                            "on") from None
+
+
+def _load_block(items: list[Item]) -> list[Loaded]:
+    """The worker's task. What it raises travels back pickled: an error that cannot be (a
+    library's own exception class) is replaced by a PackdataError keeping its type and message,
+    and nothing is chained to it (where exceptions pickle their chain, as with tblib's support
+    installed, a chained library exception would not pickle either)."""
+    try:
+        return _load_block_with(_worker_source, items)  # type: ignore[arg-type]
+    except BaseException as exc:
+        failure = exc
+    failure.__context__ = failure.__cause__ = None
+    try:
+        pickle.loads(pickle.dumps(failure))
+    except Exception:
+        failure = PackdataError(f"{items[0].path}: {reason_of(failure)}")
+    raise failure  # outside any handler: nothing chains to it
+
+
+def _load_block_with(source: Source, items: list[Item]) -> list[Loaded]:
+    try:
+        return source.load_block(items)
+    except (PackdataError, *STOPS):
+        raise
+    except BaseException:  # a batch call failed as a whole: find the culprit item by item
+        return [safe_load(source, item) for item in items]
+
+
+__all__ = ["write"]

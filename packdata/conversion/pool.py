@@ -1,0 +1,139 @@
+"""The one process pool of conversion: forked workers that die with their parent, and a watchdog
+that turns a worker killed mid-task into an error instead of a hang.
+
+Both the local record loop (:mod:`.local`, blocks of inputs in order) and the local engine
+(:mod:`.engines`, independent parts as they finish) run on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from packdata.errors import WorkerDied
+
+PR_SET_PDEATHSIG = 1
+#: how long the pool may take to notice a dead worker itself before the watchdog steps in
+WORKER_DEATH_GRACE_S = 2.0
+#: how often a wait for results looks at the workers
+POLL_S = 1.0
+
+
+
+def _start_worker(parent: int, initializer: Callable[..., None] | None, initargs: tuple) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # undo the parent's handler inherited by fork
+    _die_with_parent(parent)
+    if initializer is not None:
+        initializer(*initargs)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this worker when the converting process dies, however it dies
+    (a SIGKILL leaves it no chance to stop its pool): Linux's parent-death signal."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+
+
+class WorkerPool:
+    """``workers`` forked processes. A worker that dies (killed, out of memory, a crash in a
+    native decoder) makes every wait raise :class:`WorkerDied`, never hang. Closing lets the
+    tasks being run finish and drops the queued ones."""
+
+    def __init__(self, workers: int, initializer: Callable[..., None] | None = None,
+                 initargs: tuple = ()) -> None:
+        self._pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"),
+                                         initializer=_start_worker,
+                                         initargs=(os.getpid(), initializer, initargs))
+        self._died_at: float | None = None
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        # the tasks being run finish: killing a worker instead could cut a result off mid-send
+        # and leave the pool's reader thread (and so the interpreter's exit) waiting forever
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def ordered(self, fn: Callable[[Any], Any], tasks: Iterator[Any] | list[Any],
+                window: int) -> Iterator[tuple[Any, Any]]:
+        """``(task, fn(task))`` in the order of ``tasks``, at most ``window`` in flight (memory
+        stays bounded whatever the number of tasks)."""
+        todo = iter(tasks)
+        pending: deque[tuple[Any, Future]] = deque(
+            (task, self._pool.submit(fn, task)) for task in itertools.islice(todo, window))
+        while pending:
+            task, future = pending.popleft()
+            try:
+                result = self._result(future)
+            except BrokenProcessPool:
+                raise WorkerDied(task) from None
+            nxt = next(todo, None)
+            if nxt is not None:
+                pending.append((nxt, self._pool.submit(fn, nxt)))
+            yield task, result
+
+    def as_completed(self, fn: Callable[[Any], Any],
+                     tasks: list[Any]) -> Iterator[tuple[int, Any]]:
+        """``(number, fn(tasks[number]))`` as tasks finish."""
+        running = {self._pool.submit(fn, task): n for n, task in enumerate(tasks)}
+        while running:
+            done, _ = wait(running, timeout=POLL_S, return_when=FIRST_COMPLETED)
+            if not done:
+                try:
+                    self._watch()
+                except BrokenProcessPool:
+                    raise WorkerDied() from None
+            for future in done:
+                try:
+                    result = future.result()
+                except BrokenProcessPool:
+                    raise WorkerDied() from None
+                yield running.pop(future), result
+
+    def _result(self, future: Future) -> Any:
+        while True:
+            try:
+                return future.result(timeout=POLL_S)
+            except TimeoutError:
+                self._watch()
+
+    def _watch(self) -> None:
+        """Raise BrokenProcessPool when a worker died and the pool did not notice.
+
+        A worker killed while sending a result (the OOM killer, SIGKILL) leaves half a message in
+        the result pipe and, holding the pipe's lock, blocks the other workers' sends: the pool's
+        reader thread then waits forever for the rest. Seen here, the remaining workers are
+        killed and the parent's copy of the pipe's write end is closed, so that reader gets
+        end-of-file, marks the pool broken and lets shutdown finish."""
+        procs = list((getattr(self._pool, "_processes", None) or {}).values())
+        if all(p.exitcode is None for p in procs):
+            self._died_at = None
+            return
+        self._died_at = self._died_at or time.monotonic()
+        if time.monotonic() - self._died_at > WORKER_DEATH_GRACE_S:
+            for p in procs:
+                with contextlib.suppress(Exception):
+                    p.kill()
+            with contextlib.suppress(Exception):
+                self._pool._result_queue._writer.close()  # type: ignore[attr-defined]
+            raise BrokenProcessPool("a worker died and the pool did not notice")

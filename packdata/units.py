@@ -1,0 +1,43 @@
+"""Sizes and counts as users write them, and how many cores this process may use."""
+
+from __future__ import annotations
+
+import os
+
+from packdata.errors import ArgumentError
+
+_UNITS = (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10), ("B", 1))
+
+
+def parse_bytes(value: int | str) -> int:
+    """``10_000_000`` or ``"10GB"``/``"512MB"``/``"64KB"`` as a byte count."""
+    text = str(value).strip().upper()
+    number, scale = text, 1
+    for unit, unit_scale in _UNITS:
+        if text.endswith(unit):
+            number, scale = text[: -len(unit)], unit_scale
+            break
+    try:
+        return int(float(number) * scale) if scale > 1 else int(number)
+    except ValueError:
+        raise ArgumentError(f"size '{value}': expected a byte count or a size like 512MB") from None
+
+
+def parse_count_or_bytes(value: int | str) -> tuple[int | None, int | None]:
+    """``"10000"`` → ``(10000, None)`` (a count); ``"512MB"`` → ``(None, 536870912)`` (bytes)."""
+    text = str(value).strip().upper()
+    if text.endswith(tuple(unit for unit, _ in _UNITS)):
+        return None, parse_bytes(text)
+    try:
+        return int(text), None
+    except ValueError:
+        raise ArgumentError(f"'{value}': expected a count or a size like 512MB") from None
+
+
+def available_cores() -> int:
+    """Cores this process may run on: its CPU affinity where the platform tells (a container
+    or a batch job's allocation), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
