@@ -46,10 +46,13 @@ OPTIONS = (
 )
 
 
-def parse_size(text: str | int | tuple[int, int] | None) -> tuple[int, int] | None:
-    """``"32"`` → (32, 32); ``"64x48"`` → width 64, height 48."""
-    if text is None or isinstance(text, tuple):
-        return text
+def parse_size(text: str | int | tuple[int, int] | list[int] | None) -> tuple[int, int] | None:
+    """``"32"`` → (32, 32); ``"64x48"`` or ``[64, 48]`` (as a manifest records it) → width 64,
+    height 48."""
+    if text is None:
+        return None
+    if isinstance(text, (tuple, list)):
+        text = "x".join(str(v) for v in text)
     parts = str(text).lower().split("x")
     try:
         w, h = (int(parts[0]),) * 2 if len(parts) == 1 else (int(parts[0]), int(parts[1]))
@@ -143,13 +146,16 @@ class ImageSource(Source):
             fields["label"] = Field("int64", ())
         return fields
 
+    def options(self) -> dict[str, Any]:
+        return {"labels": labelling.recorded(self.labels_path, self.root),
+                "encoding": self.encoding, "mode": self.mode,
+                "resize": list(self.resize) if self.resize else None, "max_size": self.max_size}
+
     def describe(self) -> dict[str, Any]:
         return {
             "source": {"path": str(self.root), "layout": self.layout,
                        "labels": str(self.labels_path) if self.labels_path else None},
-            "options": {"encoding": self.encoding, "mode": self.mode,
-                        "resize": list(self.resize) if self.resize else None,
-                        "max_size": self.max_size},
+            "options": self.options(),
         }
 
 

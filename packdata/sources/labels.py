@@ -72,6 +72,15 @@ def find_labels_file(root: Path) -> Path | None:
     return None
 
 
+def recorded(labels_path: Path | None, root: Path) -> str | None:
+    """The ``labels`` option that finds ``labels_path`` again: None when there is none or when
+    it is the file found automatically in ``root`` (so a moved source still finds its own), else
+    its absolute path."""
+    if labels_path is None or labels_path == find_labels_file(root):
+        return None
+    return os.path.abspath(labels_path)
+
+
 def layout(files: list[str], labels_path: Path | None) -> str:
     """How ``files`` (paths relative to the root, forward slashes) are labelled."""
     if labels_path:

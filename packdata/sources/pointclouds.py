@@ -232,6 +232,14 @@ class PointCloudSource(Source):
             key = "clouds_padded" if self.spec.fewer == "pad" else "clouds_with_replacement"
             self.counts[key] += 1
 
+    def options(self) -> dict[str, Any]:
+        s = self.spec
+        return {"labels": labelling.recorded(self.labels_path, self.root),
+                "fields": self.field_names, "points": s.points, "variants": s.variants,
+                "sampling": s.method, "voxel_size": s.voxel_size, "seed": s.seed,
+                "normalize": s.normalize, "dtype": s.dtype, "fewer": s.fewer,
+                "point_labels": self.point_labels, "variant_order": self.variant_order}
+
     def describe(self) -> dict[str, Any]:
         columns = [c for f in self.field_names for c in pointfiles.columns_of(f)]
         s = self.spec
@@ -239,11 +247,7 @@ class PointCloudSource(Source):
             "source": {"path": str(self.root), "layout": labelling.layout(self._files(),
                                                                           self.labels_path),
                        "labels": str(self.labels_path) if self.labels_path else None},
-            "options": {"fields": self.field_names, "columns": columns, "points": s.points,
-                        "variants": s.variants, "sampling": s.method, "voxel_size": s.voxel_size,
-                        "seed": s.seed, "normalize": s.normalize, "dtype": s.dtype,
-                        "fewer": s.fewer, "point_labels": self.point_labels,
-                        "variant_order": self.variant_order},
+            "options": {**self.options(), "columns": columns},
             "extra": {**self.counts, "num_points": self.num_points,
                       "coordinates": COORDINATES[s.normalize],
                       **({"precision": self.precision} if self.precision else {})},
