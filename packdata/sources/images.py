@@ -2,11 +2,11 @@
 
 Records: ``image`` and ``label`` (int64) when labels are known. ``image`` is one of
 
-- decoded uint8 H×W×C pixels, every image the same size (``encoding="raw"``, optionally
-  ``resize``);
-- decoded pixels of any size (``encoding="raw"`` with ``max_size``: the shorter side scaled down to
-  at most ``max_size``, aspect kept): rows of (H·W)×C pixels in one variable-length field, plus
-  ``image_size`` (int32 H, W);
+- decoded uint8 H×W×C pixels, every image the same size (``encoding="raw"`` when the images'
+  headers all give one size, or with ``resize``);
+- decoded pixels of any size (``encoding="raw"`` when the headers give several sizes, unscaled;
+  or with ``max_size``: the shorter side scaled down to at most ``max_size``, aspect kept): rows
+  of (H·W)×C pixels in one variable-length field, plus ``image_size`` (int32 H, W);
 - the original file bytes (``encoding="keep"``).
 
 Batches of images of different sizes need a decode stage (:mod:`packdata.imagedecode`), passed
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,9 @@ class ImageSource(Source):
         self.labels_path = Path(o["labels"]) if o["labels"] else labelling.find_labels_file(self.root)
         if self.labels_path and not self.labels_path.is_file():
             raise PackdataError(f"{self.labels_path}: labels file not found")
+        #: raw pixels of differing sizes: stored as variable-size rows, unscaled (decided by
+        #: :meth:`items` from the images' headers, before anything is converted)
+        self.mixed_sizes = False
 
     def _files(self) -> list[str]:
         return self.list_inputs(SUFFIXES, used=self.labels_path)
@@ -102,7 +106,10 @@ class ImageSource(Source):
         unused: list[str] = []
         labels, self.classes = labelling.assign(files, self.labels_path, unused)
         self.ignore(f"entries of {self.labels_path} naming no input file", unused)
-        return [Item(k, root / f, label) for k, f, label in zip(keys, files, labels)]
+        items = [Item(k, root / f, label) for k, f, label in zip(keys, files, labels)]
+        if self.encoding == "raw" and not self.resize and not self.max_size:
+            self.mixed_sizes = sizes_differ(items)
+        return items
 
     def load(self, item: Item) -> dict[str, np.ndarray]:
         if item.label == labelling.MISSING:
@@ -126,7 +133,7 @@ class ImageSource(Source):
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
             raise SampleError(str(item.path), f"cannot decode image ({exc})") from None
         record = {"image": image}
-        if self.max_size:  # any size: pixel rows plus the image's height and width
+        if self.variable:  # any size: pixel rows plus the image's height and width
             record = {"image": image.reshape(image.shape[0] * image.shape[1], -1),
                       "image_size": np.array(image.shape[:2], dtype=np.int32)}
         if item.label is not None:
@@ -137,7 +144,7 @@ class ImageSource(Source):
         image = record["image"]
         if self.encoding == "keep":
             fields = {"image": Field("uint8", (None,), codec="image")}
-        elif self.max_size:
+        elif self.variable:
             fields = {"image": Field("uint8", (None, image.shape[1])),
                       "image_size": Field("int32", (2,))}
         else:
@@ -145,6 +152,11 @@ class ImageSource(Source):
         if "label" in record:
             fields["label"] = Field("int64", ())
         return fields
+
+    @property
+    def variable(self) -> bool:
+        """Raw pixels stored as rows of any size (``max_size``, or images of mixed sizes)."""
+        return self.encoding == "raw" and (self.max_size is not None or self.mixed_sizes)
 
     def options(self) -> dict[str, Any]:
         return {"labels": labelling.recorded(self.labels_path, self.root),
@@ -154,9 +166,30 @@ class ImageSource(Source):
     def describe(self) -> dict[str, Any]:
         return {
             "source": {"path": str(self.root), "layout": self.layout,
-                       "labels": str(self.labels_path) if self.labels_path else None},
+                       "labels": str(self.labels_path) if self.labels_path else None,
+                       "mixed_sizes": self.mixed_sizes},
             "options": self.options(),
         }
+
+
+def sizes_differ(items: list[Item]) -> bool:
+    """Whether the images of ``items`` differ in size, read from their headers alone (Pillow
+    opens lazily: no pixel is decoded). Stops at the first size that differs; a file whose
+    header cannot be read is left to :meth:`ImageSource.load`, which names it."""
+    first = None
+    for item in items:
+        try:
+            if not stat.S_ISREG(item.path.stat().st_mode):  # e.g. a pipe: opening it may block
+                continue
+            with item.path.open("rb") as f, Image.open(f) as im:
+                size = im.size
+        except Exception:  # noqa: S112 - load() reports this file with its reason
+            continue
+        if first is None:
+            first = size
+        elif size != first:
+            return True
+    return False
 
 
 def limited_size(size: tuple[int, int], max_size: int) -> tuple[int, int]:
