@@ -131,6 +131,8 @@ class PointCloudSource(Source):
         unused: list[str] = []
         labels, self.classes = labelling.assign(files, self.labels_path, unused)
         self.ignore(f"entries of {self.labels_path} naming no input file", unused)
+        if files and labelling.layout(files, self.labels_path) == "unlabelled":
+            labelling.warn_unlabelled(self.root, "a point cloud")
         self._check_precision(root, [f for f in files if f.lower().endswith(pointfiles.LAS_SUFFIXES)])
         return [Item(os.path.splitext(f)[0], root / f, label) for f, label in zip(files, labels)]
 
