@@ -399,3 +399,16 @@ def test_parallel_convert_after_laz_was_read_in_the_parent(tmp_path):
                           timeout=120, cwd=Path(__file__).parents[1])
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "260"
+
+
+@pytest.mark.parametrize("normalize", ["center", "unit_sphere"])
+def test_precision_advice_never_repeats_an_option_given(tmp_path, tree_folder, normalize):
+    """float16 steps by more than the files' 1 cm even once centred (trees ~20 m tall) or scaled
+    into the unit sphere: the advice is a wider type, never the normalisation already given."""
+    with pytest.warns(InputWarning, match=r"float16 stores coordinates") as record:
+        packdata.open_source(tree_folder, normalize=normalize, dtype="float16").items()
+    message = str(record[0].message)
+    assert "--normalize" not in message, message
+    assert message.endswith("; use --dtype float32 or float64"), message
+    with pytest.warns(InputWarning, match=r"; use --normalize center, or --dtype float64$"):
+        packdata.open_source(tree_folder, dtype="float32").items()

@@ -160,10 +160,15 @@ class PointCloudSource(Source):
         self.precision = {"dtype": dtype.name, "files_coarser_than_their_scale": len(losing),
                           "largest_step": worst[0], "its_file_scale": worst[1]}
         if losing:
+            # advise only what was not given already: centring, then any wider float type
+            wider = [d for d in ("float32", "float64") if np.dtype(d).itemsize > dtype.itemsize]
+            advice = ["--normalize center"] if self.spec.normalize == "none" else []
+            advice += [f"--dtype {' or '.join(wider)}"] if wider else []
             warnings.warn(
                 f"{root}: {dtype.name} stores coordinates in steps of up to {worst[0]:.3g} "
                 f"(file units) where the files' own scale is {worst[1]:.3g}, in {len(losing)} "
-                f"files ({shown(losing)}); use --normalize center, or --dtype float64",
+                f"files ({shown(losing)})"
+                + (f"; use {', or '.join(advice)}" if advice else ""),
                 InputWarning, stacklevel=3)
 
     def blocks(self, items: list[Item]) -> list[list[Item]]:
