@@ -14,6 +14,7 @@ Three levels, from cheapest:
 
 from __future__ import annotations
 
+import warnings
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from packdata.containers.base import Batch, Reader, Select, apply_select
-from packdata.errors import ArgumentError, DatasetError, PackdataError
+from packdata.errors import ArgumentError, DatasetError, InputWarning, PackdataError
 from packdata.manifest import Manifest, record_checksum
 
 LEVELS = ("off", "sample", "full")
@@ -314,7 +315,10 @@ def _compare_source(reader: Reader, source: Any, report: VerifyReport, path: str
 def _loaded(source: Any) -> Iterator[tuple[Any, Any]]:
     """``(item, loaded)`` for every input, loaded as conversion loads them: block by block
     (one input may make several records, e.g. a text split into chunks)."""
-    for block in source.blocks(source.items()):
+    with warnings.catch_warnings():  # advice for converting (no labels, precision): not news
+        warnings.simplefilter("ignore", InputWarning)
+        items = source.items()
+    for block in source.blocks(items):
         yield from zip(block, source.load_block(block))
 
 

@@ -132,6 +132,19 @@ def test_mixed_sizes_convert_by_default_unscaled_and_batch_through_a_decode_stag
         assert x.shape == (len(y), 3, 24, 24)
 
 
+def test_mixed_sizes_convert_in_parts_and_verify_against_their_source(tmp_path, photo_folder):
+    """Converted in parts, each part stores the layout decided for the whole folder."""
+    path = packdata.convert(packdata.open_source(photo_folder), tmp_path / "parts.h5",
+                            workers=1, engine="local", part_size=4).path
+    ds = packdata.open(path)
+    assert ds.manifest.fields["image"].shape == (None, 3)
+    for i in (0, 5, 13):
+        expected = pixels(file_of(photo_folder, ds.keys[i]))
+        assert torch.equal(ds[i][0], torch.from_numpy(expected.copy()).permute(2, 0, 1))
+    result = CliRunner().invoke(app, ["verify", str(path), "--source", str(photo_folder)])
+    assert result.exit_code == 0 and "14 compared" in result.output, result.output
+
+
 def test_images_of_one_size_keep_one_fixed_shape(tmp_path):
     folder = tmp_path / "same"
     folder.mkdir()
