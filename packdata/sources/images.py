@@ -19,6 +19,8 @@ import io
 import os
 import stat
 import struct
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +31,15 @@ from PIL import Image, UnidentifiedImageError
 from packdata.errors import DatasetError, PackdataError, SampleError
 from packdata.imagedecode import ImageDecode
 from packdata.manifest import Field, Manifest
+from packdata.remote_files import RemotePath
 from packdata.sources import labels as labelling
-from packdata.sources.base import Item, Source
+from packdata.sources.base import BLOCK, Item, Source
 from packdata.sources.options import Option, resolve
 
 KIND = "image"
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 ENCODINGS = ("raw", "keep")
+REMOTE_READS = 16  # image headers read at once from a URL source while listing
 OPTIONS = (
     labelling.LABELS,
     Option("encoding", str, "raw", "'raw' stores decoded uint8 pixels (no decode when loading); "
@@ -176,22 +180,38 @@ class ImageSource(Source):
 
 
 def sizes_differ(items: list[Item]) -> bool:
-    """Whether the images of ``items`` differ in size, read from their headers alone (Pillow
-    opens lazily: no pixel is decoded). Stops at the first size that differs; a file whose
-    header cannot be read is left to :meth:`ImageSource.load`, which names it."""
+    """Whether the images of ``items`` differ in size, read from their headers alone (no pixel
+    is decoded). Stops at the first size that differs; a file whose header cannot be read is
+    left to :meth:`ImageSource.load`, which names it."""
     first = None
-    for item in items:
-        try:
-            if not stat.S_ISREG(item.path.stat().st_mode):  # e.g. a pipe: opening it may block
-                continue
-            size = header_size(item.path)
-        except Exception:  # noqa: S112 - load() reports this file with its reason
+    for size in _header_sizes(items):
+        if size is None:
             continue
         if first is None:
             first = size
         elif size != first:
             return True
     return False
+
+
+def _header_sizes(items: list[Item]) -> Iterator[tuple[int, int] | None]:
+    """Each item's (W, H), or None where its header cannot be read. Files at a URL are read
+    ``REMOTE_READS`` at a time (each is a round trip); local files one by one (microseconds)."""
+    if not any(isinstance(item.path, RemotePath) for item in items):
+        yield from map(_size_or_none, items)
+        return
+    with ThreadPoolExecutor(REMOTE_READS, thread_name_prefix="packdata-headers") as pool:
+        for start in range(0, len(items), BLOCK):
+            yield from pool.map(_size_or_none, items[start : start + BLOCK])
+
+
+def _size_or_none(item: Item) -> tuple[int, int] | None:
+    try:
+        if not isinstance(item.path, RemotePath) and not stat.S_ISREG(item.path.stat().st_mode):
+            return None  # e.g. a named pipe: opening it could block; load() reports it
+        return header_size(item.path)
+    except Exception:  # load() reports this file with its reason
+        return None
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
