@@ -133,7 +133,8 @@ def _check_extent(las, path: Path) -> None:
     scales, offsets = np.asarray(header.scales, np.float64), np.asarray(header.offsets, np.float64)
     mins, maxs = np.asarray(header.mins, np.float64), np.asarray(header.maxs, np.float64)
     slack = 1 + 1e-9 * np.maximum(abs(lo), abs(hi))
-    outside = (lo < (mins - offsets) / scales - slack) | (hi > (maxs - offsets) / scales + slack)
+    with np.errstate(all="ignore"):  # a zero scale in a damaged header: no box to compare with
+        outside = (lo < (mins - offsets) / scales - slack) | (hi > (maxs - offsets) / scales + slack)
     if not outside.any():
         return
     if np.all(abs(mins - lo) <= 1) and np.all(abs(maxs - hi) <= 1):
