@@ -169,7 +169,7 @@ def test_output_inside_source_is_refused(tmp_path):
         packdata.convert(packdata.open_source(folder), folder / "out.lmdb")
 
 
-def test_different_sizes_need_resize(tmp_path, png_folder):
+def test_different_sizes_convert_unscaled_or_resized(tmp_path, png_folder):
     from PIL import Image
 
     folder = copy_sample(tmp_path / "sizes", count=10)
@@ -177,8 +177,8 @@ def test_different_sizes_need_resize(tmp_path, png_folder):
     labels = json.loads((folder / "labels.json").read_text())
     labels["labels"]["zz_big.png"] = 1
     (folder / "labels.json").write_text(json.dumps(labels))
-    with pytest.raises(SampleError, match=r"zz_big.png.*expected shape \[32, 32, 3\].*--resize"):
-        packdata.convert(packdata.open_source(folder), tmp_path / "o.h5")
+    mixed = packdata.open(packdata.convert(packdata.open_source(folder), tmp_path / "o.h5").path)
+    assert mixed[0][0].shape == (3, 32, 32) and mixed[10][0].shape == (3, 30, 40)
     ds = packdata.open(packdata.convert(packdata.open_source(folder, resize="16x8"),
                                         tmp_path / "r.h5").path)
     assert ds[0][0].shape == (3, 8, 16) and len(ds) == 11

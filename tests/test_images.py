@@ -96,16 +96,79 @@ def test_max_size_limits_the_shorter_side_keeping_the_aspect(tmp_path, photo_fol
 
 
 def test_mixed_sizes_without_a_decode_stage_say_how_to_batch_them(tmp_path, photo_folder):
-    for options in ({"max_size": 256}, {"encoding": "keep"}):
+    for options in ({"max_size": 256}, {"encoding": "keep"}, {}):
         ds = packdata.open(convert(photo_folder, tmp_path / f"{len(options)}{options}.h5",
                                    **options))
         with pytest.raises(packdata.DatasetError, match=r"different sizes.*decode=packdata"):
             ds[[0, 1, 2]]
-    # raw storage of one size points at --max-size (aspect kept), not only at --resize
-    with pytest.raises(packdata.SampleError, match=r"expected shape.*--max-size N"):
-        convert(photo_folder, tmp_path / "fixed.h5")
     with pytest.raises(packdata.PackdataError, match="--max-size needs"):
         packdata.open_source(photo_folder, encoding="keep", max_size=64)
+
+
+@pytest.mark.parametrize("container", list(CONTAINERS))
+def test_mixed_sizes_convert_by_default_unscaled_and_batch_through_a_decode_stage(
+        tmp_path, photo_folder, container):
+    """The default (raw) conversion of a folder of photos of 14 sizes: rows of any size, each
+    image's pixels exactly as Pillow decodes its file; through a decode stage, the same crops as
+    from the original files."""
+    path = convert(photo_folder, tmp_path / CONTAINERS[container])
+    ds = packdata.open(path)
+    assert ds.manifest.fields["image"].shape == (None, 3)
+    assert ds.manifest.options["max_size"] is None and ds.manifest.source["mixed_sizes"]
+    for i, key in enumerate(ds.keys):
+        image, label = ds[i]
+        expected = torch.from_numpy(pixels(file_of(photo_folder, key)).copy()).permute(2, 0, 1)
+        assert torch.equal(image, expected), key
+        assert label == ds.classes.index(key.split("/")[0])
+    keep = convert(photo_folder, tmp_path / f"keep-{CONTAINERS[container]}", encoding="keep")
+    crops = [packdata.open(p, decode=packdata.RandomResizedCrop(24, seed=1)) for p in (path, keep)]
+    images, labels = crops[0][list(range(14))]
+    assert images.shape == (14, 3, 24, 24) and labels.tolist() == [0] * 7 + [1] * 7
+    # the PNGs' crops equal those cut from their files (JPEG files are decoded at a reduced DCT
+    # scale when the crop allows, so their crops differ slightly from crops of full pixels)
+    png = [i for i, key in enumerate(ds.keys) if file_of(photo_folder, key).suffix == ".png"]
+    assert len(png) == 6 and torch.equal(crops[0][png][0], crops[1][png][0])
+    for x, y in packdata.loader(crops[0], 5):
+        assert x.shape == (len(y), 3, 24, 24)
+
+
+def test_mixed_sizes_convert_in_parts_and_verify_against_their_source(tmp_path, photo_folder):
+    """Converted in parts, each part stores the layout decided for the whole folder."""
+    path = packdata.convert(packdata.open_source(photo_folder), tmp_path / "parts.h5",
+                            workers=1, engine="local", part_size=4).path
+    ds = packdata.open(path)
+    assert ds.manifest.fields["image"].shape == (None, 3)
+    for i in (0, 5, 13):
+        expected = pixels(file_of(photo_folder, ds.keys[i]))
+        assert torch.equal(ds[i][0], torch.from_numpy(expected.copy()).permute(2, 0, 1))
+    result = CliRunner().invoke(app, ["verify", str(path), "--source", str(photo_folder)])
+    assert result.exit_code == 0 and "14 compared" in result.output, result.output
+
+
+def test_images_of_one_size_keep_one_fixed_shape(tmp_path):
+    folder = tmp_path / "same"
+    folder.mkdir()
+    with Image.open(FIXTURES / "coffee.jpg") as im:
+        for k in range(3):
+            im.crop((10 * k, 0, 10 * k + 40, 30)).save(folder / f"{k}.png")
+    ds = packdata.open(convert(folder, tmp_path / "same.h5"))
+    assert ds.manifest.fields["image"].shape == (30, 40, 3)
+    assert not ds.manifest.source["mixed_sizes"] and "image_size" not in ds.manifest.fields
+    assert ds[[0, 1, 2]].shape == (3, 3, 30, 40)
+
+
+def test_a_header_that_lies_about_the_size_still_fails_naming_the_file(tmp_path):
+    """Sizes are read from headers before converting; a file whose pixels are not what its
+    header says (truncated) is that file's error, as before."""
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    with Image.open(FIXTURES / "coffee.jpg") as im:
+        for k in range(2):
+            im.crop((0, 0, 40, 30)).save(folder / f"{k}.png")
+    data = (folder / "1.png").read_bytes()
+    (folder / "1.png").write_bytes(data[: len(data) // 2])
+    with pytest.raises(packdata.SampleError, match=r"1.png: cannot decode image"):
+        convert(folder, tmp_path / "bad.h5")
 
 
 def test_decode_stage_gives_fixed_size_batches_on_every_path(tmp_path, photo_folder):

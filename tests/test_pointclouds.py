@@ -399,3 +399,70 @@ def test_parallel_convert_after_laz_was_read_in_the_parent(tmp_path):
                           timeout=120, cwd=Path(__file__).parents[1])
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "260"
+
+
+@pytest.mark.parametrize("normalize", ["center", "unit_sphere"])
+def test_precision_advice_never_repeats_an_option_given(tmp_path, tree_folder, normalize):
+    """float16 steps by more than the files' 1 cm even once centred (trees ~20 m tall) or scaled
+    into the unit sphere: the advice is a wider type, never the normalisation already given."""
+    with pytest.warns(InputWarning, match=r"float16 stores coordinates") as record:
+        packdata.open_source(tree_folder, normalize=normalize, dtype="float16").items()
+    message = str(record[0].message)
+    assert "--normalize" not in message, message
+    assert message.endswith("; use --dtype float32 or float64"), message
+    with pytest.warns(InputWarning, match=r"; use --normalize center, or --dtype float64$"):
+        packdata.open_source(tree_folder, dtype="float32").items()
+
+
+
+def outside_box(las) -> bool:
+    xyz = np.stack([las.x, las.y, las.z], axis=1)
+    return bool(((xyz < las.header.mins) | (xyz > las.header.maxs)).any())
+
+
+def test_garbage_in_compressed_points_decoding_outside_the_bounding_box_is_damaged_input(
+        tmp_path):
+    """4 KB of zeros written into the compressed points of a copy of a real LAZ file: lazrs
+    decodes it without complaint, into coordinates outside the header's bounding box."""
+    data = bytearray((FIXTURES / "simple.laz").read_bytes())
+    with (FIXTURES / "simple.laz").open("rb") as f:
+        header = laspy.LasHeader.read_from(f)
+    at = header.offset_to_point_data + 3578  # past the chunk-table offset, inside the points
+    data[at : at + 4096] = bytes(4096)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "damaged.laz").write_bytes(bytes(data))
+    shutil.copy(FIXTURES / "simple.las", folder / "intact.las")
+    decoded = laspy.read(folder / "damaged.laz")  # the decoder itself says nothing
+    assert len(decoded.points) == header.point_count and outside_box(decoded)
+    with pytest.raises(SampleError, match=r"damaged.laz: damaged point data: [xyz] decodes to "
+                                          r".* outside the header's bounding box"):
+        pointfiles.read_columns(folder / "damaged.laz", ["x", "y", "z"])
+    source = packdata.open_source(folder, points=64, normalize="center")
+    with pytest.raises(SampleError, match="damaged.laz: damaged point data"):
+        packdata.convert(source, tmp_path / "fail.h5", workers=1)
+    result = packdata.convert(source, tmp_path / "skip.h5", workers=1, on_error="skip")
+    assert [s["path"] for s in result.skipped] == [str(folder / "damaged.laz")]
+    assert packdata.open(result.path).keys == ["intact"]
+
+
+def test_intact_files_lie_inside_their_bounding_box(tmp_path):
+    """The check refuses no intact file: the fixtures; nor a header that states its box as the
+    stored integers (as laspy's sample simple1_3.las was written), which match the points."""
+    for path in sorted(FIXTURES.glob("*.la[sz]")) + sorted(
+            (FIXTURES.parent / "lidar-pieces").rglob("*.las")):
+        assert len(pointfiles.read_columns(path, ["x", "y", "z"])["x"])
+    las = laspy.read(FIXTURES / "simple.las")
+    data = bytearray((FIXTURES / "simple.las").read_bytes())
+    h = las.header
+    raw = [np.asarray(las[d]) for d in ("X", "Y", "Z")]
+    # LAS 1.0-1.4 public header: max x, min x, max y, min y, max z, min z at byte 179
+    struct.pack_into("<6d", data, 179, *[float(f(r)) for r in raw for f in (np.max, np.min)])
+    (tmp_path / "stated.las").write_bytes(bytes(data))
+    with (tmp_path / "stated.las").open("rb") as f:
+        assert laspy.LasHeader.read_from(f).mins[0] == raw[0].min() != h.mins[0]
+    assert len(pointfiles.read_columns(tmp_path / "stated.las", ["x", "y", "z"])["x"]) == 1065
+    data[179 : 179 + 8] = struct.pack("<d", float(raw[0].max() - 5))  # and now it does not match
+    (tmp_path / "short.las").write_bytes(bytes(data))
+    with pytest.raises(SampleError, match="short.las: damaged point data: x decodes"):
+        pointfiles.read_columns(tmp_path / "short.las", ["x", "y", "z"])

@@ -293,3 +293,21 @@ def test_cli_converts_to_a_bucket_with_credentials_from_the_environment(s3, png_
     assert result.exit_code == 0, result.output
     ds = packdata.open(url, cache_dir=tmp_path)  # found through the environment alone
     assert ds.manifest.checksums == packdata.open(local).manifest.checksums
+
+
+def test_mixed_size_images_at_a_url_convert_as_the_local_folder(s3, tmp_path):
+    """Image headers are read at the URL (concurrently) to choose the layout before converting."""
+    from PIL import Image
+
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    with Image.open(FIXTURES / "images" / "coffee.jpg") as im:
+        for k in range(5):
+            im.crop((0, 0, 40 + 7 * k, 30 + 3 * k)).save(folder / f"{k}.png")
+    url = f"s3://{BUCKET}/raw-mixed"
+    fsspec.filesystem("s3", **s3).put(str(folder) + "/", url + "/", recursive=True)
+    here = packdata.convert(packdata.open_source(folder), tmp_path / "a.h5", workers=1).manifest
+    there = packdata.convert(packdata.open_source(url, storage_options=s3), tmp_path / "b.h5",
+                             workers=1).manifest
+    assert there.source["mixed_sizes"] and there.fields["image"].shape == (None, 3)
+    assert there.keys == here.keys and there.checksums == here.checksums

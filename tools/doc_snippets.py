@@ -47,7 +47,9 @@ SKIP_LINE = re.compile(r"^\s*<!--\s*skip-line\s+(.+?):\s+(.+?)\s*-->\s*$")
 
 #: what a fresh workspace holds, name → what it is (built by :func:`make_workspace`)
 WORKSPACE = {
-    "cifar-png/": "40 real CIFAR-10 PNGs (4 per class) and their labels.json",
+    "cifar-png/": "40 real CIFAR-10 PNGs (4 per class)",
+    "labels.json": "their labels, beside the folder (as CIFAR exports keep them): "
+                   "{\"classes\": [...], \"labels\": {file name: class index}}",
     "labels.pkl": "the same labels as a pickled dict {file name: class index}",
     "imagenet-style/": "20 of those PNGs in class sub-folders",
     "imagenet/": "train/ and val/ class folders (cat, coffee) of JPEG crops of several sizes "
@@ -185,8 +187,7 @@ def make_workspace(dst: Path, root: Path = ROOT) -> Path:
     (dst / "cifar-png").mkdir(parents=True)
     for n in names:
         shutil.copyfile(cifar / n, dst / "cifar-png" / n)
-    (dst / "cifar-png" / "labels.json").write_text(json.dumps({"classes": meta["classes"],
-                                                                "labels": labels}))
+    (dst / "labels.json").write_text(json.dumps({"classes": meta["classes"], "labels": labels}))
     (dst / "labels.pkl").write_bytes(pickle.dumps(labels))
     for n in names[::2]:
         folder = dst / "imagenet-style" / meta["classes"][labels[n]]

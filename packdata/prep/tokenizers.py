@@ -228,8 +228,11 @@ def load_tokenizer(spec: str | Path | Tokenizer) -> Tokenizer:
 
 def from_description(desc: dict[str, Any]) -> Tokenizer:
     """The tokeniser a manifest recorded (to decode stored ids), checking the file is unchanged."""
-    if desc["kind"] == "bytes":
+    if desc.get("kind") == "bytes":
         return ByteTokenizer()
+    if not desc.get("path"):  # a Tokenizer object was given, not a file: nothing to reload
+        raise TokenizerError(f"the {desc.get('kind')!r} tokeniser was given as an object, not "
+                             "a file: pass it again (tokenizer=...)")
     path = Path(desc["path"])
     tok = load_tokenizer(path) if desc["kind"] != "tiktoken" else \
         TiktokenTokenizer(path, pattern=desc.get("pattern", GPT2_PATTERN))

@@ -72,9 +72,16 @@ class Source(ABC):
         """The fields every record must match, given the first record loaded."""
 
     @abstractmethod
+    def options(self) -> dict[str, Any]:
+        """The options that recreate this source: each of its kind's ``OPTIONS`` by name, as
+        JSON values that ``open_source(root, kind, **options)`` accepts. :meth:`describe` puts
+        them in the manifest's options, and ``packdata verify --source`` passes them back."""
+
+    @abstractmethod
     def describe(self) -> dict[str, Any]:
-        """The source (path, layout) and the conversion options, for the manifest (and
-        optionally ``extra`` facts, e.g. gathered by :meth:`observe`)."""
+        """The source (path, layout) and the conversion options (:meth:`options`, plus facts
+        derived from them), for the manifest (and optionally ``extra`` facts, e.g. gathered by
+        :meth:`observe`)."""
 
     def list_inputs(self, suffixes: tuple[str, ...], used: Path | None = None) -> list[str]:
         """:func:`list_files` under ``self.root``; the other files there, but ``used`` (e.g. the

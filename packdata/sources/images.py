@@ -2,11 +2,11 @@
 
 Records: ``image`` and ``label`` (int64) when labels are known. ``image`` is one of
 
-- decoded uint8 H×W×C pixels, every image the same size (``encoding="raw"``, optionally
-  ``resize``);
-- decoded pixels of any size (``encoding="raw"`` with ``max_size``: the shorter side scaled down to
-  at most ``max_size``, aspect kept): rows of (H·W)×C pixels in one variable-length field, plus
-  ``image_size`` (int32 H, W);
+- decoded uint8 H×W×C pixels, every image the same size (``encoding="raw"`` when the images'
+  headers all give one size, or with ``resize``);
+- decoded pixels of any size (``encoding="raw"`` when the headers give several sizes, unscaled;
+  or with ``max_size``: the shorter side scaled down to at most ``max_size``, aspect kept): rows
+  of (H·W)×C pixels in one variable-length field, plus ``image_size`` (int32 H, W);
 - the original file bytes (``encoding="keep"``).
 
 Batches of images of different sizes need a decode stage (:mod:`packdata.imagedecode`), passed
@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import io
 import os
+import stat
+import struct
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +32,14 @@ from packdata.errors import DatasetError, PackdataError, SampleError
 from packdata.imagedecode import ImageDecode
 from packdata.manifest import Field, Manifest
 from packdata.options import Option, resolve
+from packdata.remote.files import RemotePath
 from packdata.sources import labels as labelling
-from packdata.sources.base import Item, Source
+from packdata.sources.base import BLOCK, Item, Source
 
 KIND = "image"
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 ENCODINGS = ("raw", "keep")
+REMOTE_READS = 16  # image headers read at once from a URL source while listing
 OPTIONS = (
     labelling.LABELS,
     Option("encoding", str, "raw", "'raw' stores decoded uint8 pixels (no decode when loading); "
@@ -46,10 +52,13 @@ OPTIONS = (
 )
 
 
-def parse_size(text: str | int | tuple[int, int] | None) -> tuple[int, int] | None:
-    """``"32"`` → (32, 32); ``"64x48"`` → width 64, height 48."""
-    if text is None or isinstance(text, tuple):
-        return text
+def parse_size(text: str | int | tuple[int, int] | list[int] | None) -> tuple[int, int] | None:
+    """``"32"`` → (32, 32); ``"64x48"`` or ``[64, 48]`` (as a manifest records it) → width 64,
+    height 48."""
+    if text is None:
+        return None
+    if isinstance(text, (tuple, list)):
+        text = "x".join(str(v) for v in text)
     parts = str(text).lower().split("x")
     try:
         w, h = (int(parts[0]),) * 2 if len(parts) == 1 else (int(parts[0]), int(parts[1]))
@@ -84,6 +93,9 @@ class ImageSource(Source):
         self.labels_path = Path(o["labels"]) if o["labels"] else labelling.find_labels_file(self.root)
         if self.labels_path and not self.labels_path.is_file():
             raise PackdataError(f"{self.labels_path}: labels file not found")
+        #: raw pixels of differing sizes: stored as variable-size rows, unscaled (decided by
+        #: :meth:`items` from the images' headers, before anything is converted)
+        self.mixed_sizes = False
 
     def _files(self) -> list[str]:
         return self.list_inputs(SUFFIXES, used=self.labels_path)
@@ -99,7 +111,12 @@ class ImageSource(Source):
         unused: list[str] = []
         labels, self.classes = labelling.assign(files, self.labels_path, unused)
         self.ignore(f"entries of {self.labels_path} naming no input file", unused)
-        return [Item(k, root / f, label) for k, f, label in zip(keys, files, labels)]
+        if files and labelling.layout(files, self.labels_path) == "unlabelled":
+            labelling.warn_unlabelled(self.root, "an image")
+        items = [Item(k, root / f, label) for k, f, label in zip(keys, files, labels)]
+        if self.encoding == "raw" and not self.resize and not self.max_size:
+            self.mixed_sizes = sizes_differ(items)
+        return items
 
     def load(self, item: Item) -> dict[str, np.ndarray]:
         if item.label == labelling.MISSING:
@@ -123,7 +140,7 @@ class ImageSource(Source):
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
             raise SampleError(str(item.path), f"cannot decode image ({exc})") from None
         record = {"image": image}
-        if self.max_size:  # any size: pixel rows plus the image's height and width
+        if self.variable:  # any size: pixel rows plus the image's height and width
             record = {"image": image.reshape(image.shape[0] * image.shape[1], -1),
                       "image_size": np.array(image.shape[:2], dtype=np.int32)}
         if item.label is not None:
@@ -134,7 +151,7 @@ class ImageSource(Source):
         image = record["image"]
         if self.encoding == "keep":
             fields = {"image": Field("uint8", (None,), codec="image")}
-        elif self.max_size:
+        elif self.variable:
             fields = {"image": Field("uint8", (None, image.shape[1])),
                       "image_size": Field("int32", (2,))}
         else:
@@ -143,14 +160,74 @@ class ImageSource(Source):
             fields["label"] = Field("int64", ())
         return fields
 
+    @property
+    def variable(self) -> bool:
+        """Raw pixels stored as rows of any size (``max_size``, or images of mixed sizes)."""
+        return self.encoding == "raw" and (self.max_size is not None or self.mixed_sizes)
+
+    def options(self) -> dict[str, Any]:
+        return {"labels": labelling.recorded(self.labels_path, self.root),
+                "encoding": self.encoding, "mode": self.mode,
+                "resize": list(self.resize) if self.resize else None, "max_size": self.max_size}
+
     def describe(self) -> dict[str, Any]:
         return {
             "source": {"path": str(self.root), "layout": self.layout,
-                       "labels": str(self.labels_path) if self.labels_path else None},
-            "options": {"encoding": self.encoding, "mode": self.mode,
-                        "resize": list(self.resize) if self.resize else None,
-                        "max_size": self.max_size},
+                       "labels": str(self.labels_path) if self.labels_path else None,
+                       "mixed_sizes": self.mixed_sizes},
+            "options": self.options(),
         }
+
+
+def sizes_differ(items: list[Item]) -> bool:
+    """Whether the images of ``items`` differ in size, read from their headers alone (no pixel
+    is decoded). Stops at the first size that differs; a file whose header cannot be read is
+    left to :meth:`ImageSource.load`, which names it."""
+    first = None
+    for size in _header_sizes(items):
+        if size is None:
+            continue
+        if first is None:
+            first = size
+        elif size != first:
+            return True
+    return False
+
+
+def _header_sizes(items: list[Item]) -> Iterator[tuple[int, int] | None]:
+    """Each item's (W, H), or None where its header cannot be read. Files at a URL are read
+    ``REMOTE_READS`` at a time (each is a round trip); local files one by one (microseconds)."""
+    if not any(isinstance(item.path, RemotePath) for item in items):
+        yield from map(_size_or_none, items)
+        return
+    with ThreadPoolExecutor(REMOTE_READS, thread_name_prefix="packdata-headers") as pool:
+        for start in range(0, len(items), BLOCK):
+            yield from pool.map(_size_or_none, items[start : start + BLOCK])
+
+
+def _size_or_none(item: Item) -> tuple[int, int] | None:
+    try:
+        if not isinstance(item.path, RemotePath) and not stat.S_ISREG(item.path.stat().st_mode):
+            return None  # e.g. a named pipe: opening it could block; load() reports it
+        return header_size(item.path)
+    except Exception:  # load() reports this file with its reason
+        return None
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def header_size(path: Path) -> tuple[int, int]:
+    """An image's (W, H) from its header: a PNG's IHDR chunk read directly (a quarter of what
+    Pillow's lazy open costs), any other format through Pillow's lazy open."""
+    with path.open("rb") as f:
+        head = f.read(24)
+        if head[:8] == PNG_SIGNATURE and head[12:16] == b"IHDR":
+            w, h = struct.unpack(">II", head[16:24])
+            return w, h
+        f.seek(0)
+        with Image.open(f) as im:
+            return im.size
 
 
 def limited_size(size: tuple[int, int], max_size: int) -> tuple[int, int]:

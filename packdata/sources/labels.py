@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
 import pickle
+import warnings
 from pathlib import Path
 
-from packdata.errors import PackdataError
+import numpy as np
+
+from packdata.errors import InputWarning, PackdataError
 from packdata.options import Option
 
 LABEL_FILES = ("labels.json", "labels.csv", "labels.pkl")
@@ -22,10 +26,12 @@ LABELS = Option("labels", Path, None, "Labels file: .json, .csv or .pkl mapping 
 def load_labels(path: Path) -> tuple[dict[str, int], list[str] | None]:
     """Read a labels file: ``{file name: class index}`` and the class names when it gives them.
 
-    ``.json``: ``{name: index}`` or ``{"classes": [...], "labels": {name: index}}``;
+    ``.json``: ``{name: index}`` or ``{"classes": [...], "labels": {name: index}}``, with class
+    names in place of indices if you like (looked up in ``classes`` when given, else in the
+    sorted names);
     ``.csv``: rows ``name,label`` (label an index or a class name; a header row is skipped);
-    ``.pkl``: a pickled dict of str → int. Unpickling runs code from the file: only load a
-    ``labels.pkl`` you trust. Anything but a plain dict of str → int is refused.
+    ``.pkl``: a pickled dict of str → int (numpy integers too) or str → class name. Unpickling
+    runs code from the file: only load a ``labels.pkl`` you trust. Anything else is refused.
     """
     suffix = path.suffix.lower()
     classes = None
@@ -53,15 +59,36 @@ def load_labels(path: Path) -> tuple[dict[str, int], list[str] | None]:
         raise
     except Exception as exc:  # unpickling can raise anything (missing classes, modules…)
         raise PackdataError(f"{path}: cannot read labels ({type(exc).__name__}: {exc})") from None
-    if type(data) is not dict or not all(
-        isinstance(k, str) and type(v) is int for k, v in data.items()
-    ):
+    if type(data) is dict and data and all(isinstance(v, str) for v in data.values()):
+        data, classes = _by_name(data, classes, path)
+    if type(data) is not dict or not all(isinstance(k, str) for k in data):
         raise PackdataError(f"{path}: expected a dict of file name (str) → class index (int)")
+    if any(isinstance(v, str) for v in data.values()):
+        raise PackdataError(f"{path}: the labels file mixes class names and indices; use one")
+    # numpy integers (a pickle of a numpy array's values) are indices too; bools are not
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+               for v in data.values()):
+        raise PackdataError(f"{path}: expected a dict of file name (str) → class index (int)")
+    data = {k: int(v) for k, v in data.items()}
     negative = next((k for k, v in data.items() if v < 0), None)
     if negative is not None:
         raise PackdataError(f"{path}: class indices must be ≥ 0; '{negative}' has "
                             f"{data[negative]}")
     return data, classes
+
+
+def _by_name(data: dict[str, str], classes: list[str] | None, path: Path
+             ) -> tuple[dict[str, int], list[str]]:
+    """Class names as indices: into ``classes`` when the file lists them, else into the sorted
+    names (as for a CSV of names)."""
+    if classes is None:
+        classes = sorted(set(data.values()))
+    index = {c: i for i, c in enumerate(classes)}
+    unknown = next((k for k, v in data.items() if v not in index), None)
+    if unknown is not None:
+        raise PackdataError(f"{path}: the label '{data[unknown]}' of '{unknown}' is not in its "
+                            f"classes ({', '.join(map(str, classes[:10]))})")
+    return {k: index[v] for k, v in data.items()}, classes
 
 
 def find_labels_file(root: Path) -> Path | None:
@@ -70,6 +97,28 @@ def find_labels_file(root: Path) -> Path | None:
         if (root / name).is_file():
             return root / name
     return None
+
+
+def recorded(labels_path: Path | None, root: Path) -> str | None:
+    """The ``labels`` option that finds ``labels_path`` again: None when there is none or when
+    it is the file found automatically in ``root`` (so a moved source still finds its own), else
+    its absolute path."""
+    if labels_path is None or labels_path == find_labels_file(root):
+        return None
+    return os.path.abspath(labels_path)
+
+
+def warn_unlabelled(root: Path, what: str) -> None:
+    """The InputWarning for a source that found no labels, naming a labels file that lies beside
+    ``root`` (as CIFAR exports keep it) if there is one: labels are looked for only inside it."""
+    beside = None
+    with contextlib.suppress(Exception):  # only a hint: a folder that cannot be listed has none
+        beside = find_labels_file(root.parent)
+    hint = f"; {beside} lies beside it: pass --labels {beside}" if beside else \
+        "; pass --labels FILE if they are in a file elsewhere"
+    warnings.warn(f"{root}: no labels found (no {', '.join(LABEL_FILES)} in it, no class "
+                  f"sub-folders): each sample is {what} alone, without a label{hint}",
+                  InputWarning, stacklevel=3)
 
 
 def layout(files: list[str], labels_path: Path | None) -> str:

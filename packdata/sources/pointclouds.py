@@ -131,6 +131,8 @@ class PointCloudSource(Source):
         unused: list[str] = []
         labels, self.classes = labelling.assign(files, self.labels_path, unused)
         self.ignore(f"entries of {self.labels_path} naming no input file", unused)
+        if files and labelling.layout(files, self.labels_path) == "unlabelled":
+            labelling.warn_unlabelled(self.root, "a point cloud")
         self._check_precision(root, [f for f in files if f.lower().endswith(pointfiles.LAS_SUFFIXES)])
         return [Item(os.path.splitext(f)[0], root / f, label) for f, label in zip(files, labels)]
 
@@ -158,10 +160,15 @@ class PointCloudSource(Source):
         self.precision = {"dtype": dtype.name, "files_coarser_than_their_scale": len(losing),
                           "largest_step": worst[0], "its_file_scale": worst[1]}
         if losing:
+            # advise only what was not given already: centring, then any wider float type
+            wider = [d for d in ("float32", "float64") if np.dtype(d).itemsize > dtype.itemsize]
+            advice = ["--normalize center"] if self.spec.normalize == "none" else []
+            advice += [f"--dtype {' or '.join(wider)}"] if wider else []
             warnings.warn(
                 f"{root}: {dtype.name} stores coordinates in steps of up to {worst[0]:.3g} "
                 f"(file units) where the files' own scale is {worst[1]:.3g}, in {len(losing)} "
-                f"files ({shown(losing)}); use --normalize center, or --dtype float64",
+                f"files ({shown(losing)})"
+                + (f"; use {', or '.join(advice)}" if advice else ""),
                 InputWarning, stacklevel=3)
 
     def blocks(self, items: list[Item]) -> list[list[Item]]:
@@ -232,6 +239,14 @@ class PointCloudSource(Source):
             key = "clouds_padded" if self.spec.fewer == "pad" else "clouds_with_replacement"
             self.counts[key] += 1
 
+    def options(self) -> dict[str, Any]:
+        s = self.spec
+        return {"labels": labelling.recorded(self.labels_path, self.root),
+                "fields": self.field_names, "points": s.points, "variants": s.variants,
+                "sampling": s.method, "voxel_size": s.voxel_size, "seed": s.seed,
+                "normalize": s.normalize, "dtype": s.dtype, "fewer": s.fewer,
+                "point_labels": self.point_labels, "variant_order": self.variant_order}
+
     def describe(self) -> dict[str, Any]:
         columns = [c for f in self.field_names for c in pointfiles.columns_of(f)]
         s = self.spec
@@ -239,11 +254,7 @@ class PointCloudSource(Source):
             "source": {"path": str(self.root), "layout": labelling.layout(self._files(),
                                                                           self.labels_path),
                        "labels": str(self.labels_path) if self.labels_path else None},
-            "options": {"fields": self.field_names, "columns": columns, "points": s.points,
-                        "variants": s.variants, "sampling": s.method, "voxel_size": s.voxel_size,
-                        "seed": s.seed, "normalize": s.normalize, "dtype": s.dtype,
-                        "fewer": s.fewer, "point_labels": self.point_labels,
-                        "variant_order": self.variant_order},
+            "options": {**self.options(), "columns": columns},
             "extra": {**self.counts, "num_points": self.num_points,
                       "coordinates": COORDINATES[s.normalize],
                       **({"precision": self.precision} if self.precision else {})},

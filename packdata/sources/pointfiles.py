@@ -108,6 +108,7 @@ def _read_las(path: Path, wanted: list[str]) -> dict[str, np.ndarray]:
     if found != expected:
         raise SampleError(str(path), f"truncated: the header says {expected} points, the file "
                                      f"holds {found}")
+    _check_extent(las, path)
     # Only the dimensions asked for are converted; the others are listed (None) for errors.
     out: dict[str, np.ndarray | None] = {}
     for name in las.point_format.dimension_names:
@@ -117,6 +118,32 @@ def _read_las(path: Path, wanted: list[str]) -> dict[str, np.ndarray]:
     for name in ("x", "y", "z"):
         out[name] = np.asarray(getattr(las, name)) if name in wanted else None  # scaled + offset
     return out  # type: ignore[return-value]
+
+
+def _check_extent(las, path: Path) -> None:
+    """Refuse points that lie outside the header's bounding box: damaged point data (garbage in
+    a LAZ file's compressed points may decode without an error, into wild coordinates). Compared
+    as the stored integers, with one step of slack for a header's rounding."""
+    if not len(las.points):
+        return
+    header = las.header
+    raw = [np.asarray(las[d]) for d in ("X", "Y", "Z")]
+    lo = np.array([r.min() for r in raw], np.float64)
+    hi = np.array([r.max() for r in raw], np.float64)
+    scales, offsets = np.asarray(header.scales, np.float64), np.asarray(header.offsets, np.float64)
+    mins, maxs = np.asarray(header.mins, np.float64), np.asarray(header.maxs, np.float64)
+    slack = 1 + 1e-9 * np.maximum(abs(lo), abs(hi))
+    with np.errstate(all="ignore"):  # a zero scale in a damaged header: no box to compare with
+        outside = (lo < (mins - offsets) / scales - slack) | (hi > (maxs - offsets) / scales + slack)
+    if not outside.any():
+        return
+    if np.all(abs(mins - lo) <= 1) and np.all(abs(maxs - hi) <= 1):
+        return  # a writer's known slip: the box given as the stored integers, matching them
+    axis = int(np.argmax(outside))
+    a, b = lo[axis] * scales[axis] + offsets[axis], hi[axis] * scales[axis] + offsets[axis]
+    raise SampleError(str(path), f"damaged point data: {'xyz'[axis]} decodes to {a:.10g} … "
+                                 f"{b:.10g}, outside the header's bounding box {mins[axis]:.10g} "
+                                 f"… {maxs[axis]:.10g}")
 
 
 def las_extent(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

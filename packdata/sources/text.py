@@ -29,7 +29,7 @@ import torch
 from packdata.errors import PackdataError, SampleError, SkippedSample, TokenizerError
 from packdata.manifest import Field, Manifest
 from packdata.options import Option, resolve
-from packdata.prep.tokenizers import load_tokenizer, token_dtype
+from packdata.prep.tokenizers import from_description, load_tokenizer, token_dtype
 from packdata.remote.files import fetch_all
 from packdata.sources.base import Item, Loaded, Source
 
@@ -77,12 +77,15 @@ class TextSource(Source):
     kind = KIND
 
     def __init__(self, root: str | Path, **options: Any) -> None:
-        """``options``: see :data:`OPTIONS`; ``tokenizer`` may also be a loaded Tokenizer."""
+        """``options``: see :data:`OPTIONS`; ``tokenizer`` may also be a loaded Tokenizer or the
+        description a manifest recorded."""
         o = resolve(KIND, OPTIONS, options)
         tokenizer, max_length, split = o["tokenizer"], o["max_length"], o["split"]
         add_bos, add_eos, dtype = o["add_bos"], o["add_eos"], o["dtype"]
         self.root = root if isinstance(root, Path) else Path(root)  # a RemotePath stays one
-        self.tokenizer = load_tokenizer(tokenizer)
+        # a dict: the description a manifest recorded (see options())
+        self.tokenizer = (from_description(tokenizer) if isinstance(tokenizer, dict)
+                          else load_tokenizer(tokenizer))
         for flag, special in (("add_bos", "bos_id"), ("add_eos", "eos_id")):
             if o[flag] and getattr(self.tokenizer, special) is None:
                 raise TokenizerError(f"--{flag.replace('_', '-')}: the tokeniser has no "
@@ -243,16 +246,18 @@ class TextSource(Source):
     def fields(self, record: dict[str, np.ndarray]) -> dict[str, Field]:
         return {"tokens": Field(self.dtype, (None,))}
 
+    def options(self) -> dict[str, Any]:
+        # the tokeniser as its description: reloaded from its file, checked by its SHA-256
+        return {"tokenizer": self.tokenizer.describe(), "text_field": self.text_field,
+                "per_line": self.per_line, "add_bos": self.add_bos, "add_eos": self.add_eos,
+                "max_length": self.max_length, "split": self.split,
+                "text_errors": self.text_errors, "dtype": self.dtype}
+
     def describe(self) -> dict[str, Any]:
         layout = "lines" if self.per_line else "files"
         return {
             "source": {"path": str(self.root), "layout": layout, "blank_lines": self.blank_lines},
-            "options": {
-                "tokenizer": self.tokenizer.describe(), "text_field": self.text_field,
-                "per_line": self.per_line, "add_bos": self.add_bos, "add_eos": self.add_eos,
-                "max_length": self.max_length, "split": self.split,
-                "text_errors": self.text_errors, "dtype": self.dtype,
-            },
+            "options": self.options(),
         }
 
 
