@@ -8,7 +8,6 @@ sample, which the default collate turns back into the batch read, without a copy
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -43,6 +42,7 @@ class PackedDataset(Dataset):
     File handles open lazily in each process, so the dataset can be handed to DataLoader workers.
     """
 
+    #: the container this class opens; None: whichever holds the dataset at ``path``
     container: ClassVar[str | None] = None
 
     def __init__(
@@ -57,12 +57,11 @@ class PackedDataset(Dataset):
     ) -> None:
         self.storage = storage if storage is not None or not is_url(path) else Storage()
         self.path: Path | str = str(path).rstrip("/") if self.storage else Path(path)
-        if self.storage:  # object storage holds tar shards (see packdata.storage)
-            self.container_name = "tar"
-        elif self.container is None:
-            self.container_name = containers.for_existing(self.path).NAME
-        else:
-            self.container_name = self.container
+        # object storage holds tar shards (see packdata.storage)
+        self.container_name = "tar" if self.storage else containers.for_existing(self.path).NAME
+        if self.container is not None and self.container_name != self.container:
+            raise DatasetError(f"{self.path}: a {self.container_name} dataset, not {self.container}; "
+                               "packdata.open(path) opens any container")
         reader = self._open_reader()
         self.verify = verify  # see packdata.verify: "off", "sample" (checked here) or "full"
         # object storage: every fetched shard is checked against the manifest's checksums
@@ -71,8 +70,7 @@ class PackedDataset(Dataset):
         self.transform = transform
         self.batch_transform = batch_transform
         self.decode = decode
-        if decode is not None and "decode" not in inspect.signature(
-                sources.get(self.manifest.kind).to_torch).parameters:
+        if decode is not None and not sources.get(self.manifest.kind).DECODES:
             raise DatasetError(f"{self.path}: decode= applies to image datasets, not "
                                f"{self.manifest.kind}")
         self._epoch = SharedEpoch()
@@ -160,10 +158,9 @@ class PackedDataset(Dataset):
         return self._epoch.value
 
     def _read(self, indices: np.ndarray) -> tuple:
-        kind = sources.get(self.manifest.kind)
-        select = getattr(kind, "select", None)  # e.g. one of K stored variants per record
-        batch = self.reader.read(
-            indices, select(self.manifest, indices, self.epoch) if select else None
+        kind = sources.get(self.manifest.kind)  # a module: looked up, not kept (not picklable)
+        batch = self.reader.read(  # select: e.g. one of K stored variants per record
+            indices, kind.select(self.manifest, indices, self.epoch) if kind.select else None
         )
         extra = {"decode": self.decode} if self.decode is not None else {}
         return kind.to_torch(batch, self.manifest, indices=indices, epoch=self.epoch, **extra)
@@ -233,8 +230,10 @@ def _batch_of(samples: list) -> tuple:
     )
 
 
+# The container is found from the path (one registry: packdata.containers); these classes only
+# pin it, refusing a dataset of another container.
 class LMDBDataset(PackedDataset):
-    """A packdata LMDB dataset (``*.lmdb``)."""
+    """A packdata LMDB dataset (``*.lmdb``); :func:`open_dataset` opens any container."""
 
     container = "lmdb"
 
@@ -271,11 +270,7 @@ def open_dataset(
     (at most ``cache_limit`` bytes of shards) with ``storage_options`` for fsspec; with
     ``access="ranges"`` each batch's records are fetched by ranged GETs instead (map-style access
     to a few records, no shard cached)."""
-    if is_url(path):
-        storage = Storage(storage_options or {}, cache_dir, cache_limit, access=access)
-        return TarDataset(path, transform=transform, batch_transform=batch_transform,
-                          decode=decode, storage=storage, verify=verify)
-    name = containers.for_existing(path).NAME
-    cls = next((c for c in PackedDataset.__subclasses__() if c.container == name), PackedDataset)
-    return cls(path, transform=transform, batch_transform=batch_transform, decode=decode,
-               verify=verify)
+    storage = (Storage(storage_options or {}, cache_dir, cache_limit, access=access)
+               if is_url(path) else None)
+    return PackedDataset(path, transform=transform, batch_transform=batch_transform,
+                         decode=decode, storage=storage, verify=verify)

@@ -75,10 +75,15 @@ def test_dataset_pickles_without_open_handles(packed, container):
     assert torch.equal(clone[5][0], ds[5][0])
 
 
-def test_open_returns_the_container_class(packed):
-    assert isinstance(packdata.open(packed["lmdb"]), packdata.LMDBDataset)
-    assert isinstance(packdata.open(packed["hdf5"]), packdata.HDF5Dataset)
-    assert isinstance(packdata.open(packed["tar"]), packdata.TarDataset)
+def test_open_finds_the_container_and_named_classes_pin_it(packed):
+    for name, cls in (("lmdb", packdata.LMDBDataset), ("hdf5", packdata.HDF5Dataset),
+                      ("tar", packdata.TarDataset)):
+        ds = packdata.open(packed[name])
+        assert type(ds) is packdata.PackedDataset and ds.container_name == name
+        assert cls(packed[name]).container_name == name
+        other = packed["hdf5" if name != "hdf5" else "lmdb"]
+        with pytest.raises(packdata.DatasetError, match=f"{other}: a .* dataset, not {name}"):
+            cls(other)
     with pytest.raises(packdata.DatasetError, match="not a packdata dataset"):
         packdata.open(packed["tar"].parent)
 
@@ -186,3 +191,22 @@ def test_a_tar_batch_across_shards_is_the_same_as_from_hdf5(packed):
         assert torch.equal(got, expected)
     joined = tar.reader._joined_map()
     assert joined is None or joined[0].flags.writeable is False  # None off Linux
+
+
+def test_every_kind_declares_what_loading_may_ask_of_it():
+    for kind in packdata.sources.KINDS:
+        module = packdata.sources.get(kind)
+        assert isinstance(module.DECODES, bool)
+        assert module.select is None or callable(module.select)
+    assert packdata.sources.get("image").DECODES
+    assert packdata.sources.get("pointcloud").select is not None
+
+
+def test_a_decode_stage_on_text_is_refused_naming_the_dataset(tmp_path, peps_dir):
+    folder = tmp_path / "peps"
+    folder.mkdir()
+    for p in sorted(peps_dir.glob("*.txt"))[:2]:
+        (folder / p.name).write_bytes(p.read_bytes())
+    out = packdata.convert(packdata.open_source(folder, tokenizer="bytes"), tmp_path / "t.h5").path
+    with pytest.raises(packdata.DatasetError, match=f"{out}: decode= applies to image datasets"):
+        packdata.open(out, decode=packdata.CenterCrop(8))

@@ -32,6 +32,8 @@ from packdata.sources.base import Item, Source
 from packdata.sources.options import Option, resolve
 
 KIND = "image"
+DECODES = True  # to_torch takes a batched decode stage (decode=)
+select = None  # every record serves all of itself
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 ENCODINGS = ("raw", "keep")
 OPTIONS = (

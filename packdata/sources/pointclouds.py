@@ -49,6 +49,7 @@ from packdata.sources.base import Item, Source, shown
 from packdata.sources.options import Option, resolve
 
 KIND = "pointcloud"
+DECODES = False  # no decode stage; select (below) picks one stored variant per sample
 SUFFIXES = pointfiles.SUFFIXES
 VARIANT_ORDERS = ("epoch", "random")
 #: what each normalisation does to the file's coordinates, as the manifest states it

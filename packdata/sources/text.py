@@ -34,6 +34,8 @@ from packdata.sources.base import Item, Loaded, Source
 from packdata.sources.options import Option, resolve
 
 KIND = "text"
+DECODES = False  # no decode stage
+select = None  # every record serves all of itself
 SUFFIXES = (".txt", ".jsonl")
 TEXT_ERRORS = ("strict", "replace", "skip")
 DTYPES = ("uint8", "uint16", "uint32")
