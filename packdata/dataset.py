@@ -39,6 +39,9 @@ class PackedDataset(Dataset):
     row 0 of the batch ``[i]``).
     ``decode`` (images) is a batched decode stage, e.g. ``packdata.RandomResizedCrop(224)``,
     that turns images of any size into one fixed-size batch (see :mod:`packdata.imagedecode`).
+    Images are contiguous N×C×H×W (C×H×W), as code written for torchvision expects;
+    ``channels_last=True`` serves them in channels-last memory instead, as stored, saving a copy
+    per batch (for a model run in ``torch.channels_last``, or augmentations that convert anyway).
     File handles open lazily in each process, so the dataset can be handed to DataLoader workers.
     """
 
@@ -54,6 +57,7 @@ class PackedDataset(Dataset):
         *,
         storage: Storage | None = None,
         verify: str = "sample",
+        channels_last: bool = False,
     ) -> None:
         self.storage = storage if storage is not None or not is_url(path) else Storage()
         self.path: Path | str = str(path).rstrip("/") if self.storage else Path(path)
@@ -70,8 +74,13 @@ class PackedDataset(Dataset):
         self.transform = transform
         self.batch_transform = batch_transform
         self.decode = decode
-        if decode is not None and not sources.get(self.manifest.kind).DECODES:
+        self.channels_last = channels_last
+        kind = sources.get(self.manifest.kind)
+        if decode is not None and not kind.DECODES:
             raise DatasetError(f"{self.path}: decode= applies to image datasets, not "
+                               f"{self.manifest.kind}")
+        if channels_last and not kind.CHANNELS_LAST:
+            raise DatasetError(f"{self.path}: channels_last= applies to image datasets, not "
                                f"{self.manifest.kind}")
         self._epoch = SharedEpoch()
         self._rows = RowPool()  # row objects for __getitems__, reused batch after batch
@@ -162,7 +171,9 @@ class PackedDataset(Dataset):
         batch = self.reader.read(  # select: e.g. one of K stored variants per record
             indices, kind.select(self.manifest, indices, self.epoch) if kind.select else None
         )
-        extra = {"decode": self.decode} if self.decode is not None else {}
+        extra: dict[str, Any] = {"decode": self.decode} if self.decode is not None else {}
+        if self.channels_last:
+            extra["channels_last"] = True
         return kind.to_torch(batch, self.manifest, indices=indices, epoch=self.epoch, **extra)
 
     def _transformed(self, batch: tuple, j: int) -> tuple:
@@ -261,10 +272,12 @@ def open_dataset(
     cache_limit: int | str = CACHE_LIMIT,
     verify: str = "sample",
     access: str = "shards",
+    channels_last: bool = False,
 ) -> PackedDataset:
     """Open any packdata dataset; the container is recognised from what is at ``path``.
     ``verify``: "sample" checks a few records' CRC-32 at open, "full" every record read, "off"
-    neither (the structural checks at open always run).
+    neither (the structural checks at open always run). Images come as contiguous N×C×H×W
+    batches (C×H×W samples), or in channels-last memory with ``channels_last=True``.
 
     A URL (``s3://bucket/ds``) opens tar shards in object storage, fetched into ``cache_dir``
     (at most ``cache_limit`` bytes of shards) with ``storage_options`` for fsspec; with
@@ -273,4 +286,5 @@ def open_dataset(
     storage = (Storage(storage_options or {}, cache_dir, cache_limit, access=access)
                if is_url(path) else None)
     return PackedDataset(path, transform=transform, batch_transform=batch_transform,
-                         decode=decode, storage=storage, verify=verify)
+                         decode=decode, storage=storage, verify=verify,
+                         channels_last=channels_last)

@@ -28,8 +28,8 @@ from packdata.bench.baselines import ClassicCifarTransform
 
 @pytest.fixture(scope="module")
 def images(packed) -> torch.Tensor:
-    """120 real CIFAR images, uint8 B×3×32×32 as packdata returns them (channels-last memory)."""
-    ds = packdata.open(packed["lmdb"])
+    """120 real CIFAR images, uint8 B×3×32×32 in channels-last memory, as stored."""
+    ds = packdata.open(packed["lmdb"], channels_last=True)
     return ds[list(range(len(ds)))][0]
 
 

@@ -137,8 +137,8 @@ def test_stock_collate_returns_the_batch_read_and_still_collates_mixed_rows(pack
     ds = packdata.open(packed["hdf5"])
     first, second = ds.__getitems__([4, 1, 9]), ds.__getitems__([2, 8])
     images, labels = default_collate(first)
-    # the batch itself: channels-last as read, where stacking per-sample views makes NCHW rows
-    assert images.is_contiguous(memory_format=torch.channels_last)
+    # the batch itself, contiguous as read
+    assert images.is_contiguous()
     assert images.data_ptr() == first[0][0].data_ptr() and labels.tolist() == ds[[4, 1, 9]][1].tolist()
     for rows, order in (([second[1], first[0], first[2]], [8, 4, 9]), (first[:2], [4, 1]),
                         (first[::-1], [9, 1, 4])):
@@ -151,8 +151,11 @@ def test_stock_collate_returns_the_batch_read_and_still_collates_mixed_rows(pack
     assert isinstance(pickle.loads(pickle.dumps(first[1])), tuple)
 
 
-def test_a_sample_is_a_view_not_a_copy(packed, container):
+def test_a_sample_is_contiguous_or_with_channels_last_a_view_of_the_stored_pixels(packed,
+                                                                                 container):
     image, _ = packdata.open(packed[container])[3]
+    assert image.shape == (3, 32, 32) and image.stride() == (1024, 32, 1)
+    image, _ = packdata.open(packed[container], channels_last=True)[3]
     assert image.shape == (3, 32, 32) and image.stride() == (1, 96, 3)  # H×W×C memory, permuted
 
 
@@ -210,3 +213,49 @@ def test_a_decode_stage_on_text_is_refused_naming_the_dataset(tmp_path, peps_dir
     out = packdata.convert(packdata.open_source(folder, tokenizer="bytes"), tmp_path / "t.h5").path
     with pytest.raises(packdata.DatasetError, match=f"{out}: decode= applies to image datasets"):
         packdata.open(out, decode=packdata.CenterCrop(8))
+
+
+class TutorialNet(torch.nn.Module):
+    """The network of PyTorch's CIFAR-10 tutorial ("Training a classifier"), unchanged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 6, 5)
+        self.pool = torch.nn.MaxPool2d(2, 2)
+        self.conv2 = torch.nn.Conv2d(6, 16, 5)
+        self.fc1 = torch.nn.Linear(16 * 5 * 5, 120)
+        self.fc2 = torch.nn.Linear(120, 84)
+        self.fc3 = torch.nn.Linear(84, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(torch.nn.functional.relu(self.conv1(x)))
+        x = self.pool(torch.nn.functional.relu(self.conv2(x)))
+        x = x.view(-1, 16 * 5 * 5)
+        x = torch.nn.functional.relu(self.fc1(x))
+        x = torch.nn.functional.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stock_dataloader_feeds_the_pytorch_cifar_tutorial_network(packed, container, workers):
+    net = TutorialNet()
+    loader = DataLoader(packdata.open(packed[container]), batch_size=4, num_workers=workers)
+    for step, (images, labels) in enumerate(loader):
+        assert images.is_contiguous() and images.view(4, -1).shape == (4, 3 * 32 * 32)
+        loss = torch.nn.functional.cross_entropy(net(images.float() / 255), labels)
+        loss.backward()
+        if step == 2:
+            break
+
+
+def test_every_path_serves_contiguous_images_and_channels_last_on_request(packed):
+    ds = packdata.open(packed["lmdb"])
+    batches = [ds[[3, 1, 2]][0], ds[0:4][0], next(iter(packdata.loader(ds, batch_size=4)))[0],
+               next(iter(packdata.loader(ds, batch_size=4, num_workers=2)))[0],
+               next(iter(packdata.loader(ds, batch_size=4, num_workers=2, workers="process")))[0]]
+    assert all(b.is_contiguous() for b in batches)
+    assert ds[5][0].is_contiguous() and ds[5][0].shape == (3, 32, 32)
+    fast = packdata.open(packed["lmdb"], channels_last=True)
+    x = fast[[3, 1, 2]][0]
+    assert x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    assert torch.equal(x, batches[0])

@@ -14,7 +14,9 @@ and for loading:
 - ``select``: ``select(manifest, indices, epoch)`` → the :data:`packdata.containers.base.Select`
   the container reads the batch with (one stored variant per record), or None where a record
   is always read whole;
-- ``DECODES``: whether ``to_torch`` also takes ``decode=``, a batched decode stage (images).
+- ``DECODES``: whether ``to_torch`` also takes ``decode=``, a batched decode stage (images);
+- ``CHANNELS_LAST``: whether ``to_torch`` also takes ``channels_last=True``, images handed in
+  channels-last memory instead of contiguous N×C×H×W.
 """
 
 from __future__ import annotations

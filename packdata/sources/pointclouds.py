@@ -50,6 +50,7 @@ from packdata.sources.options import Option, resolve
 
 KIND = "pointcloud"
 DECODES = False  # no decode stage; select (below) picks one stored variant per sample
+CHANNELS_LAST = False  # no images
 SUFFIXES = pointfiles.SUFFIXES
 VARIANT_ORDERS = ("epoch", "random")
 #: what each normalisation does to the file's coordinates, as the manifest states it

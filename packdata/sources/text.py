@@ -35,6 +35,7 @@ from packdata.sources.options import Option, resolve
 
 KIND = "text"
 DECODES = False  # no decode stage
+CHANNELS_LAST = False  # no images
 select = None  # every record serves all of itself
 SUFFIXES = (".txt", ".jsonl")
 TEXT_ERRORS = ("strict", "replace", "skip")
