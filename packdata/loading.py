@@ -236,7 +236,7 @@ def loader(
     *,
     sampler: Sampler | None = None,
     collate: Callable[[Any], Any] | None = None,
-    shuffle: bool = True,
+    shuffle: bool = False,
     drop_last: bool = False,
     seed: int = 0,
     num_workers: int | None = None,
@@ -252,7 +252,8 @@ def loader(
 ) -> Loader:
     """A :class:`Loader` yielding whole batches, each read with a few vectorised calls.
 
-    Epochs reshuffle from ``seed`` and split across DDP ranks (see
+    Batches follow the index order, as torch's DataLoader's do; with ``shuffle=True`` each epoch
+    reshuffles from ``seed``. Epochs split across DDP ranks (see
     :class:`packdata.sampling.EpochBatchSampler`). Instead of ``batch_size``, give any batch
     ``sampler`` (e.g. :class:`~packdata.sampling.LengthBucketBatchSampler`); ``collate`` turns
     each batch into what the loop takes (e.g. :class:`~packdata.collate.PadCollate`).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -73,8 +75,8 @@ def test_resident_refuses_what_cannot_apply(packed, option):
                                      {"device": "cpu"}, {}])
 def test_one_loader_type_the_same_batches_and_set_epoch(packed, options):
     ds = packdata.open(packed["lmdb"])
-    reference = packdata.loader(ds, 32, seed=4, num_workers=0)
-    dl = packdata.loader(ds, 32, seed=4, **options)
+    reference = packdata.loader(ds, 32, shuffle=True, seed=4, num_workers=0)
+    dl = packdata.loader(ds, 32, shuffle=True, seed=4, **options)
     assert type(dl) is Loader and len(dl) == len(reference) and dl.dataset is ds
     for epoch in (3, 1):
         reference.set_epoch(epoch)
@@ -109,7 +111,17 @@ def test_empty_batch_of_encoded_images(keep_lmdb):
 def test_thread_workers_draw_a_seeded_batch_transform_as_no_workers_do(packed):
     def run(workers):
         ds = packdata.open(packed["tar"], batch_transform=cifar_recipe(seed=1, backend="torch"))
-        return list(packdata.loader(ds, 16, seed=2, num_workers=workers))
+        return list(packdata.loader(ds, 16, shuffle=True, seed=2, num_workers=workers))
 
     for (x, y), (rx, ry) in zip(run(2), run(0), strict=True):
         assert x.dtype == torch.float32 and torch.equal(x, rx) and torch.equal(y, ry)
+
+
+def test_loader_serves_index_order_by_default_and_rebuilding_it_does_not_warn(packed):
+    ds = packdata.open(packed["lmdb"])
+    images = torch.cat([x for x, _ in packdata.loader(ds, 32)])
+    assert torch.equal(images, ds[0:len(ds)][0])  # as DataLoader(ds, 32): no shuffle
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an evaluation loader built each epoch: nothing to say
+        again = torch.cat([x for x, _ in packdata.loader(ds, 32)])
+    assert torch.equal(again, images)
