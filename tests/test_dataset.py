@@ -125,7 +125,7 @@ def test_every_path_serves_the_same_transformed_samples(packed, container, which
         assert torch.equal(ds[i][0], expected[j]) and int(ds[i][1]) == int(labels[j])
     sampler = [order[:4], order[4:]]
     stock = [b for b in DataLoader(ds, batch_sampler=sampler)]
-    mine = list(packdata.loader(ds, sampler=sampler, num_workers=0))
+    mine = list(packdata.loader(ds, batch_sampler=sampler, num_workers=0))
     own_collate = DataLoader(ds, batch_sampler=sampler, collate_fn=lambda rows: [
         torch.stack([r[0] for r in rows]), [int(lab) for _, lab in rows]])
     for got in (stock, mine, list(own_collate)):

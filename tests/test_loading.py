@@ -91,7 +91,7 @@ def test_loader_takes_a_bucketing_sampler_and_a_collate(packed_text, workers):
 
     ds = packdata.open(packed_text["hdf5"])
     sampler = LengthBucketBatchSampler(ds.lengths(), max_tokens=40_000, seed=1)
-    dl = packdata.loader(ds, sampler=sampler, collate=PadCollate(pad_id=50256),
+    dl = packdata.loader(ds, batch_sampler=sampler, collate=PadCollate(pad_id=50256),
                          num_workers=workers)
     seen = []
     for (ids, mask), indices in zip(dl, sampler.batches(0)):
@@ -99,8 +99,8 @@ def test_loader_takes_a_bucketing_sampler_and_a_collate(packed_text, workers):
             assert row[m].tolist() == ds[int(i)].tolist()
         seen.extend(indices.tolist())
     assert sorted(seen) == list(range(len(ds)))
-    with pytest.raises(ValueError, match="exactly one of batch_size or a batch sampler"):
-        packdata.loader(ds, 8, sampler=sampler)
+    with pytest.raises(ValueError, match="batch_sampler= gives whole batches: leave out batch_size"):
+        packdata.loader(ds, 8, batch_sampler=sampler)
 
 
 def test_empty_batch_of_encoded_images(keep_lmdb):
@@ -125,3 +125,21 @@ def test_loader_serves_index_order_by_default_and_rebuilding_it_does_not_warn(pa
         warnings.simplefilter("error")  # an evaluation loader built each epoch: nothing to say
         again = torch.cat([x for x, _ in packdata.loader(ds, 32)])
     assert torch.equal(again, images)
+
+
+def test_sampler_and_batch_sampler_mean_what_they_mean_to_dataloader(packed):
+    ds = packdata.open(packed["lmdb"])
+    order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(0)).tolist()
+    stock = [labels.tolist() for _, labels in DataLoader(ds, 8, sampler=order)]
+    assert stock == [labels.tolist() for _, labels in packdata.loader(ds, 8, sampler=order)]
+    sampled = packdata.loader(ds, 8, sampler=torch.utils.data.RandomSampler(ds))
+    assert sorted(int(v) for _, labels in sampled for v in labels) == sorted(ds[:][1].tolist())
+    batches = [order[:5], order[5:7], order[7:]]
+    stock = [labels.tolist() for _, labels in DataLoader(ds, batch_sampler=batches)]
+    assert stock == [labels.tolist() for _, labels in packdata.loader(ds, batch_sampler=batches)]
+    with pytest.raises(ValueError, match="pass it as batch_sampler="):
+        next(iter(packdata.loader(ds, 8, sampler=batches)))
+    with pytest.raises(ValueError, match="sampler= sets the order: leave out shuffle"):
+        packdata.loader(ds, 8, sampler=order, shuffle=True)
+    with pytest.raises(ValueError, match="give batch_size .with sampler="):
+        packdata.loader(ds, sampler=order)
