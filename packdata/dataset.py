@@ -2,8 +2,8 @@
 
 Indexing follows numpy: ``ds[i]`` is one sample, ``ds[[i, j, …]]`` one batch read with a few
 vectorised calls. ``__getitems__`` (what torch's DataLoader calls with automatic batching) reads
-the batch the same way and hands the stock collate one :class:`~packdata.rows.BatchRow` per
-sample, which the default collate turns back into the batch read, without a copy.
+the batch the same way and hands the stock collate one :class:`~packdata.rows.BatchRow` (a
+tuple) per sample, which the default collate turns back into the batch read, without a copy.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from packdata import containers, sources
 from packdata.containers.base import Reader
 from packdata.errors import ArgumentError, ArgumentTypeError, DatasetError
 from packdata.manifest import Manifest
-from packdata.rows import RowPool
+from packdata.rows import rows_of
 from packdata.sampling import SharedEpoch
 from packdata.storage import CACHE_LIMIT, RemoteTarReader, Storage, is_url
 from packdata.verify import ChecksummedReader, at_open
@@ -83,7 +83,6 @@ class PackedDataset(Dataset):
             raise DatasetError(f"{self.path}: channels_last= applies to image datasets, not "
                                f"{self.manifest.kind}")
         self._epoch = SharedEpoch()
-        self._rows = RowPool()  # row objects for __getitems__, reused batch after batch
         self._reader: Reader | None = None
         self._pid = -1
 
@@ -194,8 +193,8 @@ class PackedDataset(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> list:
         """What DataLoader's automatic batching calls: the batch read (and transformed) as in
-        :meth:`get_batch`, handed over as one :class:`~packdata.rows.BatchRow` per sample, which torch's
-        default collate turns back into that batch without copying it."""
+        :meth:`get_batch`, handed over as one :class:`~packdata.rows.BatchRow` (a tuple of views)
+        per sample, which torch's default collate turns back into that batch without copying it."""
         idx = self._indices(indices)
         if self.transform is not None and self.batch_transform is None:
             # each sample transformed on its own: nothing batched to hand over
@@ -204,7 +203,7 @@ class PackedDataset(Dataset):
         batch = self._batch(idx)
         if len(batch) == 1:  # one-part samples are tensors themselves: no row type can stand in
             return list(batch[0].unbind(0) if isinstance(batch[0], torch.Tensor) else batch[0])
-        return self._rows.rows_of(batch)
+        return rows_of(batch)
 
     @staticmethod
     def _indices(indices: Any) -> np.ndarray:

@@ -172,17 +172,11 @@ def test_stock_dataloader_workers_give_the_in_process_batches(packed, start):
         assert torch.equal(x, rx) and torch.equal(y, ry) and x.dtype == torch.float32
 
 
-def test_row_objects_are_reused_only_when_nothing_holds_them(packed):
+def test_a_held_row_keeps_its_sample_while_later_batches_are_read(packed):
     ds = packdata.open(packed["hdf5"])
-    first = ds.__getitems__([4, 1, 9])
-    held = first[2]
-    del first
-    second = ds.__getitems__([2, 8, 5])  # a row of the first batch is held: no reuse
-    assert torch.equal(held[0], ds[9][0]) and torch.equal(second[2][0], ds[5][0])
-    ids = [id(r) for r in second]
-    del second, held
+    held = ds.__getitems__([4, 1, 9])[2]
     third = ds.__getitems__([0, 3, 6])
-    assert [id(r) for r in third] == ids  # nothing held them: the same objects, a new batch
+    assert torch.equal(held[0], ds[9][0]) and int(held[1]) == int(ds[9][1])
     assert torch.equal(default_collate(third)[0], ds[[0, 3, 6]][0])
     assert [int(label) for _, label in third] == ds[[0, 3, 6]][1].tolist()
 
@@ -259,3 +253,30 @@ def test_every_path_serves_contiguous_images_and_channels_last_on_request(packed
     x = fast[[3, 1, 2]][0]
     assert x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
     assert torch.equal(x, batches[0])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_users_collate_fn_gets_tuples_with_and_without_workers(packed, workers):
+    ds = packdata.open(packed["tar"])
+
+    def collate(rows):  # runs in the worker with workers: its findings travel with the batch
+        assert all(isinstance(row, tuple) and len(row) == 2 for row in rows)
+        images, labels = zip(*rows)
+        return torch.stack(images), torch.stack(labels), [type(row) for row in rows]
+
+    for images, labels, kinds in DataLoader(ds, batch_size=8, num_workers=workers,
+                                            collate_fn=collate):
+        assert all(issubclass(k, tuple) for k in kinds)
+        expected = ds[list(range(8))]  # the first batch, unshuffled
+        assert torch.equal(images, expected[0]) and torch.equal(labels, expected[1])
+        break
+
+
+def test_pickling_one_row_writes_that_sample_not_the_batch(packed):
+    ds = packdata.open(packed["lmdb"])
+    rows = ds.__getitems__(list(range(64)))
+    data = pickle.dumps(rows[5])
+    assert len(data) < 2 * 3 * 32 * 32  # one image and a label, not 64 images
+    image, label = pickle.loads(data)
+    assert type(pickle.loads(data)) is tuple
+    assert torch.equal(image, ds[5][0]) and int(label) == int(ds[5][1])
