@@ -26,7 +26,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from packdata.dataset import PackedDataset, Transform
 from packdata.errors import ArgumentError, ResumeError
-from packdata.sampling import SharedEpoch, ddp_rank_world, per_rank
+from packdata.sampling import ddp_rank_world, per_rank
 from packdata.storage import CACHE_LIMIT, Storage, is_url
 from packdata.streamloader import StreamingLoader
 
@@ -36,11 +36,59 @@ Span = tuple[int, int]  # sample indices [start, stop)
 Plan = list[tuple[int, int]]  # what one reader streams: (role, samples of it already delivered)
 
 
+class StreamEpochs:
+    """The epoch a stream's next iteration runs: the epoch set, plus the epochs completed since.
+
+    An epoch is complete once each of its readers (this process, or each DataLoader worker) has
+    run its part to the end. Every reader writes only its own slot (the epoch it last finished
+    and how many readers that epoch had) in memory shared with the workers, so no lock is
+    needed and in-process and worker iterations count the same epochs.
+    """
+
+    SLOTS = 256  # readers: this process or up to 256 DataLoader workers (ids wrap round)
+
+    def __init__(self) -> None:
+        self._state = sharedctypes.RawArray("q", 1 + self.SLOTS)  # [0]: the epoch set
+
+    def set(self, epoch: int) -> None:
+        """The next iteration runs ``epoch`` (and forgets which epochs were completed)."""
+        self._state[1:] = [0] * self.SLOTS
+        self._state[0] = epoch
+
+    @property
+    def value(self) -> int:
+        """The epoch the next iteration runs."""
+        slots = self._state[1:]
+        done = [((v >> 16) - 1, v & 0xFFFF) for v in slots if v]
+        if not done:
+            return self._state[0]
+        # the last epoch any reader finished began after the one before it completed: it is
+        # complete once each of its readers finished it too
+        last, readers = max(done)
+        complete = all((v >> 16) - 1 >= last for v in slots[:readers])
+        return max(self._state[0], last + complete)
+
+    def finish(self, epoch: int, reader: int, readers: int) -> None:
+        """Reader ``reader`` of ``readers`` ran its part of ``epoch`` to the end."""
+        self._state[1 + reader % self.SLOTS] = ((epoch + 1) << 16) | min(readers, self.SLOTS)
+
+    def __getstate__(self) -> dict[str, Any]:
+        if mp.context.get_spawning_popen() is not None:  # handed to a new worker: share
+            return {"shared": self._state}
+        return {"copy": list(self._state)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._state = state["shared"] if "shared" in state else sharedctypes.RawArray(
+            "q", state["copy"])
+
+
 class StreamingDataset(IterableDataset):
     """Iterate a packed dataset in shard order with a shuffle buffer.
 
-    Every epoch reshuffles the shard order from ``(seed, epoch)``; the epoch advances by one on
-    each iteration, in DataLoader workers too, or is set with :meth:`set_epoch`. A dataset with
+    Every epoch reshuffles the shard order from ``(seed, epoch)``. An iteration runs the epoch
+    after the last one run to its end (by this process or by DataLoader workers alike; an
+    iteration left early, such as ``next(iter(stream))``, runs again), or the one set with
+    :meth:`set_epoch`. A dataset with
     one shard (LMDB, HDF5) is cut into ``chunk``-sized spans instead. Each DDP rank gets the same
     number of samples: the epoch's sequence is wrapped round to divide evenly, or cut short with
     ``drop_last``. ``rank`` and ``world_size`` default to torch.distributed's. With
@@ -76,7 +124,7 @@ class StreamingDataset(IterableDataset):
         self.world_size = default_world if world_size is None else world_size
         if not 0 <= self.rank < self.world_size:
             raise ArgumentError(f"rank {self.rank} is outside world size {self.world_size}")
-        self._epoch = SharedEpoch()
+        self._epoch = StreamEpochs()
         self._resume: dict[str, Any] | None = None  # a loaded mid-epoch state, not yet begun
         self._running: dict[str, Any] | None = None  # the state of an iteration in this process
         # worker streams begun and not finished (shared with DataLoader workers)
@@ -135,7 +183,7 @@ class StreamingDataset(IterableDataset):
             raise ResumeError("the stream is being read by DataLoader workers mid-epoch: its "
                               "position is known to the loop that takes the batches; use "
                               "StreamingDataset.loader(...) and its state_dict()")
-        return self.fresh_state(self._epoch.value + self._epoch._state[1])
+        return self.fresh_state(self._epoch.value)
 
     def fresh_state(self, epoch: int) -> dict[str, Any]:
         """The state at the start of ``epoch``."""
@@ -228,13 +276,13 @@ class StreamingDataset(IterableDataset):
         return roles, [(role, positions[role]) for role in mine]
 
     def __iter__(self) -> Iterator[Any]:
-        epoch = self._epoch.begin_iteration()
+        epoch = self._epoch.value
         info = get_worker_info()
         reader, readers = (info.id, info.num_workers) if info else (0, 1)
         roles, plan = self.plan(epoch, reader, readers)
         self._resume = None  # begun: this copy serves the rest once
         if info is not None:
-            return self._in_worker(epoch, roles, plan)
+            return self._in_worker(epoch, roles, plan, reader, readers)
         running = {"epoch": epoch, "roles": roles, "groups": [[role for role, _ in plan]],
                    "positions": [self.role_size(r, roles) for r in range(roles)], "next": 0}
         for role, skip in plan:
@@ -250,14 +298,17 @@ class StreamingDataset(IterableDataset):
                     positions[role] = i + 1
                     yield sample
         self._running = None
+        self._epoch.finish(running["epoch"], 0, 1)
 
-    def _in_worker(self, epoch: int, roles: int, plan: Plan) -> Iterator[Any]:
+    def _in_worker(self, epoch: int, roles: int, plan: Plan, reader: int,
+                   readers: int) -> Iterator[Any]:
         self._in_workers[0] += 1
         try:
             for role, skip in plan:
                 for i, sample in enumerate(self._role_stream(epoch, role, roles)):
                     if i >= skip:
                         yield sample
+            self._epoch.finish(epoch, reader, readers)
         finally:
             self._in_workers[0] -= 1
 
