@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import tempfile
 import uuid
 import zlib
 from collections.abc import Sequence
@@ -92,7 +91,9 @@ class Storage:
 
     def local_dir(self, url: str) -> Path:
         """This URL's cache directory."""
-        base = Path(self.cache_dir) if self.cache_dir else Path(tempfile.gettempdir()) / "packdata"
+        # the platform's cache folder, and a name no script run from there imports as packdata
+        base = Path(self.cache_dir) if self.cache_dir else Path(
+            os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "packdata-cache"
         return base / hashlib.sha1(url.rstrip("/").encode()).hexdigest()[:16]
 
 

@@ -293,3 +293,17 @@ def test_cli_converts_to_a_bucket_with_credentials_from_the_environment(s3, png_
     assert result.exit_code == 0, result.output
     ds = packdata.open(url, cache_dir=tmp_path)  # found through the environment alone
     assert ds.manifest.checksums == packdata.open(local).manifest.checksums
+
+
+def test_the_default_shard_cache_is_in_the_platform_cache_folder_and_cannot_shadow_packdata(
+        tmp_path, monkeypatch):
+    from packdata.storage import Storage
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    local = Storage().local_dir(f"s3://{BUCKET}/cifar")
+    assert local.parent == tmp_path / "xdg" / "packdata-cache"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    local = Storage().local_dir(f"s3://{BUCKET}/cifar")
+    assert local.parent == tmp_path / ".cache" / "packdata-cache"
+    assert "packdata" not in [p.name for p in local.parents]  # never an importable `packdata`
