@@ -15,7 +15,7 @@ Three levels, from cheapest:
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,6 +149,9 @@ class ChecksummedReader(Reader):
 
     def lengths(self, name: str) -> np.ndarray:
         return self.inner.lengths(name)
+
+    def prefetch(self, starts: Sequence[int]) -> None:
+        self.inner.prefetch(starts)
 
     def close(self) -> None:
         self.inner.close()
