@@ -247,6 +247,7 @@ def test_every_path_serves_contiguous_images_and_channels_last_on_request(packed
     batches = [ds[[3, 1, 2]][0], ds[0:4][0], next(iter(packdata.loader(ds, batch_size=4)))[0],
                next(iter(packdata.loader(ds, batch_size=4, num_workers=2)))[0],
                next(iter(packdata.loader(ds, batch_size=4, num_workers=2, workers="process")))[0]]
+    batches.append(packdata.open(packed["lmdb"], decode=packdata.CenterCrop(16))[[4, 0]][0])
     assert all(b.is_contiguous() for b in batches)
     assert ds[5][0].is_contiguous() and ds[5][0].shape == (3, 32, 32)
     fast = packdata.open(packed["lmdb"], channels_last=True)
