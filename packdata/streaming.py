@@ -88,14 +88,13 @@ class StreamingDataset(IterableDataset):
     Every epoch reshuffles the shard order from ``(seed, epoch)``. An iteration runs the epoch
     after the last one run to its end (by this process or by DataLoader workers alike; an
     iteration left early, such as ``next(iter(stream))``, runs again), or the one set with
-    :meth:`set_epoch`. A dataset with
-    one shard (LMDB, HDF5) is cut into ``chunk``-sized spans instead. Each DDP rank gets the same
-    number of samples: the epoch's sequence is wrapped round to divide evenly, or cut short with
-    ``drop_last``. ``rank`` and ``world_size`` default to torch.distributed's. With
-    ``shuffle_buffer`` > 1 samples are drawn at random from a buffer of that many. A URL
-    (``s3://bucket/ds``) streams tar shards from object storage through a local cache
-    (``cache_dir``, at most ``cache_limit`` bytes) with the next shards fetched ahead.
-    For batches with a resumable position over DataLoader workers use :meth:`loader`.
+    :meth:`set_epoch`. A dataset with one shard (LMDB, HDF5) is cut into ``chunk``-sized spans
+    instead. Each DDP rank gets the same number of samples: the epoch's sequence is wrapped round
+    to divide evenly, or cut short with ``drop_last``. ``rank`` and ``world_size`` default to
+    torch.distributed's. With ``shuffle_buffer`` > 1 samples are drawn at random from a buffer of
+    that many. A URL (``s3://bucket/ds``) streams tar shards from object storage through a local
+    cache (``cache_dir``, at most ``cache_limit`` bytes) with the next shards fetched ahead. For
+    batches with a resumable position over DataLoader workers use :meth:`loader`.
     """
 
     def __init__(
