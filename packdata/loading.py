@@ -330,7 +330,8 @@ def _make_loader(
                              "workers": workers, "pin_memory": pin_memory or None,
                              "persistent_workers": persistent_workers,
                              "prefetch_factor": prefetch_factor, **dataloader_options,
-                             "sampler": None if isinstance(sampler, EpochBatchSampler) else sampler})
+                             "sampler or batch_sampler":
+                                 None if isinstance(sampler, EpochBatchSampler) else sampler})
     target = None if device is None else resolve_device(device)
     if num_workers is None:
         num_workers = default_num_workers(dataset)

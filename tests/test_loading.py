@@ -64,7 +64,8 @@ def test_device_augment_and_resident_options(packed):
 
 @pytest.mark.parametrize("option", [{"collate": lambda b: b}, {"num_workers": 2},
                                     {"pin_memory": True}, {"workers": "thread"},
-                                    {"prefetch_factor": 2}, {"timeout": 5}])
+                                    {"prefetch_factor": 2}, {"timeout": 5},
+                                    {"sampler": [3, 1, 2]}])
 def test_resident_refuses_what_cannot_apply(packed, option):
     with pytest.raises(ValueError, match=f"resident=True.*{next(iter(option))}"):
         packdata.loader(packdata.open(packed["hdf5"]), 32, resident=True, **option)
