@@ -83,19 +83,19 @@ def main() -> None:
                             classic(path, b, workers, jit)))
         for backend in ("torch", "kornia"):
             configs.append((f"b) batched CPU {label}", f"packdata.loader, backend={backend}",
-                            packdata.loader(packdata.open(path), b, augment=cifar_recipe(
+                            packdata.loader(packdata.open(path), b, shuffle=True, augment=cifar_recipe(
                                 jitter=jit, seed=0, backend=backend))))
         # the same batched recipe in 2 DataLoader workers: both cores, but float32 batches
         # then cross processes
         configs.append((f"b) batched CPU {label}", "2 workers, backend=torch", packdata.loader(
             packdata.open(path, batch_transform=cifar_recipe(jitter=jit, seed=0, backend="torch")),
-            b, num_workers=2)))
+            b, shuffle=True, num_workers=2)))
     gpu = torch.cuda.is_available()
     if gpu:
         for name, options in (("streamed (DeviceLoader)", {}), ("resident", {"resident": True})):
             configs.append(("c) GPU crop+flip+normalise", name, packdata.loader(
-                packdata.open(path), b, device="cuda", augment=cifar_recipe(seed=0, backend="torch"),
-                **options)))
+                packdata.open(path), b, shuffle=True, device="cuda",
+                augment=cifar_recipe(seed=0, backend="torch"), **options)))
     rates: dict[tuple[str, str], list[float]] = {(g, n): [] for g, n, _ in configs}
     for _ in range(rep):
         for group, name, dl in configs:

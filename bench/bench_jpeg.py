@@ -123,9 +123,9 @@ def make_rows(files: list[Path], labels: list[int], work: Path, train: bool) -> 
     rows["pil-files"] = lambda: base
     keep = packdata.open(work / "keep.h5", decode=stage)
     raw = packdata.open(work / "raw256.h5", decode=stage)
-    rows["keep"] = lambda: packdata.loader(keep, BATCH, num_workers=0)
+    rows["keep"] = lambda: packdata.loader(keep, BATCH, shuffle=True, num_workers=0)
     rows["keep-stock"] = lambda: DataLoader(keep, batch_size=BATCH, shuffle=True)
-    rows["raw256"] = lambda: packdata.loader(raw, BATCH, num_workers=0)
+    rows["raw256"] = lambda: packdata.loader(raw, BATCH, shuffle=True, num_workers=0)
     try:
         from packdata.dali import tar_loader
 

@@ -104,9 +104,9 @@ def baseline_loaders(args: Any, train_idx: Any, test_idx: Any) -> tuple[Any, Any
 def packdata_loaders(ds: packdata.PackedDataset, args: Any, device: torch.device,
                      train_idx: Any, test_idx: Any) -> tuple[Any, Any, Any]:
     sampler = common.SubsetBatches(train_idx, args.batch_size, seed=args.seed)
-    train = packdata.loader(ds, sampler=sampler, device=device,
+    train = packdata.loader(ds, batch_sampler=sampler, device=device,
                             augment=cifar_recipe(seed=args.seed, backend="torch"))
-    test = packdata.loader(ds, sampler=common.SubsetBatches(test_idx, 500, shuffle=False),
+    test = packdata.loader(ds, batch_sampler=common.SubsetBatches(test_idx, 500, shuffle=False),
                            device=device,
                            augment=Compose([Normalize(CIFAR10_MEAN, CIFAR10_STD)], backend="torch"))
     return train, test, sampler

@@ -123,8 +123,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 sampler = common.SubsetBatches(train_idx, args.batch_size, seed=args.seed)
                 augment = PointAugment(scale_range=SCALE, jitter_sigma=JITTER, dropout_ratio=None,
                                        seed=args.seed)
-                train = packdata.loader(ds, sampler=sampler, device=device, augment=augment)
-                test = packdata.loader(ds, sampler=common.SubsetBatches(test_idx, 256, shuffle=False),
+                train = packdata.loader(ds, batch_sampler=sampler, device=device, augment=augment)
+                test = packdata.loader(ds, batch_sampler=common.SubsetBatches(test_idx, 256, shuffle=False),
                                        device=device)
             runs[name] = make_run(args, device, classes, train, test, sampler, ds)
         results = common.train_interleaved(runs, args.epochs, device)

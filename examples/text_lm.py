@@ -190,8 +190,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 lengths = pds.lengths()
                 sampler = BucketSubset(train_idx, lengths, args.batch_size, args.seed)
                 collate = packdata.PadCollate(pad_id)
-                train = packdata.loader(pds, sampler=sampler, collate=collate, device=device)
-                test = packdata.loader(pds, sampler=BucketSubset(test_idx, lengths, 256, 0, False),
+                train = packdata.loader(pds, batch_sampler=sampler, collate=collate, device=device)
+                test = packdata.loader(pds, batch_sampler=BucketSubset(test_idx, lengths, 256, 0, False),
                                        collate=collate, device=device)
             runs[name] = make_run(args, device, tokenizer.vocab_size, train, test, sampler)
         results = common.train_interleaved(runs, args.epochs, device)

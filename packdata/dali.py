@@ -228,7 +228,8 @@ def external_loader(dataset: PackedDataset, batch_size: int, *, device: str = "a
             if info.epoch_idx != self.epoch:
                 self.epoch, self.it = info.epoch_idx, iter(batches)
             images, labels = next(self.it)  # StopIteration ends DALI's epoch
-            return images.permute(0, 2, 3, 1).contiguous().numpy(), labels.numpy()
+            # H×W×C for DALI: no copy from a channels_last=True dataset, numpy's otherwise
+            return np.ascontiguousarray(images.permute(0, 2, 3, 1).numpy()), labels.numpy()
 
     sample = dataset[0][0]
     size = (int(sample.shape[1]), int(sample.shape[2]))

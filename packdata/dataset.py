@@ -2,13 +2,12 @@
 
 Indexing follows numpy: ``ds[i]`` is one sample, ``ds[[i, j, …]]`` one batch read with a few
 vectorised calls. ``__getitems__`` (what torch's DataLoader calls with automatic batching) reads
-the batch the same way and hands the stock collate one :class:`~packdata.rows.BatchRow` per
-sample, which the default collate turns back into the batch read, without a copy.
+the batch the same way and hands the stock collate one :class:`~packdata.rows.BatchRow` (a
+tuple) per sample, which the default collate turns back into the batch read, without a copy.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,7 +24,7 @@ from packdata.errors import ArgumentError, ArgumentTypeError, DatasetError
 from packdata.manifest import Manifest
 from packdata.remote.storage import CACHE_LIMIT, Storage
 from packdata.remote.tar_reader import RemoteTarReader
-from packdata.rows import RowPool
+from packdata.rows import rows_of
 from packdata.sampling import SharedEpoch
 from packdata.urls import is_url
 
@@ -42,9 +41,13 @@ class PackedDataset(Dataset):
     row 0 of the batch ``[i]``).
     ``decode`` (images) is a batched decode stage, e.g. ``packdata.RandomResizedCrop(224)``,
     that turns images of any size into one fixed-size batch (see :mod:`packdata.imagedecode`).
+    Images are contiguous N×C×H×W (C×H×W), as code written for torchvision expects;
+    ``channels_last=True`` serves them in channels-last memory instead, as stored, saving a copy
+    per batch (for a model run in ``torch.channels_last``, or augmentations that convert anyway).
     File handles open lazily in each process, so the dataset can be handed to DataLoader workers.
     """
 
+    #: the container this class opens; None: whichever holds the dataset at ``path``
     container: ClassVar[str | None] = None
 
     def __init__(
@@ -56,15 +59,15 @@ class PackedDataset(Dataset):
         *,
         storage: Storage | None = None,
         verify: str = "sample",
+        channels_last: bool = False,
     ) -> None:
         self.storage = storage if storage is not None or not is_url(path) else Storage()
         self.path: Path | str = str(path).rstrip("/") if self.storage else Path(path)
-        if self.storage:  # object storage holds tar shards (see packdata.remote)
-            self.container_name = "tar"
-        elif self.container is None:
-            self.container_name = containers.for_existing(self.path).NAME
-        else:
-            self.container_name = self.container
+        # object storage holds tar shards (see packdata.remote)
+        self.container_name = "tar" if self.storage else containers.for_existing(self.path).NAME
+        if self.container is not None and self.container_name != self.container:
+            raise DatasetError(f"{self.path}: a {self.container_name} dataset, not {self.container}; "
+                               "packdata.open(path) opens any container")
         reader = self._open_reader()
         self.verify = verify  # see packdata.verify: "off", "sample" (checked here) or "full"
         # object storage: every fetched shard is checked against the manifest's checksums
@@ -73,12 +76,15 @@ class PackedDataset(Dataset):
         self.transform = transform
         self.batch_transform = batch_transform
         self.decode = decode
-        if decode is not None and "decode" not in inspect.signature(
-                sources.get(self.manifest.kind).to_torch).parameters:
+        self.channels_last = channels_last
+        kind = sources.get(self.manifest.kind)
+        if decode is not None and not kind.DECODES:
             raise DatasetError(f"{self.path}: decode= applies to image datasets, not "
                                f"{self.manifest.kind}")
+        if channels_last and not kind.CHANNELS_LAST:
+            raise DatasetError(f"{self.path}: channels_last= applies to image datasets, not "
+                               f"{self.manifest.kind}")
         self._epoch = SharedEpoch()
-        self._rows = RowPool()  # row objects for __getitems__, reused batch after batch
         self._reader: Reader | None = None
         self._pid = -1
 
@@ -162,12 +168,13 @@ class PackedDataset(Dataset):
         return self._epoch.value
 
     def _read(self, indices: np.ndarray) -> tuple:
-        kind = sources.get(self.manifest.kind)
-        select = getattr(kind, "select", None)  # e.g. one of K stored variants per record
-        batch = self.reader.read(
-            indices, select(self.manifest, indices, self.epoch) if select else None
+        kind = sources.get(self.manifest.kind)  # a module: looked up, not kept (not picklable)
+        batch = self.reader.read(  # select: e.g. one of K stored variants per record
+            indices, kind.select(self.manifest, indices, self.epoch) if kind.select else None
         )
-        extra = {"decode": self.decode} if self.decode is not None else {}
+        extra: dict[str, Any] = {"decode": self.decode} if self.decode is not None else {}
+        if self.channels_last:
+            extra["channels_last"] = True
         return kind.to_torch(batch, self.manifest, indices=indices, epoch=self.epoch, **extra)
 
     def _transformed(self, batch: tuple, j: int) -> tuple:
@@ -188,8 +195,8 @@ class PackedDataset(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> list:
         """What DataLoader's automatic batching calls: the batch read (and transformed) as in
-        :meth:`get_batch`, handed over as one :class:`~packdata.rows.BatchRow` per sample, which torch's
-        default collate turns back into that batch without copying it."""
+        :meth:`get_batch`, handed over as one :class:`~packdata.rows.BatchRow` (a tuple of views)
+        per sample, which torch's default collate turns back into that batch without copying it."""
         idx = self._indices(indices)
         if self.transform is not None and self.batch_transform is None:
             # each sample transformed on its own: nothing batched to hand over
@@ -198,7 +205,7 @@ class PackedDataset(Dataset):
         batch = self._batch(idx)
         if len(batch) == 1:  # one-part samples are tensors themselves: no row type can stand in
             return list(batch[0].unbind(0) if isinstance(batch[0], torch.Tensor) else batch[0])
-        return self._rows.rows_of(batch)
+        return rows_of(batch)
 
     @staticmethod
     def _indices(indices: Any) -> np.ndarray:
@@ -235,8 +242,10 @@ def _batch_of(samples: list) -> tuple:
     )
 
 
+# The container is found from the path (one registry: packdata.containers); these classes only
+# pin it, refusing a dataset of another container.
 class LMDBDataset(PackedDataset):
-    """A packdata LMDB dataset (``*.lmdb``)."""
+    """A packdata LMDB dataset (``*.lmdb``); :func:`open_dataset` opens any container."""
 
     container = "lmdb"
 
@@ -264,20 +273,19 @@ def open_dataset(
     cache_limit: int | str = CACHE_LIMIT,
     verify: str = "sample",
     access: str = "shards",
+    channels_last: bool = False,
 ) -> PackedDataset:
     """Open any packdata dataset; the container is recognised from what is at ``path``.
     ``verify``: "sample" checks a few records' CRC-32 at open, "full" every record read, "off"
-    neither (the structural checks at open always run).
+    neither (the structural checks at open always run). Images come as contiguous N×C×H×W
+    batches (C×H×W samples), or in channels-last memory with ``channels_last=True``.
 
     A URL (``s3://bucket/ds``) opens tar shards in object storage, fetched into ``cache_dir``
     (at most ``cache_limit`` bytes of shards) with ``storage_options`` for fsspec; with
     ``access="ranges"`` each batch's records are fetched by ranged GETs instead (map-style access
     to a few records, no shard cached)."""
-    if is_url(path):
-        storage = Storage(storage_options or {}, cache_dir, cache_limit, access=access)
-        return TarDataset(path, transform=transform, batch_transform=batch_transform,
-                          decode=decode, storage=storage, verify=verify)
-    name = containers.for_existing(path).NAME
-    cls = next((c for c in PackedDataset.__subclasses__() if c.container == name), PackedDataset)
-    return cls(path, transform=transform, batch_transform=batch_transform, decode=decode,
-               verify=verify)
+    storage = (Storage(storage_options or {}, cache_dir, cache_limit, access=access)
+               if is_url(path) else None)
+    return PackedDataset(path, transform=transform, batch_transform=batch_transform,
+                         decode=decode, storage=storage, verify=verify,
+                         channels_last=channels_last)

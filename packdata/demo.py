@@ -57,7 +57,7 @@ def run_demo(
                 everything = ds.reader.read(np.arange(len(ds)))
                 arrays = (everything["image"], everything["label"])
             # a new loader per timing pass, each replaying epoch 0's order on purpose (same work)
-            rate = sample_rate(lambda ds=ds: packdata.loader(ds, BATCH, epoch=0),
+            rate = sample_rate(lambda ds=ds: packdata.loader(ds, BATCH, shuffle=True, epoch=0),
                                min_seconds=min_seconds)
             rows.append({"name": f"packdata {container}", "samples_per_s": rate,
                          "convert_s": result.seconds})

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from packdata.batch_order import batch_order
 from packdata.dataset import PackedDataset
 from packdata.device import Augment, DeviceLoader, map_tensors, resolve_device
 from packdata.errors import ArgumentError, ArgumentTypeError
@@ -234,9 +235,10 @@ def loader(
     dataset: PackedDataset,
     batch_size: int | None = None,
     *,
-    sampler: Sampler | None = None,
+    sampler: Sampler | Iterable[int] | None = None,
+    batch_sampler: Sampler | Iterable[Any] | None = None,
     collate: Callable[[Any], Any] | None = None,
-    shuffle: bool = True,
+    shuffle: bool = False,
     drop_last: bool = False,
     seed: int = 0,
     num_workers: int | None = None,
@@ -252,10 +254,13 @@ def loader(
 ) -> Loader:
     """A :class:`Loader` yielding whole batches, each read with a few vectorised calls.
 
-    Epochs reshuffle from ``seed`` and split across DDP ranks (see
-    :class:`packdata.sampling.EpochBatchSampler`). Instead of ``batch_size``, give any batch
-    ``sampler`` (e.g. :class:`~packdata.sampling.LengthBucketBatchSampler`); ``collate`` turns
-    each batch into what the loop takes (e.g. :class:`~packdata.collate.PadCollate`).
+    Batches follow the index order, as torch's DataLoader's do; with ``shuffle=True`` each epoch
+    reshuffles from ``seed``. Epochs split across DDP ranks (see
+    :class:`packdata.sampling.EpochBatchSampler`). As in DataLoader, ``sampler`` (one index at
+    a time, e.g. ``RandomSampler(ds)``) sets the order, batched by ``batch_size``; or, instead of
+    ``batch_size``, ``batch_sampler`` gives whole batches of indices (e.g.
+    :class:`~packdata.sampling.LengthBucketBatchSampler`). ``collate`` turns each batch into what
+    the loop takes (e.g. :class:`~packdata.collate.PadCollate`).
 
     Defaults, each overridable: ``num_workers`` from :func:`default_num_workers` (0 for raw
     records, the fastest choice); ``workers`` (``"thread"`` or ``"process"``) from
@@ -275,14 +280,15 @@ def loader(
     it at that epoch; a new shuffled loader for a dataset that already served an epoch, built
     without ``epoch=``, warns (it would replay epoch 0's order).
     """
-    made = _make_loader(dataset, batch_size, sampler=sampler, collate=collate, shuffle=shuffle,
+    order = batch_order(dataset, batch_size, sampler, batch_sampler, shuffle, drop_last, seed)
+    made = _make_loader(dataset, batch_size, sampler=order, collate=collate, shuffle=shuffle,
                         drop_last=drop_last, seed=seed, num_workers=num_workers, workers=workers,
                         pin_memory=pin_memory, persistent_workers=persistent_workers,
                         prefetch_factor=prefetch_factor, device=device, augment=augment,
                         resident=resident, **dataloader_options)
     if epoch is not None:
         made.set_epoch(epoch)
-    elif shuffle and sampler is None and _served(dataset):
+    elif shuffle and _served(dataset):
         warnings.warn("this dataset already served an epoch through another loader, and a new "
                       "loader starts again at epoch 0 with the same order: build the loader once "
                       "and iterate it each epoch, or pass epoch=", UserWarning, stacklevel=2)
@@ -315,8 +321,6 @@ def _make_loader(
     resident: bool,
     **dataloader_options: Any,
 ) -> Loader:
-    if (batch_size is None) == (sampler is None):
-        raise ArgumentError("give exactly one of batch_size or a batch sampler")
     if workers not in (None, "thread", "process"):
         raise ArgumentError(f"workers must be 'thread', 'process' or None, got {workers!r}")
     if resident:
@@ -325,7 +329,9 @@ def _make_loader(
                              "collate": collate, "num_workers": num_workers or None,
                              "workers": workers, "pin_memory": pin_memory or None,
                              "persistent_workers": persistent_workers,
-                             "prefetch_factor": prefetch_factor, **dataloader_options})
+                             "prefetch_factor": prefetch_factor, **dataloader_options,
+                             "sampler or batch_sampler":
+                                 None if isinstance(sampler, EpochBatchSampler) else sampler})
     target = None if device is None else resolve_device(device)
     if num_workers is None:
         num_workers = default_num_workers(dataset)
@@ -342,10 +348,6 @@ def _make_loader(
     if dataloader_options and not (workers == "process" and num_workers > 0):
         raise ArgumentError(f"{sorted(dataloader_options)} are DataLoader options: they apply "
                          "only with num_workers > 0 and workers='process'")
-    if sampler is None:
-        sampler = EpochBatchSampler(
-            len(dataset), batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed
-        )
     return Loader(
         dataset, sampler, collate=collate, num_workers=num_workers, workers=workers,
         prefetch_factor=4 if prefetch_factor is None and num_workers else prefetch_factor,

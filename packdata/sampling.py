@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch.distributed as dist
-from torch.utils.data import Sampler, get_worker_info
+from torch.utils.data import Sampler
 
 from packdata.errors import ArgumentError
 
@@ -38,35 +38,21 @@ class SharedEpoch:
     """An epoch number that DataLoader workers see change.
 
     It lives in shared memory, so :meth:`set` in the training process reaches persistent workers.
-    For objects that advance by themselves on each iteration, every process (the training
-    process, or worker ``i``) counts the iterations it began since the last :meth:`set`, in shared
-    memory too: non-persistent workers, which start each epoch from the training process's copy,
-    still see epoch 0, 1, 2… Plain pickling (``copy.deepcopy``, sending elsewhere) copies it.
+    Plain pickling (``copy.deepcopy``, sending elsewhere) copies it.
     """
 
-    SLOTS = 256  # the training process and up to 255 DataLoader workers
-
     def __init__(self, epoch: int = 0) -> None:
-        self._state = sharedctypes.RawArray("q", self.SLOTS + 1)
+        self._state = sharedctypes.RawArray("q", 1)
         self._state[0] = epoch
 
     def set(self, epoch: int) -> None:
-        """Start from ``epoch``: the next iteration of every process runs it."""
-        self._state[1:] = [0] * self.SLOTS
+        """Every process's next reads are of ``epoch``."""
         self._state[0] = epoch
 
     @property
     def value(self) -> int:
         """The epoch last :meth:`set`."""
         return self._state[0]
-
-    def begin_iteration(self) -> int:
-        """The epoch this process's iteration runs; its next iteration runs the one after."""
-        info = get_worker_info()
-        slot = 1 if info is None else 2 + info.id % (self.SLOTS - 1)
-        epoch = self._state[0] + self._state[slot]
-        self._state[slot] += 1
-        return epoch
 
     def __getstate__(self) -> dict[str, Any]:
         if mp.context.get_spawning_popen() is not None:  # handed to a new worker: share

@@ -9,8 +9,8 @@ Resume: an epoch's rank share is cut into ``roles`` streams (one per reader: a D
 or this process), each with its own shuffle buffer. A state records, per role, how many samples
 of its stream were delivered; a resumed reader replays its role's stream up to there without
 yielding it (the buffer's order depends on every sample before) and serves the rest.
-:class:`StreamingLoader` counts the batches the training loop took, which fixes each worker's
-position because a DataLoader takes batches from its workers in turn.
+:class:`~packdata.streamloader.StreamingLoader` counts the batches the training loop took, which
+fixes each worker's position because a DataLoader takes batches from its workers in turn.
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, get_worker_info
 
 from packdata.dataset import PackedDataset, Transform
 from packdata.errors import ArgumentError, ResumeError
 from packdata.remote.storage import CACHE_LIMIT, Storage
-from packdata.sampling import SharedEpoch, ddp_rank_world, per_rank
+from packdata.sampling import ddp_rank_world, per_rank
+from packdata.streamloader import StreamingLoader
 from packdata.urls import is_url
 
 Span = tuple[int, int]  # sample indices [start, stop)
@@ -36,18 +37,65 @@ Span = tuple[int, int]  # sample indices [start, stop)
 Plan = list[tuple[int, int]]  # what one reader streams: (role, samples of it already delivered)
 
 
+class StreamEpochs:
+    """The epoch a stream's next iteration runs: the epoch set, plus the epochs completed since.
+
+    An epoch is complete once each of its readers (this process, or each DataLoader worker) has
+    run its part to the end. Every reader writes only its own slot (the epoch it last finished
+    and how many readers that epoch had) in memory shared with the workers, so no lock is
+    needed and in-process and worker iterations count the same epochs.
+    """
+
+    SLOTS = 256  # readers: this process or up to 256 DataLoader workers (ids wrap round)
+
+    def __init__(self) -> None:
+        self._state = sharedctypes.RawArray("q", 1 + self.SLOTS)  # [0]: the epoch set
+
+    def set(self, epoch: int) -> None:
+        """The next iteration runs ``epoch`` (and forgets which epochs were completed)."""
+        self._state[1:] = [0] * self.SLOTS
+        self._state[0] = epoch
+
+    @property
+    def value(self) -> int:
+        """The epoch the next iteration runs."""
+        slots = self._state[1:]
+        done = [((v >> 16) - 1, v & 0xFFFF) for v in slots if v]
+        if not done:
+            return self._state[0]
+        # the last epoch any reader finished began after the one before it completed: it is
+        # complete once each of its readers finished it too
+        last, readers = max(done)
+        complete = all((v >> 16) - 1 >= last for v in slots[:readers])
+        return max(self._state[0], last + complete)
+
+    def finish(self, epoch: int, reader: int, readers: int) -> None:
+        """Reader ``reader`` of ``readers`` ran its part of ``epoch`` to the end."""
+        self._state[1 + reader % self.SLOTS] = ((epoch + 1) << 16) | min(readers, self.SLOTS)
+
+    def __getstate__(self) -> dict[str, Any]:
+        if mp.context.get_spawning_popen() is not None:  # handed to a new worker: share
+            return {"shared": self._state}
+        return {"copy": list(self._state)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._state = state["shared"] if "shared" in state else sharedctypes.RawArray(
+            "q", state["copy"])
+
+
 class StreamingDataset(IterableDataset):
     """Iterate a packed dataset in shard order with a shuffle buffer.
 
-    Every epoch reshuffles the shard order from ``(seed, epoch)``; the epoch advances by one on
-    each iteration, in DataLoader workers too, or is set with :meth:`set_epoch`. A dataset with
-    one shard (LMDB, HDF5) is cut into ``chunk``-sized spans instead. Each DDP rank gets the same
-    number of samples: the epoch's sequence is wrapped round to divide evenly, or cut short with
-    ``drop_last``. ``rank`` and ``world_size`` default to torch.distributed's. With
-    ``shuffle_buffer`` > 1 samples are drawn at random from a buffer of that many. A URL
-    (``s3://bucket/ds``) streams tar shards from object storage through a local cache
-    (``cache_dir``, at most ``cache_limit`` bytes) with the next shards fetched ahead.
-    For batches with a resumable position over DataLoader workers use :meth:`loader`.
+    Every epoch reshuffles the shard order from ``(seed, epoch)``. An iteration runs the epoch
+    after the last one run to its end (by this process or by DataLoader workers alike; an
+    iteration left early, such as ``next(iter(stream))``, runs again), or the one set with
+    :meth:`set_epoch`. A dataset with one shard (LMDB, HDF5) is cut into ``chunk``-sized spans
+    instead. Each DDP rank gets the same number of samples: the epoch's sequence is wrapped round
+    to divide evenly, or cut short with ``drop_last``. ``rank`` and ``world_size`` default to
+    torch.distributed's. With ``shuffle_buffer`` > 1 samples are drawn at random from a buffer of
+    that many. A URL (``s3://bucket/ds``) streams tar shards from object storage through a local
+    cache (``cache_dir``, at most ``cache_limit`` bytes) with the next shards fetched ahead. For
+    batches with a resumable position over DataLoader workers use :meth:`loader`.
     """
 
     def __init__(
@@ -76,7 +124,7 @@ class StreamingDataset(IterableDataset):
         self.world_size = default_world if world_size is None else world_size
         if not 0 <= self.rank < self.world_size:
             raise ArgumentError(f"rank {self.rank} is outside world size {self.world_size}")
-        self._epoch = SharedEpoch()
+        self._epoch = StreamEpochs()
         self._resume: dict[str, Any] | None = None  # a loaded mid-epoch state, not yet begun
         self._running: dict[str, Any] | None = None  # the state of an iteration in this process
         # worker streams begun and not finished (shared with DataLoader workers)
@@ -135,7 +183,7 @@ class StreamingDataset(IterableDataset):
             raise ResumeError("the stream is being read by DataLoader workers mid-epoch: its "
                               "position is known to the loop that takes the batches; use "
                               "StreamingDataset.loader(...) and its state_dict()")
-        return self.fresh_state(self._epoch.value + self._epoch._state[1])
+        return self.fresh_state(self._epoch.value)
 
     def fresh_state(self, epoch: int) -> dict[str, Any]:
         """The state at the start of ``epoch``."""
@@ -228,13 +276,13 @@ class StreamingDataset(IterableDataset):
         return roles, [(role, positions[role]) for role in mine]
 
     def __iter__(self) -> Iterator[Any]:
-        epoch = self._epoch.begin_iteration()
+        epoch = self._epoch.value
         info = get_worker_info()
         reader, readers = (info.id, info.num_workers) if info else (0, 1)
         roles, plan = self.plan(epoch, reader, readers)
         self._resume = None  # begun: this copy serves the rest once
         if info is not None:
-            return self._in_worker(epoch, roles, plan)
+            return self._in_worker(epoch, roles, plan, reader, readers)
         running = {"epoch": epoch, "roles": roles, "groups": [[role for role, _ in plan]],
                    "positions": [self.role_size(r, roles) for r in range(roles)], "next": 0}
         for role, skip in plan:
@@ -250,22 +298,23 @@ class StreamingDataset(IterableDataset):
                     positions[role] = i + 1
                     yield sample
         self._running = None
+        self._epoch.finish(running["epoch"], 0, 1)
 
-    def _in_worker(self, epoch: int, roles: int, plan: Plan) -> Iterator[Any]:
+    def _in_worker(self, epoch: int, roles: int, plan: Plan, reader: int,
+                   readers: int) -> Iterator[Any]:
         self._in_workers[0] += 1
         try:
             for role, skip in plan:
                 for i, sample in enumerate(self._role_stream(epoch, role, roles)):
                     if i >= skip:
                         yield sample
+            self._epoch.finish(epoch, reader, readers)
         finally:
             self._in_workers[0] -= 1
 
     def _samples(self, epoch: int, role: int, roles: int) -> Iterator[Any]:
         spans = self.spans_for(epoch, self.rank, self.world_size, role, roles)
-        reader = self.dataset.reader
-        if hasattr(reader, "prefetch"):  # object storage: fetch this worker's shards ahead
-            reader.prefetch(reader.shards_of([a for a, _ in spans]))
+        self.dataset.reader.prefetch([a for a, _ in spans])  # object storage fetches ahead
         for a, b in spans:
             for start in range(a, b, self.chunk):
                 indices = np.arange(start, min(start + self.chunk, b))
@@ -289,118 +338,6 @@ class StreamingDataset(IterableDataset):
         yield from buffer
 
 
-class StreamingLoader:
-    """Batches of a :class:`StreamingDataset` through a DataLoader (``num_workers`` workers),
-    owning the epoch and the position: :meth:`state_dict` mid-epoch, :meth:`load_state_dict` on
-    a rebuilt one serves exactly the rest, also at another ``num_workers`` (then in another
-    order: each worker batches its own stream). Iterate it once per epoch."""
-
-    def __init__(self, stream: StreamingDataset, batch_size: int, *, num_workers: int = 0,
-                 drop_last: bool = False, **dataloader_options: Any) -> None:
-        if dataloader_options.get("in_order", True) is not True:
-            raise ArgumentError("in_order=False takes batches in the order workers finish them: "
-                                "no position can be saved")
-        if batch_size < 1:
-            raise ArgumentError(f"batch_size must be ≥ 1, got {batch_size}")
-        self.stream = stream
-        self.dataset = stream
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.drop_last = drop_last
-        self._options = dataloader_options
-        self._dataloader: DataLoader | None = None
-        self._next_epoch = 0
-        self._loaded: dict[str, Any] | None = None
-        self._epoch_plan: tuple[int, int, list[Plan]] | None = None  # (epoch, roles, per reader)
-        self._delivered: int | None = None  # batches taken in the epoch in progress
-
-    @property
-    def readers(self) -> int:
-        return max(self.num_workers, 1)
-
-    @property
-    def dataloader(self) -> DataLoader:
-        if self._dataloader is None:
-            self._dataloader = DataLoader(self.stream, batch_size=self.batch_size,
-                                          num_workers=self.num_workers, drop_last=self.drop_last,
-                                          **self._options)
-        return self._dataloader
-
-    def set_epoch(self, epoch: int) -> None:
-        """The epoch the next iteration runs."""
-        self._next_epoch = epoch
-        self.stream.set_epoch(epoch)
-
-    def _batches(self, samples: int) -> int:
-        return samples // self.batch_size if self.drop_last else -(-samples // self.batch_size)
-
-    def __len__(self) -> int:
-        """Batches per epoch (each worker batches its own stream)."""
-        return sum(self._batches(self.stream.role_size(r, self.readers))
-                   for r in range(self.readers))
-
-    def __iter__(self) -> Iterator[Any]:
-        epoch = self._next_epoch
-        self.stream.set_epoch(epoch)  # keeps a loaded state of this epoch
-        plans = [self.stream.plan(epoch, j, self.readers) for j in range(self.readers)]
-        self._epoch_plan = (epoch, plans[0][0], [p for _, p in plans])
-        batches = iter(self.dataloader)  # workers start here, each with the loaded state
-        self.stream._resume, self._loaded = None, None
-        self._next_epoch = epoch + 1
-        return self._counted(batches)
-
-    def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
-        self._delivered = 0
-        for batch in batches:
-            self._delivered += 1
-            yield batch
-        self._delivered = None
-
-    def state_dict(self) -> dict[str, Any]:
-        """The stream's state after the batches taken so far (plain JSON, O(workers))."""
-        if self._loaded is not None:
-            return self._loaded
-        if self._delivered is None or self._epoch_plan is None:
-            return self.stream.fresh_state(self._next_epoch)
-        epoch, roles, plans = self._epoch_plan
-        left = [sum(self.stream.role_size(role, roles) - skip for role, skip in plan)
-                for plan in plans]
-        taken, nxt = _round_robin([self._batches(n) for n in left], self._delivered)
-        positions = [self.stream.role_size(r, roles) for r in range(roles)]
-        for plan, batches, n in zip(plans, taken, left):
-            done = min(batches * self.batch_size, n)  # samples this reader delivered
-            for role, skip in plan:
-                size = self.stream.role_size(role, roles)
-                positions[role] = skip + min(done, size - skip)
-                done -= positions[role] - skip
-        groups = [[role for role, _ in plan] for plan in plans]
-        return self.stream._state(epoch, roles, groups, positions, nxt)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`state_dict` (or the stream's own)."""
-        self.stream.load_state_dict(state)
-        self._next_epoch = self.stream._epoch.value
-        self._loaded, self._delivered, self._epoch_plan = state, None, None
-        self._dataloader = None  # persistent workers would keep the old position
-
-
-def _round_robin(batches: list[int], k: int) -> tuple[list[int], int]:
-    """Batches each reader delivered after a DataLoader handed out ``k``, taking one from each
-    reader with batches left in turn (from reader 0), and the reader whose turn is next."""
-    n = len(batches)
-    k = min(k, sum(batches))
-    full = min(k // n, min(batches))  # rounds where every reader delivered
-    taken = [full] * n
-    k -= full * n
-    j = 0
-    while k > 0:
-        if taken[j] < batches[j]:
-            taken[j] += 1
-            k -= 1
-        j = (j + 1) % n
-    return taken, j
-
-
 def _positions(sequence: list[Span], lo: int, hi: int) -> list[Span]:
     """Positions ``[lo, hi)`` of the spans laid end to end — repeated from the start when ``hi``
     runs past the end — as spans of sample indices."""
@@ -413,3 +350,4 @@ def _positions(sequence: list[Span], lo: int, hi: int) -> list[Span]:
                 out.append((a + start, a + stop))
             offset += b - a
     return out
+

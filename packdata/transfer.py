@@ -32,8 +32,6 @@ from packdata.device import map_tensors
 #: bytes (a limit chosen, not measured)
 BY_VALUE_MAX_BYTES = 4 << 20
 SLOTS_PER_WORKER = 8  # at most; each is made when a batch finds none free
-ENABLED = True  # False: torch's shared-memory transfer (for measuring one against the other)
-USE_SLOTS = True  # False: by value through the result pipe, no slots
 _ALIGN = 64
 
 
@@ -76,14 +74,14 @@ def leave_worker(batch: Any) -> Any:
     """``batch`` made ready to leave a DataLoader worker: its small CPU tensors copied into a
     reused shared-memory slot (or, with none free, marked to go by value); in the training process,
     unchanged. Each tensor arrives as a plain tensor with the same values and memory order."""
-    if not ENABLED or get_worker_info() is None:
+    if get_worker_info() is None:
         return batch
     tensors: list[torch.Tensor] = []
     map_tensors(batch, lambda t: tensors.append(t) if _small(t) else None)
     if not tensors:
         return batch
     nbytes = max(sum(_aligned(t.nbytes) for t in tensors), _ALIGN)  # a segment is never empty
-    slot = _ring().acquire(nbytes) if USE_SLOTS else None
+    slot = _ring().acquire(nbytes)
     if slot is None:
         return map_tensors(batch, lambda t: t.as_subclass(ByValueTensor) if _small(t) else t)
     offset = 0
@@ -108,7 +106,7 @@ def leave_worker(batch: Any) -> Any:
 def by_value(batch: Any) -> Any:
     """``batch`` with its small CPU tensors marked to go by value through the worker's result pipe
     (no slots); in the training process, unchanged."""
-    if not ENABLED or get_worker_info() is None:
+    if get_worker_info() is None:
         return batch
     return map_tensors(batch, lambda t: t.as_subclass(ByValueTensor) if _small(t) else t)
 

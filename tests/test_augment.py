@@ -28,8 +28,8 @@ from packdata.bench.baselines import ClassicCifarTransform
 
 @pytest.fixture(scope="module")
 def images(packed) -> torch.Tensor:
-    """120 real CIFAR images, uint8 B×3×32×32 as packdata returns them (channels-last memory)."""
-    ds = packdata.open(packed["lmdb"])
+    """120 real CIFAR images, uint8 B×3×32×32 in channels-last memory, as stored."""
+    ds = packdata.open(packed["lmdb"], channels_last=True)
     return ds[list(range(len(ds)))][0]
 
 
@@ -219,7 +219,7 @@ def test_seeded_pipeline_draws_differently_in_each_dataloader_worker(packed):
     def run() -> list[torch.Tensor]:
         ds = packdata.open(packed["lmdb"], batch_transform=cifar_recipe(seed=3, backend="torch"))
         same = list(range(16))
-        return [b[0] for b in packdata.loader(ds, sampler=[same, same], num_workers=2)]
+        return [b[0] for b in packdata.loader(ds, batch_sampler=[same, same], num_workers=2)]
 
     first, second = run()
     assert not torch.equal(first, second)

@@ -75,10 +75,15 @@ def test_dataset_pickles_without_open_handles(packed, container):
     assert torch.equal(clone[5][0], ds[5][0])
 
 
-def test_open_returns_the_container_class(packed):
-    assert isinstance(packdata.open(packed["lmdb"]), packdata.LMDBDataset)
-    assert isinstance(packdata.open(packed["hdf5"]), packdata.HDF5Dataset)
-    assert isinstance(packdata.open(packed["tar"]), packdata.TarDataset)
+def test_open_finds_the_container_and_named_classes_pin_it(packed):
+    for name, cls in (("lmdb", packdata.LMDBDataset), ("hdf5", packdata.HDF5Dataset),
+                      ("tar", packdata.TarDataset)):
+        ds = packdata.open(packed[name])
+        assert type(ds) is packdata.PackedDataset and ds.container_name == name
+        assert cls(packed[name]).container_name == name
+        other = packed["hdf5" if name != "hdf5" else "lmdb"]
+        with pytest.raises(packdata.DatasetError, match=f"{other}: a .* dataset, not {name}"):
+            cls(other)
     with pytest.raises(packdata.DatasetError, match="not a packdata dataset"):
         packdata.open(packed["tar"].parent)
 
@@ -120,7 +125,7 @@ def test_every_path_serves_the_same_transformed_samples(packed, container, which
         assert torch.equal(ds[i][0], expected[j]) and int(ds[i][1]) == int(labels[j])
     sampler = [order[:4], order[4:]]
     stock = [b for b in DataLoader(ds, batch_sampler=sampler)]
-    mine = list(packdata.loader(ds, sampler=sampler, num_workers=0))
+    mine = list(packdata.loader(ds, batch_sampler=sampler, num_workers=0))
     own_collate = DataLoader(ds, batch_sampler=sampler, collate_fn=lambda rows: [
         torch.stack([r[0] for r in rows]), [int(lab) for _, lab in rows]])
     for got in (stock, mine, list(own_collate)):
@@ -132,8 +137,8 @@ def test_stock_collate_returns_the_batch_read_and_still_collates_mixed_rows(pack
     ds = packdata.open(packed["hdf5"])
     first, second = ds.__getitems__([4, 1, 9]), ds.__getitems__([2, 8])
     images, labels = default_collate(first)
-    # the batch itself: channels-last as read, where stacking per-sample views makes NCHW rows
-    assert images.is_contiguous(memory_format=torch.channels_last)
+    # the batch itself, contiguous as read
+    assert images.is_contiguous()
     assert images.data_ptr() == first[0][0].data_ptr() and labels.tolist() == ds[[4, 1, 9]][1].tolist()
     for rows, order in (([second[1], first[0], first[2]], [8, 4, 9]), (first[:2], [4, 1]),
                         (first[::-1], [9, 1, 4])):
@@ -146,8 +151,11 @@ def test_stock_collate_returns_the_batch_read_and_still_collates_mixed_rows(pack
     assert isinstance(pickle.loads(pickle.dumps(first[1])), tuple)
 
 
-def test_a_sample_is_a_view_not_a_copy(packed, container):
+def test_a_sample_is_contiguous_or_with_channels_last_a_view_of_the_stored_pixels(packed,
+                                                                                 container):
     image, _ = packdata.open(packed[container])[3]
+    assert image.shape == (3, 32, 32) and image.stride() == (1024, 32, 1)
+    image, _ = packdata.open(packed[container], channels_last=True)[3]
     assert image.shape == (3, 32, 32) and image.stride() == (1, 96, 3)  # H×W×C memory, permuted
 
 
@@ -164,17 +172,11 @@ def test_stock_dataloader_workers_give_the_in_process_batches(packed, start):
         assert torch.equal(x, rx) and torch.equal(y, ry) and x.dtype == torch.float32
 
 
-def test_row_objects_are_reused_only_when_nothing_holds_them(packed):
+def test_a_held_row_keeps_its_sample_while_later_batches_are_read(packed):
     ds = packdata.open(packed["hdf5"])
-    first = ds.__getitems__([4, 1, 9])
-    held = first[2]
-    del first
-    second = ds.__getitems__([2, 8, 5])  # a row of the first batch is held: no reuse
-    assert torch.equal(held[0], ds[9][0]) and torch.equal(second[2][0], ds[5][0])
-    ids = [id(r) for r in second]
-    del second, held
+    held = ds.__getitems__([4, 1, 9])[2]
     third = ds.__getitems__([0, 3, 6])
-    assert [id(r) for r in third] == ids  # nothing held them: the same objects, a new batch
+    assert torch.equal(held[0], ds[9][0]) and int(held[1]) == int(ds[9][1])
     assert torch.equal(default_collate(third)[0], ds[[0, 3, 6]][0])
     assert [int(label) for _, label in third] == ds[[0, 3, 6]][1].tolist()
 
@@ -186,3 +188,96 @@ def test_a_tar_batch_across_shards_is_the_same_as_from_hdf5(packed):
         assert torch.equal(got, expected)
     joined = tar.reader._joined_map()
     assert joined is None or joined[0].flags.writeable is False  # None off Linux
+
+
+def test_every_kind_declares_what_loading_may_ask_of_it():
+    for kind in packdata.sources.KINDS:
+        module = packdata.sources.get(kind)
+        assert isinstance(module.DECODES, bool)
+        assert module.select is None or callable(module.select)
+    assert packdata.sources.get("image").DECODES
+    assert packdata.sources.get("pointcloud").select is not None
+
+
+def test_a_decode_stage_on_text_is_refused_naming_the_dataset(tmp_path, peps_dir):
+    folder = tmp_path / "peps"
+    folder.mkdir()
+    for p in sorted(peps_dir.glob("*.txt"))[:2]:
+        (folder / p.name).write_bytes(p.read_bytes())
+    out = packdata.convert(packdata.open_source(folder, tokenizer="bytes"), tmp_path / "t.h5").path
+    with pytest.raises(packdata.DatasetError, match=f"{out}: decode= applies to image datasets"):
+        packdata.open(out, decode=packdata.CenterCrop(8))
+
+
+class TutorialNet(torch.nn.Module):
+    """The network of PyTorch's CIFAR-10 tutorial ("Training a classifier"), unchanged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 6, 5)
+        self.pool = torch.nn.MaxPool2d(2, 2)
+        self.conv2 = torch.nn.Conv2d(6, 16, 5)
+        self.fc1 = torch.nn.Linear(16 * 5 * 5, 120)
+        self.fc2 = torch.nn.Linear(120, 84)
+        self.fc3 = torch.nn.Linear(84, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(torch.nn.functional.relu(self.conv1(x)))
+        x = self.pool(torch.nn.functional.relu(self.conv2(x)))
+        x = x.view(-1, 16 * 5 * 5)
+        x = torch.nn.functional.relu(self.fc1(x))
+        x = torch.nn.functional.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stock_dataloader_feeds_the_pytorch_cifar_tutorial_network(packed, container, workers):
+    net = TutorialNet()
+    loader = DataLoader(packdata.open(packed[container]), batch_size=4, num_workers=workers)
+    for step, (images, labels) in enumerate(loader):
+        assert images.is_contiguous() and images.view(4, -1).shape == (4, 3 * 32 * 32)
+        loss = torch.nn.functional.cross_entropy(net(images.float() / 255), labels)
+        loss.backward()
+        if step == 2:
+            break
+
+
+def test_every_path_serves_contiguous_images_and_channels_last_on_request(packed):
+    ds = packdata.open(packed["lmdb"])
+    batches = [ds[[3, 1, 2]][0], ds[0:4][0], next(iter(packdata.loader(ds, batch_size=4)))[0],
+               next(iter(packdata.loader(ds, batch_size=4, num_workers=2)))[0],
+               next(iter(packdata.loader(ds, batch_size=4, num_workers=2, workers="process")))[0]]
+    batches.append(packdata.open(packed["lmdb"], decode=packdata.CenterCrop(16))[[4, 0]][0])
+    assert all(b.is_contiguous() for b in batches)
+    assert ds[5][0].is_contiguous() and ds[5][0].shape == (3, 32, 32)
+    fast = packdata.open(packed["lmdb"], channels_last=True)
+    x = fast[[3, 1, 2]][0]
+    assert x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    assert torch.equal(x, batches[0])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_users_collate_fn_gets_tuples_with_and_without_workers(packed, workers):
+    ds = packdata.open(packed["tar"])
+
+    def collate(rows):  # runs in the worker with workers: its findings travel with the batch
+        assert all(isinstance(row, tuple) and len(row) == 2 for row in rows)
+        images, labels = zip(*rows)
+        return torch.stack(images), torch.stack(labels), [type(row) for row in rows]
+
+    for images, labels, kinds in DataLoader(ds, batch_size=8, num_workers=workers,
+                                            collate_fn=collate):
+        assert all(issubclass(k, tuple) for k in kinds)
+        expected = ds[list(range(8))]  # the first batch, unshuffled
+        assert torch.equal(images, expected[0]) and torch.equal(labels, expected[1])
+        break
+
+
+def test_pickling_one_row_writes_that_sample_not_the_batch(packed):
+    ds = packdata.open(packed["lmdb"])
+    rows = ds.__getitems__(list(range(64)))
+    data = pickle.dumps(rows[5])
+    assert len(data) < 2 * 3 * 32 * 32  # one image and a label, not 64 images
+    image, label = pickle.loads(data)
+    assert type(pickle.loads(data)) is tuple
+    assert torch.equal(image, ds[5][0]) and int(label) == int(ds[5][1])

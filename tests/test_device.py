@@ -20,8 +20,8 @@ def ds(packed):
 
 
 def test_yields_exactly_the_loaders_batches_in_order(ds):
-    reference = list(packdata.loader(ds, 32, seed=3))
-    wrapped = DeviceLoader(packdata.loader(ds, 32, seed=3), "cpu")
+    reference = list(packdata.loader(ds, 32, shuffle=True, seed=3))
+    wrapped = DeviceLoader(packdata.loader(ds, 32, shuffle=True, seed=3), "cpu")
     got = list(wrapped)
     assert len(wrapped) == len(reference) == len(got) == 4
     for (x, y), (rx, ry) in zip(got, reference):
@@ -30,9 +30,9 @@ def test_yields_exactly_the_loaders_batches_in_order(ds):
 
 def test_augments_each_batch_on_its_device(ds):
     expected = cifar_recipe(seed=0, backend="torch")
-    wrapped = DeviceLoader(packdata.loader(ds, 32, seed=1), "cpu",
+    wrapped = DeviceLoader(packdata.loader(ds, 32, shuffle=True, seed=1), "cpu",
                            cifar_recipe(seed=0, backend="torch"))
-    for (x, y), (rx, ry) in zip(wrapped, packdata.loader(ds, 32, seed=1), strict=True):
+    for (x, y), (rx, ry) in zip(wrapped, packdata.loader(ds, 32, shuffle=True, seed=1), strict=True):
         assert x.dtype == torch.float32 and torch.equal(x, expected(rx)) and torch.equal(y, ry)
 
 
@@ -84,9 +84,9 @@ def test_auto_warns_and_uses_the_cpu():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_prefetch_yields_the_same_batches_on_the_gpu(ds):
-    reference = list(packdata.loader(ds, 32, seed=3))
-    got = list(DeviceLoader(packdata.loader(ds, 32, seed=3), "cuda"))
+    reference = list(packdata.loader(ds, 32, shuffle=True, seed=3))
+    got = list(DeviceLoader(packdata.loader(ds, 32, shuffle=True, seed=3), "cuda"))
     for (x, y), (rx, ry) in zip(got, reference):
         assert x.is_cuda and torch.equal(x.cpu(), rx) and torch.equal(y.cpu(), ry)
-    aug = list(DeviceLoader(packdata.loader(ds, 32, seed=3), "cuda", cifar_recipe(seed=0)))
+    aug = list(DeviceLoader(packdata.loader(ds, 32, shuffle=True, seed=3), "cuda", cifar_recipe(seed=0)))
     assert aug[0][0].is_cuda and aug[0][0].dtype == torch.float32

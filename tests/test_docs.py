@@ -69,3 +69,10 @@ def test_a_failing_snippet_names_its_file_line_and_command(tmp_path):
     md.write_text("```python\nx = undefined_name\n```\n")
     with pytest.raises(doc_snippets.SnippetError, match=r"(?s)bad.md:1: .*NameError.*undefined_name"):
         doc_snippets.run_file(md, tmp_path / "w2")
+
+
+def test_the_gpu_doc_says_how_many_torch_threads_its_figures_used():
+    doc = (ROOT / "docs" / "gpu.md").read_text()
+    speed = doc.split("## Speed", 1)[1]
+    assert "1\nintra-op thread in the main process" in speed or "1 intra-op thread" in speed
+    assert "torch.set_num_threads(1)" in speed and "packdata sets no thread count" in speed

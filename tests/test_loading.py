@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -62,7 +64,8 @@ def test_device_augment_and_resident_options(packed):
 
 @pytest.mark.parametrize("option", [{"collate": lambda b: b}, {"num_workers": 2},
                                     {"pin_memory": True}, {"workers": "thread"},
-                                    {"prefetch_factor": 2}, {"timeout": 5}])
+                                    {"prefetch_factor": 2}, {"timeout": 5},
+                                    {"sampler": [3, 1, 2]}])
 def test_resident_refuses_what_cannot_apply(packed, option):
     with pytest.raises(ValueError, match=f"resident=True.*{next(iter(option))}"):
         packdata.loader(packdata.open(packed["hdf5"]), 32, resident=True, **option)
@@ -73,8 +76,8 @@ def test_resident_refuses_what_cannot_apply(packed, option):
                                      {"device": "cpu"}, {}])
 def test_one_loader_type_the_same_batches_and_set_epoch(packed, options):
     ds = packdata.open(packed["lmdb"])
-    reference = packdata.loader(ds, 32, seed=4, num_workers=0)
-    dl = packdata.loader(ds, 32, seed=4, **options)
+    reference = packdata.loader(ds, 32, shuffle=True, seed=4, num_workers=0)
+    dl = packdata.loader(ds, 32, shuffle=True, seed=4, **options)
     assert type(dl) is Loader and len(dl) == len(reference) and dl.dataset is ds
     for epoch in (3, 1):
         reference.set_epoch(epoch)
@@ -89,7 +92,7 @@ def test_loader_takes_a_bucketing_sampler_and_a_collate(packed_text, workers):
 
     ds = packdata.open(packed_text["hdf5"])
     sampler = LengthBucketBatchSampler(ds.lengths(), max_tokens=40_000, seed=1)
-    dl = packdata.loader(ds, sampler=sampler, collate=PadCollate(pad_id=50256),
+    dl = packdata.loader(ds, batch_sampler=sampler, collate=PadCollate(pad_id=50256),
                          num_workers=workers)
     seen = []
     for (ids, mask), indices in zip(dl, sampler.batches(0)):
@@ -97,8 +100,8 @@ def test_loader_takes_a_bucketing_sampler_and_a_collate(packed_text, workers):
             assert row[m].tolist() == ds[int(i)].tolist()
         seen.extend(indices.tolist())
     assert sorted(seen) == list(range(len(ds)))
-    with pytest.raises(ValueError, match="exactly one of batch_size or a batch sampler"):
-        packdata.loader(ds, 8, sampler=sampler)
+    with pytest.raises(ValueError, match="batch_sampler= gives whole batches: leave out batch_size"):
+        packdata.loader(ds, 8, batch_sampler=sampler)
 
 
 def test_empty_batch_of_encoded_images(keep_lmdb):
@@ -109,7 +112,35 @@ def test_empty_batch_of_encoded_images(keep_lmdb):
 def test_thread_workers_draw_a_seeded_batch_transform_as_no_workers_do(packed):
     def run(workers):
         ds = packdata.open(packed["tar"], batch_transform=cifar_recipe(seed=1, backend="torch"))
-        return list(packdata.loader(ds, 16, seed=2, num_workers=workers))
+        return list(packdata.loader(ds, 16, shuffle=True, seed=2, num_workers=workers))
 
     for (x, y), (rx, ry) in zip(run(2), run(0), strict=True):
         assert x.dtype == torch.float32 and torch.equal(x, rx) and torch.equal(y, ry)
+
+
+def test_loader_serves_index_order_by_default_and_rebuilding_it_does_not_warn(packed):
+    ds = packdata.open(packed["lmdb"])
+    images = torch.cat([x for x, _ in packdata.loader(ds, 32)])
+    assert torch.equal(images, ds[0:len(ds)][0])  # as DataLoader(ds, 32): no shuffle
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an evaluation loader built each epoch: nothing to say
+        again = torch.cat([x for x, _ in packdata.loader(ds, 32)])
+    assert torch.equal(again, images)
+
+
+def test_sampler_and_batch_sampler_mean_what_they_mean_to_dataloader(packed):
+    ds = packdata.open(packed["lmdb"])
+    order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(0)).tolist()
+    stock = [labels.tolist() for _, labels in DataLoader(ds, 8, sampler=order)]
+    assert stock == [labels.tolist() for _, labels in packdata.loader(ds, 8, sampler=order)]
+    sampled = packdata.loader(ds, 8, sampler=torch.utils.data.RandomSampler(ds))
+    assert sorted(int(v) for _, labels in sampled for v in labels) == sorted(ds[:][1].tolist())
+    batches = [order[:5], order[5:7], order[7:]]
+    stock = [labels.tolist() for _, labels in DataLoader(ds, batch_sampler=batches)]
+    assert stock == [labels.tolist() for _, labels in packdata.loader(ds, batch_sampler=batches)]
+    with pytest.raises(ValueError, match="pass it as batch_sampler="):
+        next(iter(packdata.loader(ds, 8, sampler=batches)))
+    with pytest.raises(ValueError, match="sampler= sets the order: leave out shuffle"):
+        packdata.loader(ds, 8, sampler=order, shuffle=True)
+    with pytest.raises(ValueError, match="give batch_size .with sampler="):
+        packdata.loader(ds, sampler=order)

@@ -22,7 +22,7 @@ def keep_tar(tmp_path_factory, png_folder):
 def test_every_sample_once_per_epoch_and_the_streamed_batches(packed, name):
     ds = packdata.open(packed[name])
     resident = ResidentLoader(ds, 32, seed=5)
-    streamed = packdata.loader(ds, 32, seed=5)
+    streamed = packdata.loader(ds, 32, shuffle=True, seed=5)
     epochs = []
     for _ in range(2):
         seen = []

@@ -40,19 +40,19 @@ def test_bucket_sampler_resumes(options, k):
                                      {"num_workers": 2, "workers": "process"}])
 def test_loader_resumes(packed, options):
     ds = packdata.open(packed["tar"])
-    ok, why = resumable(lambda: packdata.loader(ds, 16, seed=1, **options), 5, epochs=2,
+    ok, why = resumable(lambda: packdata.loader(ds, 16, shuffle=True, seed=1, **options), 5, epochs=2,
                         key=sample_ids)
     assert ok, why
 
 
 def test_loader_resumes_with_other_num_workers(packed):
     ds = packdata.open(packed["lmdb"])
-    reference = [sample_ids(b) for b in packdata.loader(ds, 16, seed=3, num_workers=0)]
-    first = packdata.loader(ds, 16, seed=3, num_workers=2, workers="process", epoch=0)
+    reference = [sample_ids(b) for b in packdata.loader(ds, 16, shuffle=True, seed=3, num_workers=0)]
+    first = packdata.loader(ds, 16, shuffle=True, seed=3, num_workers=2, workers="process", epoch=0)
     it = iter(first)
     head = [sample_ids(next(it)) for _ in range(3)]
     state = json.loads(json.dumps(first.state_dict()))
-    again = packdata.loader(ds, 16, seed=3, num_workers=0, epoch=0)
+    again = packdata.loader(ds, 16, shuffle=True, seed=3, num_workers=0, epoch=0)
     again.load_state_dict(state)
     assert head + [sample_ids(b) for b in again] == reference
 
@@ -88,13 +88,13 @@ def test_state_is_small_and_plain_json():
 
 def test_state_of_another_dataset_version_or_corrupted_is_refused(packed):
     ds = packdata.open(packed["lmdb"])
-    dl = packdata.loader(ds, 16, seed=0, num_workers=0)
+    dl = packdata.loader(ds, 16, shuffle=True, seed=0, num_workers=0)
     it = iter(dl)
     next(it)
     state = dl.state_dict()
-    other = packdata.loader(packdata.open(packed["hdf5"]), 16, seed=0, num_workers=0)
+    other = packdata.loader(packdata.open(packed["hdf5"]), 16, shuffle=True, seed=0, num_workers=0)
     other.load_state_dict(state)  # the same records in another container: the same manifest
-    smaller = packdata.loader(ds, 16, seed=1, num_workers=0)
+    smaller = packdata.loader(ds, 16, shuffle=True, seed=1, num_workers=0)
     with pytest.raises(ResumeError, match="seed 0 .now 1"):
         smaller.load_state_dict(state)
     with pytest.raises(ResumeError, match="packdata 0.0.1"):
@@ -119,10 +119,10 @@ def test_same_records_in_another_container_share_the_fingerprint(packed, tmp_pat
 
 def test_rebuilding_a_shuffled_loader_each_epoch_warns_and_epoch_continues(packed):
     ds = packdata.open(packed["lmdb"])
-    first = [sample_ids(b) for b in packdata.loader(ds, 32, seed=0, num_workers=0)]
+    first = [sample_ids(b) for b in packdata.loader(ds, 32, shuffle=True, seed=0, num_workers=0)]
     with pytest.warns(UserWarning, match="starts again at epoch 0"):
-        packdata.loader(ds, 32, seed=0, num_workers=0)
-    again = packdata.loader(ds, 32, seed=0, num_workers=0, epoch=1)
+        packdata.loader(ds, 32, shuffle=True, seed=0, num_workers=0)
+    again = packdata.loader(ds, 32, shuffle=True, seed=0, num_workers=0, epoch=1)
     second = [sample_ids(b) for b in again]
     assert second != first and Counter(sum(second, [])) == Counter(sum(first, []))
 

@@ -311,3 +311,17 @@ def test_mixed_size_images_at_a_url_convert_as_the_local_folder(s3, tmp_path):
                              workers=1).manifest
     assert there.source["mixed_sizes"] and there.fields["image"].shape == (None, 3)
     assert there.keys == here.keys and there.checksums == here.checksums
+
+
+def test_the_default_shard_cache_is_in_the_platform_cache_folder_and_cannot_shadow_packdata(
+        tmp_path, monkeypatch):
+    from packdata.remote.storage import Storage
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    local = Storage().local_dir(f"s3://{BUCKET}/cifar")
+    assert local.parent == tmp_path / "xdg" / "packdata-cache"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    local = Storage().local_dir(f"s3://{BUCKET}/cifar")
+    assert local.parent == tmp_path / ".cache" / "packdata-cache"
+    assert "packdata" not in [p.name for p in local.parents]  # never an importable `packdata`

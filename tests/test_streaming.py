@@ -224,3 +224,32 @@ def test_a_plain_dataloader_mid_epoch_position_is_refused_not_guessed(packed):
     with pytest.raises(ResumeError, match="loader"):
         stream.state_dict()
     del batches
+
+
+def stream_order(stream, lookup, workers: int = 0) -> list[int]:
+    """One iteration's samples, in order: in this process, or through DataLoader workers."""
+    if not workers:
+        return [lookup[image.numpy().tobytes()] for image, _ in stream]
+    dl = DataLoader(stream, batch_size=8, num_workers=workers)
+    return [lookup[img.contiguous().numpy().tobytes()] for images, _ in dl for img in images]
+
+
+def test_peeking_at_a_stream_does_not_move_its_epochs(packed):
+    lookup = labels_and_pixels(packdata.open(packed["tar"]))
+    reference = packdata.StreamingDataset(packed["tar"], shuffle_buffer=40, seed=3)
+    epochs = [stream_order(reference, lookup) for _ in range(2)]
+    stream = packdata.StreamingDataset(packed["tar"], shuffle_buffer=40, seed=3)
+    image, _ = next(iter(stream))
+    assert lookup[image.numpy().tobytes()] == epochs[0][0]
+    assert [stream_order(stream, lookup) for _ in range(2)] == epochs
+
+
+@pytest.mark.parametrize("first, then", [(0, 2), (2, 0)])
+def test_in_process_and_worker_iterations_count_the_same_epochs(packed, first, then):
+    lookup = labels_and_pixels(packdata.open(packed["tar"]))
+    stream = packdata.StreamingDataset(packed["tar"], shuffle_buffer=40, seed=3)
+    done = [stream_order(stream, lookup, first) for _ in range(2)]
+    reference = packdata.StreamingDataset(packed["tar"], shuffle_buffer=40, seed=3)
+    assert done == [stream_order(reference, lookup, first) for _ in range(2)]
+    reference.set_epoch(2)  # switching readers goes on with epoch 2, not epoch 0 again
+    assert stream_order(stream, lookup, then) == stream_order(reference, lookup, then)

@@ -250,8 +250,8 @@ def test_docs_packed_batch_mask_and_cu_seqlens(packed_text):
     """docs/text.md's PackCollate example runs on real tokens, and its attention mask and
     cu_seqlens are what brute force gives: one sequence per document piece in a block."""
     doc = (Path(__file__).parents[1] / "docs" / "text.md").read_text()
-    block = doc.split("```python\nloader = packdata.loader(ds, sampler=sampler, collate=PackCollate")[1]
-    code = "loader = packdata.loader(ds, sampler=sampler, collate=PackCollate" + block.split("```")[0]
+    block = doc.split("```python\nloader = packdata.loader(ds, batch_sampler=sampler, collate=PackCollate")[1]
+    code = "loader = packdata.loader(ds, batch_sampler=sampler, collate=PackCollate" + block.split("```")[0]
     ds = packdata.open(packed_text["hdf5"])
     sampler = LengthBucketBatchSampler(ds.lengths(), batch_size=4, seed=0)
     scope = {"packdata": packdata, "torch": torch, "PackCollate": PackCollate, "ds": ds,

@@ -68,8 +68,8 @@ class BenchInput:
         # token ids of varying length become (ids, mask) B×T, what the transformer takes
         collate = PadCollate() if self.kind == "text" else None
         # every measuring round builds its loader and replays epoch 0's order on purpose
-        return packdata.loader(self.dataset, batch_size, seed=seed, collate=collate,  # type: ignore[arg-type]
-                               epoch=0, **kwargs)
+        return packdata.loader(self.dataset, batch_size, shuffle=True, seed=seed,  # type: ignore[arg-type]
+                               collate=collate, epoch=0, **kwargs)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "path": str(self.path), "format": self.format,

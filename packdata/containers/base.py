@@ -83,6 +83,10 @@ class Reader(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release file handles."""
 
+    def prefetch(self, starts: Sequence[int]) -> None:  # noqa: B027 - optional hook
+        """Where the coming reads begin (sample indices, in reading order). A reader that fetches
+        ahead (object storage) plans its fetches by them; a local one has nothing to do."""
+
     def check_indices(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """``indices`` as int64, negative ones counted from the end; IndexError if out of range."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +82,9 @@ class ChecksummedReader(Reader):
 
     def lengths(self, name: str) -> np.ndarray:
         return self.inner.lengths(name)
+
+    def prefetch(self, starts: Sequence[int]) -> None:
+        self.inner.prefetch(starts)
 
     def close(self) -> None:
         self.inner.close()

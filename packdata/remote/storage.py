@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import tempfile
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,7 +64,9 @@ class Storage:
 
     def local_dir(self, url: str) -> Path:
         """This URL's cache directory."""
-        base = Path(self.cache_dir) if self.cache_dir else Path(tempfile.gettempdir()) / "packdata"
+        # the platform's cache folder, and a name no script run from there imports as packdata
+        base = Path(self.cache_dir) if self.cache_dir else Path(
+            os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "packdata-cache"
         return base / hashlib.sha1(url.rstrip("/").encode()).hexdigest()[:16]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -64,9 +65,9 @@ class RemoteTarReader(tar.TarReader):
     def shard_url(self, shard: int) -> str:
         return f"{self.url}/{self.shard_names[shard]}"
 
-    def prefetch(self, shards: list[int]) -> None:
+    def prefetch(self, starts: Sequence[int]) -> None:
         """The order shards will be read in: each read fetches the next ``prefetch`` ahead."""
-        self._order = list(dict.fromkeys(shards))
+        self._order = list(dict.fromkeys(self.shards_of(list(starts))))
 
     def shards_of(self, starts: list[int]) -> list[int]:
         """The shard holding each of these sample indices."""

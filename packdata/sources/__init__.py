@@ -1,11 +1,22 @@
 """Sources: one module per input kind. This table is the only place that lists them.
 
-A kind module defines ``KIND``, ``SUFFIXES`` (input files it recognises), ``OPTIONS`` (its
-conversion options, :class:`packdata.options.Option`), ``SOURCE`` (a
-:class:`packdata.sources.base.Source` subclass taking ``root, **options``) and
-``to_torch(batch, manifest, *, indices, epoch)``, which turns a batch read from any container
-into the tensors its Dataset returns (``indices`` and ``epoch`` let a kind vary what it serves,
-e.g. a different stored variant each epoch).
+A kind module declares, for conversion:
+
+- ``KIND``, ``SUFFIXES`` (input files it recognises), ``OPTIONS`` (its conversion options,
+  :class:`packdata.options.Option`) and ``SOURCE`` (a
+  :class:`packdata.sources.base.Source` subclass taking ``root, **options``);
+
+and for loading:
+
+- ``to_torch(batch, manifest, *, indices, epoch)``, which turns a batch read from any container
+  into the tensors its Dataset returns (``indices`` and ``epoch`` let a kind vary what it
+  serves, e.g. a different stored variant each epoch);
+- ``select``: ``select(manifest, indices, epoch)`` → the :data:`packdata.containers.base.Select`
+  the container reads the batch with (one stored variant per record), or None where a record
+  is always read whole;
+- ``DECODES``: whether ``to_torch`` also takes ``decode=``, a batched decode stage (images);
+- ``CHANNELS_LAST``: whether ``to_torch`` also takes ``channels_last=True``, images handed in
+  channels-last memory instead of contiguous N×C×H×W.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
+from torch.utils.data import get_worker_info
 
 from packdata.errors import DatasetError, PackdataError, SampleError
 from packdata.imagedecode import ImageDecode
@@ -37,6 +38,9 @@ from packdata.sources import labels as labelling
 from packdata.sources.base import BLOCK, Item, Source
 
 KIND = "image"
+DECODES = True  # to_torch takes a batched decode stage (decode=)
+CHANNELS_LAST = True  # to_torch can hand images in channels-last memory (channels_last=True)
+select = None  # every record serves all of itself
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 ENCODINGS = ("raw", "keep")
 REMOTE_READS = 16  # image headers read at once from a URL source while listing
@@ -245,9 +249,11 @@ def decode_image(data: np.ndarray, mode: str = "RGB") -> np.ndarray:
 
 def to_torch(
     batch: dict, manifest: Manifest, *, indices: np.ndarray, epoch: int,
-    decode: ImageDecode | None = None,
+    decode: ImageDecode | None = None, channels_last: bool = False,
 ) -> tuple[torch.Tensor, ...]:
-    """``(images, labels)`` as uint8 B×C×H×W (channels-last memory, no copy) and int64 B.
+    """``(images, labels)`` as uint8 B×C×H×W and int64 B. Images are contiguous, as torchvision's
+    datasets give them (``x.view(B, -1)`` works); ``channels_last=True`` hands the pixels as
+    stored instead, in channels-last memory, without the copy that makes them contiguous.
 
     With a ``decode`` stage, images of any storage are decoded, cropped and resized by it into
     one batch; without one, the batch's images must all have the same size."""
@@ -267,9 +273,25 @@ def to_torch(
         x = torch.from_numpy(images)
         x = x.unsqueeze(-1) if x.ndim == 3 else x
         x = x.permute(0, 3, 1, 2)
+    if not channels_last:
+        # a decode stage may have pinned its batch for the GPU copy: so is the contiguous one (asked
+        # only then, since asking starts CUDA)
+        x = _contiguous(x, pinned=decode is not None and torch.cuda.is_available()
+                        and get_worker_info() is None and x.is_pinned())
     if "label" in batch:
         return x, torch.from_numpy(np.asarray(batch["label"]))
     return (x,)
+
+
+def _contiguous(x: torch.Tensor, pinned: bool) -> torch.Tensor:
+    """``x`` in contiguous memory (pinned memory if ``pinned``)."""
+    if x.is_contiguous():
+        return x
+    out = torch.empty(x.shape, dtype=x.dtype, pin_memory=pinned)
+    # numpy's copy, not torch's: torch splits this transpose over its intra-op threads, which on
+    # a busy machine made it 30× slower (8 ms against 0.23 ms for a CIFAR batch of 256, measured)
+    np.copyto(out.numpy(), x.numpy())
+    return out
 
 
 def _stack(images: list[np.ndarray], channels: int) -> np.ndarray:

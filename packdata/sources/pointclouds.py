@@ -49,6 +49,8 @@ from packdata.sources import pointfiles
 from packdata.sources.base import Item, Source, shown
 
 KIND = "pointcloud"
+DECODES = False  # no decode stage; select (below) picks one stored variant per sample
+CHANNELS_LAST = False  # no images
 SUFFIXES = pointfiles.SUFFIXES
 VARIANT_ORDERS = ("epoch", "random")
 #: what each normalisation does to the file's coordinates, as the manifest states it

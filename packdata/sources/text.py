@@ -34,6 +34,9 @@ from packdata.remote.files import fetch_all
 from packdata.sources.base import Item, Loaded, Source
 
 KIND = "text"
+DECODES = False  # no decode stage
+CHANNELS_LAST = False  # no images
+select = None  # every record serves all of itself
 SUFFIXES = (".txt", ".jsonl")
 TEXT_ERRORS = ("strict", "replace", "skip")
 DTYPES = ("uint8", "uint16", "uint32")
