@@ -5,7 +5,6 @@ augmented there, or served from a copy of the whole dataset held in memory (resi
 from __future__ import annotations
 
 import contextlib
-import os
 import warnings
 import weakref
 from collections import deque
@@ -22,20 +21,13 @@ from packdata.device import Augment, DeviceLoader, map_tensors, resolve_device
 from packdata.errors import ArgumentError, ArgumentTypeError
 from packdata.sampling import EpochBatchSampler
 from packdata.transfer import leave_worker
+from packdata.units import available_cores
 
 WorkerKind = Literal["thread", "process"]
 
 # datasets a loader has served a whole shuffled epoch of: a new loader for one of them without
 # epoch= would replay epoch 0's order
 _SERVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def cpu_count() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def default_num_workers(dataset: PackedDataset) -> int:
@@ -45,7 +37,7 @@ def default_num_workers(dataset: PackedDataset) -> int:
     (``decode=``), which decodes in a thread pool of this process."""
     if getattr(dataset, "decode", None) is not None:
         return 0
-    return min(cpu_count(), 8) if _per_sample_work(dataset) else 0
+    return min(available_cores(), 8) if _per_sample_work(dataset) else 0
 
 
 def default_worker_kind(dataset: PackedDataset) -> WorkerKind:

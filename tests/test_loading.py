@@ -10,7 +10,8 @@ from torch.utils.data import DataLoader
 
 import packdata
 from packdata.augment import cifar_recipe
-from packdata.loading import Loader, cpu_count, default_num_workers
+from packdata.loading import Loader, default_num_workers
+from packdata.units import available_cores
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def test_raw_records_read_in_process_encoded_ones_in_workers(packed, keep_lmdb):
     assert isinstance(dl, Loader) and dl.workers is None and dl.dataloader is None
     assert len(dl) == len(raw) // 32 + 1 and dl.pin_memory == torch.cuda.is_available()
     keep = packdata.open(keep_lmdb)
-    assert default_num_workers(keep) == min(cpu_count(), 8) > 0
+    assert default_num_workers(keep) == min(available_cores(), 8) > 0
     dl = packdata.loader(keep, 32)  # decoding releases the GIL: threads, no transfer
     assert dl.num_workers > 0 and dl.workers == "thread" and dl.prefetch_factor == 4
     dl = packdata.loader(packdata.open(keep_lmdb, transform=lambda x: x), 32)

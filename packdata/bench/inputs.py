@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ from packdata import containers, sources
 from packdata.bench.baselines import PerFileImageDataset
 from packdata.collate import PadCollate
 from packdata.errors import DatasetError, PackdataError
+from packdata.units import available_cores
 
 FOLDER = "folder"
 #: where --compare writes each container, by container name
@@ -125,7 +125,7 @@ def convert_all(folder: Path, workdir: Path, log: Callable[[str], Any] = lambda 
     for name in containers.CONTAINERS:
         target = workdir / COMPARE_TARGETS.get(name, f"bench.{name}")
         result = packdata.convert(source, target, container=name, overwrite=True,
-                                  workers=workers or os.cpu_count() or 1)
+                                  workers=workers or available_cores())
         log(f"converted {folder} to {name} in {result.seconds:.1f} s")
         out.append(open_input(result.path))
     return out

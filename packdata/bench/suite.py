@@ -4,7 +4,6 @@ training alone and both, draw the verdict; optionally sweep the loader and profi
 from __future__ import annotations
 
 import functools
-import os
 import platform
 import tempfile
 import time
@@ -39,6 +38,7 @@ from packdata.bench.timer import batch_size_of, device_sync
 from packdata.bench.verdict import Facts, advice, verdict
 from packdata.device import Augment
 from packdata.errors import BenchError
+from packdata.units import available_cores
 
 #: augmentations ``--augment`` knows by name
 AUGMENTS = ("cifar",)
@@ -51,7 +51,7 @@ def environment(device: torch.device) -> dict[str, Any]:
     return {
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "cpu_count": os.cpu_count() or 1,
+        "cpu_count": available_cores(),
         "torch_threads": torch.get_num_threads(),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
         else platform.processor() or platform.machine(),
@@ -89,7 +89,7 @@ def bench_input(inp: BenchInput, trainer: Trainer, train: dict[str, Any],
     facts = Facts(io_rate=io["samples_per_s"], train_rate=train["samples_per_s"],
                   loop_rate=loop["samples_per_s"], load_share=loop["load_share"],
                   device=trainer.device.type, format=inp.format, encoded=_encoded(inp),
-                  num_workers=options.num_workers, cores=os.cpu_count() or 1,
+                  num_workers=options.num_workers, cores=available_cores(),
                   pin_memory=options.pin_memory, batch_size=settings.batch_size,
                   amp=settings.amp, augmented=augment is not None)
     text = verdict(facts)
@@ -217,7 +217,7 @@ def run_bench(
                             flops) for inp in inputs]
         swept = None
         if sweep:
-            configs = list(sweep_grid or default_grid(os.cpu_count() or 1, device))
+            configs = list(sweep_grid or default_grid(available_cores(), device))
             log(f"sweeping {len(configs)} loader configurations × {sweep_repeats} runs "
                 f"in about {sweep_seconds:.0f} s")
             swept = run_sweep(main, trainer, settings, configs, sweep_seconds, log,
