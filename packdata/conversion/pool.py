@@ -70,9 +70,39 @@ class WorkerPool:
         self.close()
 
     def close(self) -> None:
-        # the tasks being run finish: killing a worker instead could cut a result off mid-send
-        # and leave the pool's reader thread (and so the interpreter's exit) waiting forever
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Stop the workers: queued tasks are dropped, the ones being run finish (killing a
+        worker instead could cut a result off mid-send). Bounded: once a worker has died, the
+        others get :data:`WORKER_DEATH_GRACE_S` and are then killed, since a worker killed while
+        waiting for a task dies holding the task queue's lock, and the others then never read
+        their stop signal."""
+        procs = list((getattr(self._pool, "_processes", None) or {}).values())
+        manager = getattr(self._pool, "_executor_manager_thread", None)
+        results = getattr(self._pool, "_result_queue", None)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        died_at = None
+        while any(p.is_alive() for p in procs):
+            if any(p.exitcode not in (None, 0) for p in procs):
+                died_at = died_at or time.monotonic()
+                if time.monotonic() - died_at > WORKER_DEATH_GRACE_S:
+                    self._kill(procs, results)
+                    break
+            for p in procs:
+                p.join(timeout=0.05)
+        if manager is not None:  # it joins the workers and closes the queues; all gone now
+            manager.join(timeout=WORKER_DEATH_GRACE_S)
+            if manager.is_alive():
+                self._kill(procs, results)
+                manager.join()
+
+    @staticmethod
+    def _kill(procs: list, results: Any) -> None:
+        """Kill the workers and close this process's write end of the result pipe, so that the
+        pool's reader thread sees end-of-file instead of waiting for half a message."""
+        for p in procs:
+            with contextlib.suppress(Exception):
+                p.kill()
+        with contextlib.suppress(Exception):
+            results._writer.close()
 
     def ordered(self, fn: Callable[[Any], Any], tasks: Iterator[Any] | list[Any],
                 window: int) -> Iterator[tuple[Any, Any]]:
@@ -131,9 +161,5 @@ class WorkerPool:
             return
         self._died_at = self._died_at or time.monotonic()
         if time.monotonic() - self._died_at > WORKER_DEATH_GRACE_S:
-            for p in procs:
-                with contextlib.suppress(Exception):
-                    p.kill()
-            with contextlib.suppress(Exception):
-                self._pool._result_queue._writer.close()  # type: ignore[attr-defined]
+            self._kill(procs, getattr(self._pool, "_result_queue", None))
             raise BrokenProcessPool("a worker died and the pool did not notice")
