@@ -47,6 +47,8 @@ def main() -> None:
         folder = Path(tmp) / "clouds"
         folder.mkdir()
         files = sorted(args.data.glob("*.la[sz]"))
+        if not files:
+            parser.error(f"{args.data}: no .las or .laz files in this folder")
         for i in range(args.clouds):
             shutil.copy(files[i % len(files)], folder / f"{i:04d}_{files[i % len(files)].name}")
         source = packdata.open_source(folder, points=4096, variants=4, sampling="random")
