@@ -1,5 +1,5 @@
-"""Every table of figures in README.md and docs/*.md says where its figures come from, and they
-are there.
+"""Every table of figures in README.md, docs/*.md and examples/README.md says where its figures
+come from, and they are there.
 
 A table with numbers carries an HTML comment just above it: ``<!-- figures: bench/results/X.json
 … -->`` names the results files it was written from (a command shown within the 40 lines above
