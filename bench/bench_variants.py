@@ -1,6 +1,6 @@
 """Reading one of K stored point-cloud variants: selected reads vs reading all K and slicing.
 
-    python bench/bench_variants.py [--data ../shared/data/lidar/trees] [--clouds 160]
+    python bench/bench_variants.py [--data ../shared/data/lidar/trees] [--clouds 160] [--json PATH]
 
 Tiles the real tree scans to ``--clouds`` clouds, presamples 4 variants of 4,096 points each
 (random sampling, to keep conversion short), and times batches of 32 random clouds read both ways
@@ -10,7 +10,11 @@ from every container, in the same run. Prints clouds/s and the ratio.
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,12 +39,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=Path("../shared/data/lidar/trees"))
     parser.add_argument("--clouds", type=int, default=160)
+    parser.add_argument("--json", type=Path, default=Path("bench/results/variants.json"))
     args = parser.parse_args()
+    rows = []
     kind = sources.get("pointcloud")
     with tempfile.TemporaryDirectory(prefix="packdata-bench-") as tmp:
         folder = Path(tmp) / "clouds"
         folder.mkdir()
         files = sorted(args.data.glob("*.la[sz]"))
+        if not files:
+            parser.error(f"{args.data}: no .las or .laz files in this folder")
         for i in range(args.clouds):
             shutil.copy(files[i % len(files)], folder / f"{i:04d}_{files[i % len(files)].name}")
         source = packdata.open_source(folder, points=4096, variants=4, sampling="random")
@@ -62,6 +70,14 @@ def main() -> None:
 
             full, sel = best_rate(all_k, batches), best_rate(selected, batches)
             print(f"| {ds.manifest.container} | {full:,.0f} | {sel:,.0f} | {sel / full:.2f}× |")
+            rows.append({"container": ds.manifest.container, "all_k_clouds_per_s": full,
+                         "selected_clouds_per_s": sel, "ratio": sel / full})
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({
+        "command": "python bench/bench_variants.py " + " ".join(sys.argv[1:]),
+        "clouds": args.clouds, "variants": 4, "points": 4096, "batch": 32,
+        "cores": os.cpu_count(), "load_average_at_end": list(os.getloadavg()),
+        "python": platform.python_version(), "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

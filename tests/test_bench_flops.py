@@ -63,6 +63,19 @@ def test_attention_on_the_cpu_is_counted():
     assert count.per_step and count.per_step > 0, count.reason
 
 
+def test_cpu_attention_equals_a_hand_count():
+    """Scaled dot-product attention, by hand, per (batch, head): forward Q·Kᵀ and P·V are
+    s×d×s multiply-adds each (2·s²·d FLOPs each); backward recomputes Q·Kᵀ (the flash kernel
+    keeps no s×s matrix) and takes four products of the same size (dV = Pᵀ·dO, dP = dO·Vᵀ,
+    dQ = dS·K, dK = dSᵀ·Q). 14·b·h·s²·d in all."""
+    b, h, s, d = 2, 4, 16, 8
+    q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
+    count = count_flops(
+        lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v).sum().backward(), b)
+    forward, backward = 2 * (2 * s * d * s), 5 * (2 * s * d * s)
+    assert count.per_step == b * h * (forward + backward), count.reason
+
+
 def test_models_that_cannot_be_counted_say_why():
     lstm = nn.LSTM(3, 8, batch_first=True)
     count = count_flops(lambda: Trainer(lstm, CPU)((torch.randn(2, 5, 3),)), 2)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import time
 from types import SimpleNamespace
 
 import pytest
 import torch
 from torch.autograd import DeviceType
 
+import packdata
 from packdata.augment import cifar_recipe
-from packdata.bench.inputs import LoaderOptions, open_input
+from packdata.bench.inputs import BenchInput, LoaderOptions, open_input
 from packdata.bench.models import build_model
 from packdata.bench.profile import PARTS, breakdown, profile_loop
 from packdata.bench.runner import BenchSettings, Trainer, first_batch
@@ -41,6 +43,45 @@ def test_profile_writes_trace_and_breakdown_sums_to_step(packed, tmp_path):
     assert sum(parts.values()) == pytest.approx(result["step_ms"], rel=0.05)
     assert parts["compute"] > parts["data_loading"]  # a CNN step costs more than an LMDB read
     assert result["data_loading_share"] == pytest.approx(parts["data_loading"] / result["step_ms"])
+
+
+class SleepingTrainer:
+    """A training step of a known length (the profiler's clock must find it in ``compute``)."""
+
+    device = CPU
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __call__(self, batch) -> None:
+        time.sleep(self.seconds)
+
+
+def test_breakdown_matches_known_sleeps_in_loading_and_training(packed, tmp_path):
+    """Against an independent clock: reading each batch sleeps 40 ms (a batch_transform, so
+    the time is spent inside packdata.loader's read) and each training step 20 ms. The parts
+    must find those times where they were spent, and the step must last as long as the wall
+    clock says the profiled steps took."""
+    load_s, train_s, steps = 0.040, 0.020, 4
+
+    def slow_read(images):
+        time.sleep(load_s)
+        return images
+
+    ds = packdata.open(packed["lmdb"], batch_transform=slow_read)
+    inp = BenchInput("lmdb", packed["lmdb"], "lmdb", "image", ds, 10)
+    settings = BenchSettings(batch_size=16, steps=steps, warmup=0)
+    start = time.perf_counter()
+    result = profile_loop(inp, SleepingTrainer(train_s), settings, LoaderOptions(),
+                          tmp_path / "prof", wait=1, warmup=1, active=steps)
+    wall_per_step_ms = (time.perf_counter() - start) / (2 + steps) * 1e3
+    parts, step = result["parts_ms"], result["step_ms"]
+    slack = 15  # ms: a read of 16 CIFAR records and the profiler's own cost, on a busy machine
+    assert load_s * 1e3 <= parts["data_loading"] < load_s * 1e3 + slack
+    assert train_s * 1e3 <= parts["compute"] < train_s * 1e3 + slack
+    assert parts["other"] < slack and parts["host_to_device"] < slack
+    assert (load_s + train_s) * 1e3 <= step <= wall_per_step_ms
+    assert result["data_loading_share"] == pytest.approx(load_s / (load_s + train_s), abs=0.1)
 
 
 def test_breakdown_from_fixed_events():

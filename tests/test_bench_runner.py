@@ -8,7 +8,8 @@ import warnings
 import pytest
 import torch
 
-from packdata.bench.inputs import LoaderOptions, open_input
+import packdata
+from packdata.bench.inputs import BenchInput, LoaderOptions, open_input
 from packdata.bench.models import build_model
 from packdata.bench.runner import (
     BenchSettings,
@@ -103,6 +104,39 @@ def test_a_step_longer_than_the_bound_still_runs_once_each():
     trainer = SlowTrainer(0.1)
     result = measure_train(trainer, torch.zeros(4, 3), settings)
     assert trainer.calls == 2 and result["steps"] == 1 and result["samples"] == 4
+
+
+def test_timings_agree_with_the_wall_clock(packed):
+    """Against an independent clock: reading each batch sleeps 30 ms (a batch_transform, inside
+    packdata.loader's read) and each training step 15 ms. Each measurement's seconds must lie
+    within the wall-clock time of its call, and the loop must put the sleeps in their parts."""
+    load_s, train_s, steps = 0.030, 0.015, 5
+    slack = 0.012  # s per step: a read of 20 CIFAR records and Python's overhead on a busy machine
+
+    def slow_read(images):
+        time.sleep(load_s)
+        return images
+
+    ds = packdata.open(packed["lmdb"], batch_transform=slow_read)
+    inp = BenchInput("lmdb", packed["lmdb"], "lmdb", "image", ds, 10)
+    settings = BenchSettings(batch_size=20, steps=steps, warmup=1, max_seconds=30)
+
+    def timed(measure, *args):
+        start = time.perf_counter()
+        result = measure(*args)
+        return result, time.perf_counter() - start
+
+    io, io_wall = timed(measure_io, inp, settings, LoaderOptions(), CPU)
+    train, train_wall = timed(measure_train, SlowTrainer(train_s), torch.zeros(20, 3), settings)
+    loop, loop_wall = timed(measure_loop, inp, SlowTrainer(train_s), settings, LoaderOptions())
+    for result, wall, per_step in ((io, io_wall, load_s), (train, train_wall, train_s),
+                                   (loop, loop_wall, load_s + train_s)):
+        assert result["steps"] == steps and result["samples"] == steps * 20
+        # the timed steps, not the warm-up: at least steps × the step, at most the call's time
+        assert steps * per_step <= result["seconds"] <= min(wall - per_step, steps * (per_step + slack))
+    assert load_s * 1e3 <= loop["load_ms"] < (load_s + slack) * 1e3
+    assert train_s * 1e3 <= loop["train_ms"] < (train_s + slack) * 1e3
+    assert loop["load_share"] == pytest.approx(load_s / (load_s + train_s), abs=0.1)
 
 
 def test_model_that_does_not_accept_the_batch(packed):

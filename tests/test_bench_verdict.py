@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from packdata.bench.verdict import Facts, advice, verdict
@@ -68,9 +70,16 @@ def test_cpu_contention_noted_only_below_serial_rate():
     assert "compete" not in verdict(ok)
 
 
-@pytest.mark.parametrize("io,train", [(1, 0), (0, 1)])
-def test_degenerate_rates_do_not_crash(io, train):
-    assert isinstance(verdict(Facts(io_rate=io, train_rate=train)), str)
+@pytest.mark.parametrize("io,train,expected", [
+    (1, 0, "No verdict: training processed no samples"),
+    (0, 0, "No verdict: training processed no samples"),
+    (1, math.nan, "No verdict: training processed no samples"),
+    (0, 1, "I/O-bound: the loader delivered no samples in the time allowed."),
+    (math.nan, 1, "I/O-bound: the loader delivered no samples in the time allowed."),
+])
+def test_degenerate_rates_say_what_was_not_measured(io, train, expected):
+    text = verdict(Facts(io_rate=io, train_rate=train))
+    assert text.startswith(expected) and "inf" not in text and "nan" not in text
 
 
 def test_advice_says_whether_the_io_figures_include_augmentation():

@@ -1,5 +1,5 @@
-"""Every shell command and Python snippet in README.md and docs/*.md runs, on tiny real data
-(tools/doc_snippets.py); blocks marked ``<!-- skip: … -->`` are reported with their reason."""
+"""Every shell command and Python snippet in README.md, docs/*.md and examples/README.md runs, on
+tiny real data (tools/doc_snippets.py); blocks marked ``<!-- skip: … -->`` are reported with their reason."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import random
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -128,3 +129,43 @@ def test_a_worker_killed_mid_send_is_an_error_not_a_hang(tmp_path, png_folder):
         packdata.convert(DiesMidSend(png_folder), tmp_path / "out.h5", workers=2)
     assert time.monotonic() - start < 30
     assert list(tmp_path.iterdir()) == []
+
+
+KILL_DURING_SHUTDOWN = r"""
+import os, signal, sys, threading, time
+from pathlib import Path
+import packdata
+from packdata.conversion.local import _loaded
+
+source = packdata.open_source(sys.argv[1])
+items = source.items()
+blocks = [items[i:i + 10] for i in range(0, len(items), 10)]
+records = _loaded(source, blocks, 2)
+for _ in range(len(items)):  # every result received; the generator still holds its pool
+    next(records)
+time.sleep(0.5)  # both workers idle, one of them in the task queue's get
+workers = [int(p) for p in Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()]
+waiting = {p: Path(f"/proc/{p}/wchan").read_text() for p in workers}
+# the idle worker that holds the task queue's read lock waits in a pipe read; the other waits
+# for the lock (a futex)
+holder = next(p for p, w in waiting.items() if "pipe" in w)
+os.kill(holder, signal.SIGSTOP)  # it cannot read its stop sentinel now
+closing = threading.Thread(target=records.close)  # the generator's finally: pool shutdown
+closing.start()
+time.sleep(1.0)  # the pool has sent its sentinels and joins its workers
+os.kill(holder, signal.SIGKILL)  # dies holding the lock
+closing.join(timeout=20)
+print("HUNG" if closing.is_alive() else "DONE", waiting, flush=True)
+os._exit(0)
+"""
+
+
+def test_a_worker_killed_while_the_pool_shuts_down_is_not_a_hang(png_folder):
+    """Deterministic form of the kill benchmark's hang: the idle worker holding the task
+    queue's read lock is stopped, the pool starts shutting down (every result was received),
+    then the worker is SIGKILLed. The conversion's pool must still come down."""
+    run = subprocess.run([sys.executable, "-c", KILL_DURING_SHUTDOWN, str(png_folder)],
+                         capture_output=True, text=True, timeout=120,
+                         start_new_session=True)  # a hung pool's workers die with the group
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.startswith("DONE"), run.stdout

@@ -27,14 +27,37 @@ def cloud() -> np.ndarray:
     return np.stack([las.x, las.y, las.z], axis=1)
 
 
+def assert_farthest_at_every_step(xyz: np.ndarray, chosen: np.ndarray) -> None:
+    """Each choice after the first is a point at the largest distance (float32, as both
+    implementations compute it) from the points chosen before it: FPS, whichever tie it took."""
+    pts = (xyz - xyz.mean(axis=0)).astype(np.float32)
+    mind = np.full(len(pts), np.inf, dtype=np.float32)
+    for j, i in enumerate(chosen):
+        assert j == 0 or mind[i] == mind.max(), f"step {j}: {mind[i]} < {mind.max()}"
+        np.minimum(mind, ((pts - pts[i]) ** 2).sum(axis=1), out=mind)
+
+
 @pytest.mark.parametrize("k", [64, 1000])
 def test_fast_fps_is_exact_fps(cloud, k):
     fast = farthest_point_sample(cloud, k, start=17, per_cell=32)
     slow = farthest_point_sample_reference(cloud, k, start=17)
-    # the same choices, except where two points tie exactly for farthest
-    assert (fast == slow).mean() > 0.99
+    # the same float32 arithmetic and, on this cloud, no exact tie for farthest: the same choices
+    assert np.array_equal(fast, slow)
+    assert_farthest_at_every_step(cloud, fast)
     assert coverage_radius(cloud, fast) == pytest.approx(coverage_radius(cloud, slow), rel=1e-5)
     assert len(np.unique(fast)) == k
+
+
+def test_fps_on_exact_ties_takes_a_farthest_point_every_step():
+    """A 12×12×12 lattice: at most steps many points tie exactly for farthest. The fast path
+    visits points in grid-cell order and the reference in index order, so they may break a tie
+    differently (and diverge from there); both must take a farthest point every time."""
+    axis = np.arange(12, dtype=np.float64)
+    lattice = np.stack(np.meshgrid(axis, axis, axis, indexing="ij"), -1).reshape(-1, 3)
+    fast = farthest_point_sample(lattice, 200, start=5, per_cell=16)
+    assert len(np.unique(fast)) == 200
+    assert_farthest_at_every_step(lattice, fast)
+    assert_farthest_at_every_step(lattice, farthest_point_sample_reference(lattice, 200, start=5))
 
 
 def test_fps_covers_better_than_random_and_voxel_between(cloud):

@@ -3,6 +3,7 @@ s3fs over HTTP as AWS would be): write, read, stream, and bad buckets, shards an
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from pathlib import Path
@@ -49,6 +50,14 @@ def local(png_folder, tmp_path_factory):
     """The same conversion on local disk."""
     return packdata.convert(packdata.open_source(png_folder), tmp_path_factory.mktemp("l") / "ds",
                             container_options={"shard_size": "20"}, workers=1).path
+
+
+def expected_label(ds, i: int) -> int:
+    """Record ``i``'s label as the source's labels.json gives it (keys are file names without
+    their suffix)."""
+    source = Path(ds.manifest.source["path"])
+    labels = json.loads((source / "labels.json").read_text())["labels"]
+    return labels[f"{ds.manifest.keys[i]}.png"]
 
 
 def _open(url, s3, tmp_path, **kw):
@@ -105,7 +114,7 @@ def test_cache_is_bounded(remote, s3, tmp_path):
     assert "shard-000005.tar" in cached  # the one read last is kept
 
 
-def test_deleted_or_corrupted_shard_is_named(remote, s3, tmp_path):
+def test_deleted_or_corrupted_shard_is_named(remote, s3, local, tmp_path):
     fs = fsspec.filesystem("s3", **s3)
     fs.copy(remote, f"s3://{BUCKET}/damaged", recursive=True)
     url = f"s3://{BUCKET}/damaged"
@@ -118,7 +127,9 @@ def test_deleted_or_corrupted_shard_is_named(remote, s3, tmp_path):
     ds = _open(url, s3, tmp_path)
     with pytest.raises(DatasetError, match=f"{url}/shard-000004.tar: shard corrupted"):
         ds[85]
-    assert ds[10][1] is not None  # intact shards still read
+    image, label = ds[10]  # intact shards still read, the same as on local disk
+    here = packdata.open(local)
+    assert torch.equal(image, here[10][0]) and int(label) == int(here[10][1]) == expected_label(here, 10)
 
 
 def test_ranged_access_reads_records_without_fetching_shards(remote, s3, local, tmp_path):
@@ -132,7 +143,7 @@ def test_ranged_access_reads_records_without_fetching_shards(remote, s3, local, 
         _open(remote, s3, tmp_path, access="pages")
 
 
-def test_ranged_access_names_a_missing_or_corrupted_shard(remote, s3, tmp_path):
+def test_ranged_access_names_a_missing_or_corrupted_shard(remote, s3, local, tmp_path):
     fs, url = fsspec.filesystem("s3", **s3), f"s3://{BUCKET}/damaged-ranges"
     fs.copy(remote, url, recursive=True)
     fs.rm_file(f"{url}/shard-000002.tar")
@@ -144,7 +155,10 @@ def test_ranged_access_names_a_missing_or_corrupted_shard(remote, s3, tmp_path):
         ds[[0, 45]]
     with pytest.raises(DatasetError, match=f"{url}/shard-000004.tar: shard corrupted"):
         ds[80]
-    assert ds[[10, 81]][1] is not None  # the other records still read
+    images, labels = ds[[10, 81]]  # the other records still read, as on local disk
+    here = packdata.open(local)
+    assert torch.equal(images, here[[10, 81]][0])
+    assert labels.tolist() == [expected_label(here, i) for i in (10, 81)]
 
 
 def test_parts_written_to_the_bucket_as_one_tar_dataset(s3, local, tmp_path):

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import gc
 import pickle
+import subprocess
+import sys
 from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,3 +82,53 @@ def test_slots_are_reused_only_once_nothing_of_their_batch_is_held(start):
     del view
     gc.collect()
     assert all(f.tobytes() == bytes(len(f)) for f in flags)  # every slot free again
+
+
+KILL_A_WORKER = r"""
+import os, re, signal, sys, time
+from pathlib import Path
+from torch.utils.data import DataLoader
+import packdata
+
+def segments(pid):  # the shared-memory segments a process has mapped
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    return sorted(set(re.findall(r"/dev/shm/(psm_\w+)", maps)))
+
+loader = DataLoader(packdata.open(sys.argv[1]), batch_size=8, shuffle=True, num_workers=2,
+                    prefetch_factor=4)
+batches = iter(loader)
+held = next(batches)
+time.sleep(float(sys.argv[2]))  # the workers fill their prefetch: batches in slots on their way
+worker = batches._workers[0].pid
+names = segments(worker)
+print("SEGMENTS", *names)
+print("ON DISK", *[n for n in names if os.path.exists("/dev/shm/" + n)])
+os.kill(worker, signal.SIGKILL)
+try:
+    while True:
+        next(batches)
+except RuntimeError as exc:
+    print("ERROR", exc)
+del batches, loader
+time.sleep(0.5)
+print("LEFT", *[n for n in names if os.path.exists("/dev/shm/" + n)])
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/dev/shm and /proc are Linux's")
+@pytest.mark.parametrize("wait", [0.0, 0.5])
+def test_a_killed_worker_leaves_nothing_in_dev_shm(packed, wait):
+    """A stock DataLoader's worker SIGKILLed with batches in its slots: the loader fails naming
+    it, and none of the worker's segments is left in /dev/shm, neither once the loader is gone
+    (the training process still running) nor after the training process exits."""
+    run = subprocess.run([sys.executable, "-c", KILL_A_WORKER, str(packed["hdf5"]), str(wait)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    lines = {line.split(" ", 1)[0]: line.split()[1:] for line in run.stdout.splitlines()
+             if line.split(" ", 1)[0] in ("SEGMENTS", "ON", "ERROR", "LEFT")}
+    names = lines["SEGMENTS"]
+    assert len(names) >= 2  # its ring's flags and at least one slot
+    assert lines["ON"][1:], "no segment of the worker was on disk when it was killed"
+    assert "exited unexpectedly" in " ".join(lines["ERROR"])
+    assert lines["LEFT"] == []
+    assert not [n for n in names if (Path("/dev/shm") / n).exists()]

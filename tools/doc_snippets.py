@@ -1,7 +1,8 @@
 """Extract and run the shell commands and Python snippets of README.md and docs/*.md.
 
     python tools/doc_snippets.py --list            # every snippet, and why any is skipped
-    python tools/doc_snippets.py [FILE.md ...]     # run them (default: README.md, docs/*.md)
+    python tools/doc_snippets.py [FILE.md ...]     # run them (default: README.md, docs/*.md,
+                                                   # examples/README.md)
 
 A snippet is a fenced block tagged ``bash``/``sh``/``shell``/``console`` or ``python``. The
 blocks of one file run in order in one fresh workspace (a temporary folder), so a later block
@@ -60,6 +61,15 @@ WORKSPACE = {
     "peps/": "21 real PEPs (.txt)",
     "lines.txt": "one PEP, for per-line conversion",
     "tokenizer.json": "the GPT-2 tokenizer.json",
+    # for examples/README.md
+    "cifar10/": "test-png/ (the 40 CIFAR-10 PNGs) and labels.json beside it",
+    "pieces/": "labelled LiDAR pieces in class sub-folders (tests/fixtures/lidar-pieces)",
+    "gpt2/": "tokenizer.json (GPT-2)",
+    "DATA/": "the shared data folder's layout in miniature: cifar10/, lidar/ (trees/ and "
+             "laspy-samples/), text/peps/ (one short PEP), tokenizer/gpt2/",
+    "examples/": "the repository's examples (linked)",
+    "bench/": "copies of the repository's bench scripts (results land in the workspace)",
+    "tools/": "the repository's tools (linked)",
 }
 
 
@@ -89,8 +99,9 @@ class Snippet:
 
 
 def doc_files(root: Path = ROOT) -> list[Path]:
-    """README.md and docs/*.md, in that order."""
-    return [p for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))] if p.exists()]
+    """README.md, docs/*.md and examples/README.md, in that order."""
+    return [p for p in [root / "README.md", *sorted((root / "docs").glob("*.md")),
+                        root / "examples" / "README.md"] if p.exists()]
 
 
 def extract(path: Path) -> list[Snippet]:
@@ -208,7 +219,36 @@ def make_workspace(dst: Path, root: Path = ROOT) -> Path:
     shutil.copyfile(fixtures / "text" / "peps" / "pep-0294.txt", dst / "lines.txt")
     (dst / "tokenizer.json").write_bytes(
         gzip.decompress((fixtures / "text" / "gpt2" / "tokenizer.json.gz").read_bytes()))
+    _examples_inputs(dst, root)
     return dst
+
+
+def _examples_inputs(dst: Path, root: Path) -> None:
+    """What examples/README.md names: its scripts and bench/bench_parity.py, and small real
+    inputs under its names. The bench scripts are copied, not linked, so that a script that
+    writes next to itself (bench/results/) writes into the workspace."""
+    fixtures = root / "tests" / "fixtures"
+    shutil.copytree(dst / "cifar-png", dst / "cifar10" / "test-png")
+    shutil.move(dst / "cifar10" / "test-png" / "labels.json", dst / "cifar10" / "labels.json")
+    shutil.copytree(fixtures / "lidar-pieces", dst / "pieces")
+    (dst / "gpt2").mkdir()
+    shutil.copyfile(dst / "tokenizer.json", dst / "gpt2" / "tokenizer.json")
+    data = dst / "DATA"
+    shutil.copytree(dst / "cifar10", data / "cifar10")
+    for cloud in sorted((fixtures / "lidar").glob("*.la[sz]")):
+        sub = "trees" if cloud.name.startswith("ahn") else "laspy-samples"
+        if cloud.name != "simple.laz":  # the same cloud as simple.las
+            (data / "lidar" / sub).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(cloud, data / "lidar" / sub / cloud.name)
+    (data / "text" / "peps").mkdir(parents=True)  # one short PEP: the text LM trains in seconds
+    shutil.copyfile(dst / "peps" / "pep-0294.txt", data / "text" / "peps" / "pep-0294.txt")
+    (data / "tokenizer" / "gpt2").mkdir(parents=True)
+    shutil.copyfile(dst / "tokenizer.json", data / "tokenizer" / "gpt2" / "tokenizer.json")
+    (dst / "bench").mkdir()
+    for script in (root / "bench").glob("*.py"):
+        shutil.copyfile(script, dst / "bench" / script.name)
+    for folder in ("examples", "tools"):
+        (dst / folder).symlink_to(root / folder, target_is_directory=True)
 
 
 def _imagenet_like(photos: Path, dst: Path) -> None:

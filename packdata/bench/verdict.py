@@ -40,11 +40,13 @@ def verdict(f: Facts) -> str:
     """One or two sentences: who is the limit, by how much, and what the real loop showed."""
     r = f.ratio
     who = "the GPU" if f.device == "cuda" else "training"
-    if r >= MARGIN:
+    if not f.train_rate > 0:  # NaN too: nothing to compare I/O with (no "inf×")
+        text = "No verdict: training processed no samples in the time allowed."
+    elif not f.io_rate > 0:
+        text = "I/O-bound: the loader delivered no samples in the time allowed."
+    elif r >= MARGIN:
         waits = "need not wait" if (f.load_share or 0) > 0.05 else "never waits"
         text = f"I/O delivers {r:.1f}× what training consumes: {who} {waits} for data."
-    elif r <= 0:
-        text = "I/O-bound: the loader delivered no samples in the time allowed."
     elif r > 1 / MARGIN:
         text = (f"Balanced: I/O delivers {r:.2f}× what training consumes; any slower storage "
                 "or extra loading work will stall training.")
