@@ -47,16 +47,19 @@ select = None  # every record serves all of itself
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 ENCODINGS = ("raw", "keep")
 REMOTE_READS = 16  # image headers read at once from a URL source while listing
+#: a manifest without it was written before it existed, with H×W×C pixels
+PIXEL_ORDER = Option(
+    "pixel_order", str, "chw", "How fixed-size raw pixels are stored: 'chw' (a batch read is "
+    "already contiguous N×C×H×W) or 'hwc' (channels-last batches need no copy: for "
+    "packdata.open(DST, channels_last=True)). Images of any size are stored as H×W×C rows.",
+    ("chw", "hwc"), legacy="hwc")
 OPTIONS = (
     labelling.LABELS,
     Option("encoding", str, "raw", "'raw' stores decoded uint8 pixels (no decode when loading); "
            "'keep' stores the original file bytes (smaller, for large JPEGs).", ENCODINGS),
     Option("resize", str, None, "Resize to N×N or WxH pixels at conversion (needs --encoding raw)."),
     Option("mode", str, "RGB", "Pillow mode the pixels are converted to (RGB, L, RGBA...)."),
-    Option("pixel_order", str, "chw", "How fixed-size raw pixels are stored: 'chw' (a batch read "
-           "is already contiguous N×C×H×W) or 'hwc' (channels-last batches need no copy: for "
-           "packdata.open(DST, channels_last=True)). Images of any size are stored as H×W×C rows.",
-           ("chw", "hwc"), legacy="hwc"),
+    PIXEL_ORDER,
     Option("max_size", int, None, "Store images of any size, scaling down those whose shorter "
            "side exceeds N to a shorter side of N (aspect kept; needs --encoding raw). Crop them "
            "at load with packdata.open(DST, decode=packdata.RandomResizedCrop(224))."),
@@ -261,7 +264,7 @@ def stored_chw(manifest: Manifest) -> bool:
     """Whether the dataset's images are fixed-size raw pixels stored C×H×W (``pixel_order="chw"``);
     a manifest without the option was written before it existed, with H×W×C pixels."""
     image = manifest.fields["image"]
-    order = manifest.options.get("pixel_order", "hwc")
+    order = manifest.options.get(PIXEL_ORDER.name, PIXEL_ORDER.legacy)
     return order == "chw" and image.codec is None and not image.variable and len(image.shape) == 3
 
 
