@@ -54,7 +54,8 @@ CONFIGS = [("packdata.loader", 0), ("packdata.loader", 2), ("packdata.loader pro
 
 
 class SortedGather:
-    """The limit: shuffled batches gathered from arrays in RAM, each batch's indices sorted."""
+    """The limit: shuffled batches gathered from N×C×H×W arrays in RAM, each batch's indices
+    sorted."""
 
     def __init__(self, images: np.ndarray, labels: np.ndarray, seed: int = 0) -> None:
         self.images, self.labels = images, labels
@@ -64,7 +65,7 @@ class SortedGather:
         order = self.rng.permutation(len(self.images))
         for start in range(0, len(order), BATCH):
             idx = np.sort(order[start : start + BATCH])
-            yield (torch.from_numpy(self.images[idx]).permute(0, 3, 1, 2),
+            yield (torch.from_numpy(self.images[idx]),
                    torch.from_numpy(self.labels[idx]))
 
 
@@ -123,8 +124,8 @@ def main() -> None:
             converted[container] = {
                 "convert_s": result.seconds, "peak_rss_mib_before_after": [before, peak_rss_mib()],
                 "bytes_on_disk": packdata.containers.base.disk_size(result.path)}
-        everything = datasets["hdf5"].reader.read(np.arange(args.count))
-        arrays = (everything["image"], everything["label"])
+        # N×C×H×W, as the loaders serve them: a gather is the contiguous batch
+        arrays = tuple(t.numpy() for t in datasets["hdf5"].get_batch(np.arange(args.count)))
         loaders = {(c, name, w): LOADERS[name](ds, w)
                    for c, ds in datasets.items() for name, w in CONFIGS}
 

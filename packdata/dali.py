@@ -35,6 +35,7 @@ from packdata.dataset import PackedDataset
 from packdata.errors import ArgumentError, DatasetError, require
 from packdata.imagedecode import CenterCrop, ImageDecode, RandomResizedCrop
 from packdata.manifest import Manifest
+from packdata.sources.images import stored_chw
 
 LABEL_DIGITS = 20  # .cls members are decimal text: padded to this many bytes, parsed in torch
 
@@ -154,7 +155,8 @@ def tar_loader(path: str | Path, batch_size: int, *, device: str = "auto",
             index_dir = keep.name
         shards = [str(p) for p in shard_paths(Path(path))]
         index_paths = [str(p) for p in write_reader_indexes(path, index_dir)]
-    image = _image_manifest(Path(path)).fields["image"]
+    manifest = _image_manifest(Path(path))
+    image, chw = manifest.fields["image"], stored_chw(manifest)
     stored = list(image.shape)
     raw = image.codec != "image"
     ext = "image.npy" if raw else "png;jpg;jpeg"  # keep: the member's own suffix, either one
@@ -174,7 +176,7 @@ def tar_loader(path: str | Path, batch_size: int, *, device: str = "auto",
     if size is None:
         if not raw:
             raise ArgumentError("give size= for keep-encoded images (their size is not in the manifest)")
-        size = (stored[0], stored[1])
+        size = (stored[1], stored[2]) if chw else (stored[0], stored[1])
     size = (size, size) if isinstance(size, int) else tuple(size)
 
     @dali.pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=device_id,
@@ -184,9 +186,11 @@ def tar_loader(path: str | Path, batch_size: int, *, device: str = "auto",
             paths=shards, index_paths=index_paths, ext=[ext, "cls"], random_shuffle=shuffle,
             seed=seed, name="reader", missing_component_behavior="error")
         decoder = "mixed" if device == "gpu" else "cpu"
-        if raw:  # skip the .npy header, then the bytes are the H×W×C pixels
+        if raw:  # skip the .npy header, then the bytes are the C×H×W (or H×W×C) pixels
             images = fn.slice(images, start=[header], shape=[int(np.prod(stored))], axes=[0])
-            images = fn.reshape(images, shape=stored, layout="HWC")
+            images = fn.reshape(images, shape=stored, layout="CHW" if chw else "HWC")
+            if chw:  # DALI's image operators take H×W×C
+                images = fn.transpose(images, perm=[1, 2, 0], output_layout="HWC")
             images = images.gpu() if device == "gpu" else images
         elif isinstance(crop, RandomResizedCrop):  # decodes only the crop's region
             images = fn.decoders.image_random_crop(

@@ -54,8 +54,7 @@ def run_demo(
             log(f"converted to {container} in {result.seconds:.1f} s")
             ds = packdata.open(result.path)
             if arrays is None:
-                everything = ds.reader.read(np.arange(len(ds)))
-                arrays = (everything["image"], everything["label"])
+                arrays = tuple(t.numpy() for t in ds.get_batch(np.arange(len(ds))))
             # a new loader per timing pass, each replaying epoch 0's order on purpose (same work)
             rate = sample_rate(lambda ds=ds: packdata.loader(ds, BATCH, shuffle=True, epoch=0),
                                min_seconds=min_seconds)

@@ -24,6 +24,9 @@ class Option:
     choices: tuple[str, ...] = ()
     #: whether ``packdata convert`` has a flag for it (else it is set another way, e.g. by DST)
     on_command_line: bool = True
+    #: what a manifest that does not record this option meant (one written before the option
+    #: existed), where that differs from ``default``; None: the default
+    legacy: Any = None
 
     @property
     def flag(self) -> str:

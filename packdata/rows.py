@@ -5,9 +5,10 @@ to its ``collate_fn``. A packed dataset reads the batch in a few vectorised call
 from the samples in the default collate (``torch.stack`` per part) would cost several times the
 read. So each sample is a :class:`BatchRow`, a plain tuple of views of the batch (what ``ds[i]``
 gives, ``isinstance(row, tuple)`` included, with 0 workers as in workers), in a
-:class:`BatchRows` list that remembers the batch: torch's default collate, through the type
-registered in its ``default_collate_fn_map``, returns that batch itself when given the list
-unchanged. Any other list (rows of different batches, reordered, a subset, mixed with other
+:class:`BatchRows` list that remembers the batch and builds its rows on first use: torch's
+default collate looks at the first row's type only and, through the type registered in its
+``default_collate_fn_map``, returns that batch itself when given the list unchanged, so the
+other rows are never built. Any other list (rows of different batches, reordered, a subset, mixed with other
 samples) is collated from the samples as usual.
 """
 
@@ -41,19 +42,52 @@ def _own(part: Any) -> Any:
 
 
 class BatchRows(list):
-    """The rows of one batch, as ``__getitems__`` returns them: a plain list that remembers
-    whether it was changed since (any list method that changes it clears ``intact``), so the
-    collate recognises its own batch without looking at every row."""
+    """The rows of one batch, as ``__getitems__`` returns them: a plain list (of
+    :class:`BatchRow` tuples) whose rows are built on first use. Torch's default collate looks at
+    ``rows[0]`` alone (one row, built on its own) and, through :func:`collate_rows`, gets the batch
+    back: the other rows are never made (building them costs twice the read of a CIFAR batch).
+    Any other use of the list builds them all first, and any change clears ``intact``, so the
+    collate recognises its own batch without looking at every row.
 
-    __slots__ = ("batch", "intact")
+    C code that reads a list's storage directly, bypassing its methods (numpy's ``np.array(rows)``),
+    sees the rows only once Python code has used the list (``list(rows)`` gives a plain one)."""
 
-    def __init__(self, batch: tuple, rows: list[BatchRow]) -> None:
-        super().__init__(rows)
+    __slots__ = ("batch", "intact", "_pending")
+
+    def __init__(self, batch: tuple, size: int) -> None:
+        super().__init__()
         self.batch = batch
         self.intact = True
+        self._pending = size  # rows not built yet (0 once built)
+
+    def _built(self) -> BatchRows:
+        """This list with its rows in it."""
+        if self._pending:
+            self._pending = 0
+            parts = [p.unbind(0) if isinstance(p, torch.Tensor) else p for p in self.batch]
+            list.extend(self, map(_row, zip(*parts)))
+        return self
+
+    def __len__(self) -> int:
+        return self._pending or list.__len__(self)
+
+    def __getitem__(self, index: Any) -> Any:
+        if self._pending and isinstance(index, int) and -self._pending <= index < self._pending:
+            return _row(tuple(part[index] for part in self.batch))  # this row alone
+        return list.__getitem__(self._built(), index)
 
     def __reduce__(self) -> tuple:  # pickled as the plain list of samples
         return list, (list(self),)
+
+
+def _reads(name: str) -> Any:
+    method = getattr(list, name)
+
+    def read(self: BatchRows, *args: Any, **kwargs: Any) -> Any:
+        return method(self._built(), *args, **kwargs)
+
+    read.__name__ = name
+    return read
 
 
 def _changes(name: str) -> Any:
@@ -61,12 +95,16 @@ def _changes(name: str) -> Any:
 
     def changed(self: BatchRows, *args: Any, **kwargs: Any) -> Any:
         self.intact = False
-        return method(self, *args, **kwargs)
+        return method(self._built(), *args, **kwargs)
 
     changed.__name__ = name
     return changed
 
 
+for _name in ("__iter__", "__reversed__", "__contains__", "__eq__", "__ne__", "__lt__", "__le__",
+              "__gt__", "__ge__", "__add__", "__mul__", "__rmul__", "__repr__", "copy", "count",
+              "index"):
+    setattr(BatchRows, _name, _reads(_name))
 for _name in ("__setitem__", "__delitem__", "__iadd__", "__imul__", "append", "extend",
               "insert", "pop", "remove", "clear", "sort", "reverse"):
     setattr(BatchRows, _name, _changes(_name))
@@ -75,9 +113,9 @@ _row = partial(tuple.__new__, BatchRow)
 
 
 def rows_of(batch: tuple) -> BatchRows:
-    """One row per sample of ``batch`` (a tuple of batched parts: tensors or lists)."""
-    parts = [p.unbind(0) if isinstance(p, torch.Tensor) else p for p in batch]
-    return BatchRows(batch, list(map(_row, zip(*parts))))
+    """One row per sample of ``batch`` (a tuple of batched parts: tensors or lists), built when
+    first used."""
+    return BatchRows(batch, len(batch[0]))
 
 
 def whole_batch(rows: Sequence[Any]) -> tuple | None:

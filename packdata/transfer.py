@@ -16,6 +16,7 @@ the worker's result pipe.
 from __future__ import annotations
 
 import contextlib
+import math
 import mmap
 import os
 import weakref
@@ -59,6 +60,8 @@ class SlotTensor(torch.Tensor):
 def _dense(t: torch.Tensor) -> tuple[torch.Tensor, tuple]:
     """``t`` as a contiguous tensor in its own memory order (a channels-last batch stays
     channels-last), and the permutation that restores its dimensions."""
+    if t.is_contiguous():  # the common case, without the sort below
+        return t, tuple(range(t.ndim))
     order = sorted(range(t.ndim), key=lambda d: -t.stride(d))
     dense = t.permute(order)
     if not dense.is_contiguous():
@@ -95,8 +98,7 @@ def leave_worker(batch: Any) -> Any:
         np.copyto(target, dense.reshape(-1).view(torch.uint8).numpy())
         del target  # no view left on the slot's buffer
         marked = t.as_subclass(SlotTensor)
-        marked._packdata_slot = (slot, offset, str(t.dtype).removeprefix("torch."),
-                                 tuple(dense.shape), inverse)
+        marked._packdata_slot = (slot, offset, _DTYPE_NAMES[t.dtype], tuple(dense.shape), inverse)
         offset += _aligned(t.nbytes)
         return marked
 
@@ -117,6 +119,8 @@ def _small(t: torch.Tensor) -> bool:
             and t.nbytes <= BY_VALUE_MAX_BYTES and t.dtype not in _NO_NUMPY)
 
 
+_DTYPE_NAMES = {kind: str(kind).removeprefix("torch.") for kind in vars(torch).values()
+                if isinstance(kind, torch.dtype)}
 _NO_NUMPY = {torch.bfloat16, torch.complex32} | {
     getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64")
     if hasattr(torch, name)}
@@ -264,6 +268,17 @@ class _Arrived:
     def __init__(self, pid: int, flags: str, memory: str, index: int) -> None:
         self.flags, self.index = _attach(pid, flags), index
         self.memory = _attach(pid, memory, self.flags, _CLAIMED + index)
+        self.array: Any = None  # a weak reference to the array the batch's tensors view
+
+    def bytes(self) -> np.ndarray:
+        """The slot's bytes as one array, shared by the batch's tensors: the slot stays busy
+        while it lives (one finalizer per batch, not one per tensor)."""
+        array = self.array() if self.array is not None else None
+        if array is None:
+            array = np.frombuffer(self.memory.buf, np.uint8)
+            weakref.finalize(array, _hold, self).atexit = False
+            self.array = weakref.ref(array)
+        return array
 
     def __del__(self) -> None:
         self.flags.buf[self.index] = 0
@@ -272,11 +287,10 @@ class _Arrived:
 def _from_slot(slot: _Arrived, offset: int, dtype: str, shape: tuple,
                inverse: tuple) -> torch.Tensor:
     kind = getattr(torch, dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * kind.itemsize
-    view = np.frombuffer(slot.memory.buf, np.uint8, nbytes, offset)
-    # the slot stays busy while this array lives: every tensor made from it holds it
-    weakref.finalize(view, _hold, slot).atexit = False
-    return torch.from_numpy(view).view(kind).reshape(shape).permute(inverse)
+    nbytes = math.prod(shape) * kind.itemsize
+    # a view of the slot's array: every tensor made from it holds it, and so the slot
+    view = torch.from_numpy(slot.bytes()[offset : offset + nbytes]).view(kind).view(shape)
+    return view if inverse == tuple(range(len(inverse))) else view.permute(inverse)
 
 
 def _hold(slot: _Arrived) -> None:

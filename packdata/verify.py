@@ -186,8 +186,12 @@ def source_for(manifest: Manifest, root: str | Path) -> Any:
     its kind's ``OPTIONS``, as the source declared them (:meth:`Source.options`)."""
     from packdata import sources
 
-    names = {o.name for o in sources.get(manifest.kind).OPTIONS}
+    table = sources.get(manifest.kind).OPTIONS
+    names = {o.name for o in table}
     options = {k: v for k, v in manifest.options.items() if k in names}
+    # an option the manifest does not record (written before it existed) means what it meant then
+    options.update({o.name: o.legacy for o in table
+                    if o.name not in options and o.legacy is not None})
     labels = manifest.source.get("labels")
     if "labels" in names and "labels" not in options and labels and Path(labels).is_file():
         options["labels"] = labels  # recorded by earlier versions only in the source's facts

@@ -28,7 +28,7 @@ def test_convert_and_inspect(tmp_path, png_folder):
     assert "120 image samples (lmdb)" in result.output
     result = runner.invoke(app, ["inspect", str(out), "--json"])
     info = json.loads(result.stdout)
-    assert info["count"] == 120 and info["fields"]["image"]["shape"] == [32, 32, 3]
+    assert info["count"] == 120 and info["fields"]["image"]["shape"] == [3, 32, 32]
     assert info["classes"][0] == "airplane" and info["bytes_on_disk"] > 120 * 3072
     grid = tmp_path / "grid.png"
     result = runner.invoke(app, ["inspect", str(out), "--preview", str(grid)])

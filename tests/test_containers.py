@@ -61,12 +61,12 @@ def test_manifest_describes_the_records(packed, container, png_folder):
     ds = packdata.open(packed[container])
     m = ds.manifest
     assert m.container == container and m.kind == "image" and m.count == len(ds)
-    assert m.fields["image"].shape == (32, 32, 3) and m.fields["image"].dtype == "uint8"
+    assert m.fields["image"].shape == (3, 32, 32) and m.fields["image"].dtype == "uint8"
     assert m.classes[0] == "airplane" and len(m.classes) == 10
     names, _ = expected(png_folder)
     for i in (0, 57, len(ds) - 1):
         image, label = ds[i]
-        raw = image.permute(1, 2, 0).numpy().tobytes()
+        raw = image.numpy().tobytes()  # stored C×H×W
         crc = zlib.crc32(np.int64(label).tobytes(), zlib.crc32(raw))
         assert m.checksums[i] == crc
 
@@ -81,7 +81,7 @@ def test_lmdb_reads_with_plain_lmdb(packed, png_folder, tmp_path):
         assert manifest["count"] == len(names)
         for i in (0, 42):
             value = txn.get(b"%010d" % i)
-            pixels = np.frombuffer(value[:3072], np.uint8).reshape(32, 32, 3)
+            pixels = np.frombuffer(value[:3072], np.uint8).reshape(3, 32, 32).transpose(1, 2, 0)
             np.testing.assert_array_equal(pixels, pillow_pixels(png_folder / names[i]))
             assert np.frombuffer(value[3072:3080], "<i8")[0] == labels[names[i]]
     env.close()
@@ -90,10 +90,11 @@ def test_lmdb_reads_with_plain_lmdb(packed, png_folder, tmp_path):
 def test_hdf5_reads_with_plain_h5py(packed, png_folder):
     names, labels = expected(png_folder)
     with h5py.File(packed["hdf5"], "r") as f:
-        assert f["image"].shape == (len(names), 32, 32, 3)
+        assert f["image"].shape == (len(names), 3, 32, 32)  # C×H×W: a batch read is N×C×H×W
         assert f["image"].chunks is None  # contiguous: memory-mappable
         for i in (0, 99):
-            np.testing.assert_array_equal(f["image"][i], pillow_pixels(png_folder / names[i]))
+            np.testing.assert_array_equal(f["image"][i].transpose(1, 2, 0),
+                                          pillow_pixels(png_folder / names[i]))
             assert f["label"][i] == labels[names[i]]
         assert json.loads(f["manifest"][()])["packdata"]["container"] == "hdf5"
 
@@ -105,7 +106,8 @@ def test_tar_shards_read_with_webdataset(packed, png_folder):
     samples = list(wds.WebDataset(shards, shardshuffle=False).decode())
     assert [s["__key__"] for s in samples] == [Path(n).stem for n in names]
     for s, name in zip(samples, names):
-        np.testing.assert_array_equal(s["image.npy"], pillow_pixels(png_folder / name))
+        np.testing.assert_array_equal(s["image.npy"].transpose(1, 2, 0),  # stored C×H×W
+                                      pillow_pixels(png_folder / name))
         assert s["cls"] == labels[name]
 
 

@@ -38,9 +38,20 @@ def test_tar_pipeline_reads_every_sample_once_with_its_label(packed, keep_tar):
     assert x2.shape == x.shape and not torch.equal(x2, x)
 
 
-def test_unaugmented_tar_pipeline_returns_the_stored_pixels(packed):
-    ds = packdata.open(packed["tar"])
-    loader = tar_loader(packed["tar"], 40, device="cpu", shuffle=False, padding=0, mirror=0,
+@pytest.fixture(scope="module")
+def hwc_tar(tmp_path_factory, png_folder):
+    """Raw pixels stored H×W×C, as datasets written before ``pixel_order`` hold them."""
+    source = packdata.open_source(png_folder, pixel_order="hwc")
+    out = tmp_path_factory.mktemp("hwc") / "hwc-tar"
+    return packdata.convert(source, out, workers=2, container_options={"shard_size": "50"}).path
+
+
+@pytest.mark.parametrize("order", ["chw", "hwc"])
+def test_unaugmented_tar_pipeline_returns_the_stored_pixels(packed, hwc_tar, order):
+    path = packed["tar"] if order == "chw" else hwc_tar
+    ds = packdata.open(path)
+    assert list(ds.manifest.fields["image"].shape) == ([3, 32, 32] if order == "chw" else [32, 32, 3])
+    loader = tar_loader(path, 40, device="cpu", shuffle=False, padding=0, mirror=0,
                         mean=(0, 0, 0), std=(1 / 255,) * 3)
     x, y = epoch(loader)
     images, labels = ds[list(range(len(ds)))]

@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 import packdata
+from packdata.rows import BatchRow
 
 
 def seen_keys(ds, batches) -> list[int]:
@@ -171,6 +172,40 @@ def test_stock_dataloader_workers_give_the_in_process_batches(packed, start):
     assert len(workers) == len(reference) == 5
     for (x, y), (rx, ry) in zip(workers, reference, strict=True):
         assert torch.equal(x, rx) and torch.equal(y, ry) and x.dtype == torch.float32
+
+
+def test_default_collate_gets_the_batch_without_building_the_rows(packed):
+    """Torch's default collate looks at rows[0] alone: the other 255 rows are never made (they
+    cost more than the read); any other use of the list sees every row."""
+    ds = packdata.open(packed["hdf5"])
+    rows = ds.__getitems__(list(range(64)))
+    images, labels = default_collate(rows)
+    assert images.data_ptr() == rows.batch[0].data_ptr() and labels is rows.batch[1]
+    assert list.__len__(rows) == 0 and len(rows) == 64  # no row in the list's storage yet
+    assert type(rows[63]) is BatchRow and torch.equal(rows[-1][0], ds[63][0])
+    assert list.__len__(rows) == 0  # one row is built alone
+    plain = list(rows)  # any other use: every row, in the list's own storage as well
+    assert list.__len__(rows) == 64 and [int(r[1]) for r in plain] == ds[:64][1].tolist()
+    assert torch.equal(default_collate(rows)[0], ds[:64][0])  # unchanged: the batch again
+    assert default_collate(rows)[0].data_ptr() == rows.batch[0].data_ptr()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_users_collate_fn_sees_every_row_through_any_list_operation(packed, workers):
+    ds = packdata.open(packed["lmdb"])
+
+    def collate(rows):
+        assert len(rows) == 8 and rows and len(rows[2:5]) == 3 and rows[::-1][0] is not None
+        assert rows[0] in rows and rows.index(rows[0]) == 0  # found by identity
+        rows.sort(key=lambda row: -int(row[1]))  # in place: the batch order changes
+        return default_collate(rows), [int(row[1]) for row in rows]
+
+    (images, labels), order = next(iter(DataLoader(ds, batch_size=8, num_workers=workers,
+                                                   collate_fn=collate)))
+    expected = ds[list(range(8))]
+    assert order == sorted(expected[1].tolist(), reverse=True) == labels.tolist()
+    assert sorted(map(tuple, images.reshape(8, -1).tolist())) == sorted(
+        map(tuple, expected[0].reshape(8, -1).tolist()))
 
 
 def test_a_held_row_keeps_its_sample_while_later_batches_are_read(packed):

@@ -4,6 +4,7 @@ container and batch through a decode stage. Crops of the real photographs in tes
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,9 @@ from typer.testing import CliRunner
 import packdata
 from packdata.cli import app
 from packdata.loading import default_num_workers
-from packdata.sources.images import limited_size
+from packdata.sources.images import ImageSource, limited_size
+from packdata.verify import source_for, verify
+from tests.conftest import copy_sample, pillow_pixels
 
 FIXTURES = Path(__file__).parent / "fixtures" / "images"
 CONTAINERS = {"lmdb": "d.lmdb", "hdf5": "d.h5", "tar": "d-tar"}
@@ -152,7 +155,7 @@ def test_images_of_one_size_keep_one_fixed_shape(tmp_path):
         for k in range(3):
             im.crop((10 * k, 0, 10 * k + 40, 30)).save(folder / f"{k}.png")
     ds = packdata.open(convert(folder, tmp_path / "same.h5"))
-    assert ds.manifest.fields["image"].shape == (30, 40, 3)
+    assert ds.manifest.fields["image"].shape == (3, 30, 40)  # stored C×H×W
     assert not ds.manifest.source["mixed_sizes"] and "image_size" not in ds.manifest.fields
     assert ds[[0, 1, 2]].shape == (3, 3, 30, 40)
 
@@ -227,3 +230,92 @@ def test_cli_max_size(tmp_path, photo_folder):
                                       "--max-size", "64"])
     assert result.exit_code == 0, result.output
     assert max(min(packdata.open(out)[i][0].shape[1:]) for i in range(14)) == 64
+
+
+# -- how fixed-size raw pixels are stored: C×H×W (the default), H×W×C, or as earlier versions did --
+
+
+class EarlierImageSource(ImageSource):
+    """An image source as packdata wrote them before ``pixel_order`` existed: H×W×C records and
+    no ``pixel_order`` in the manifest."""
+
+    def __init__(self, root, **options):
+        super().__init__(root, pixel_order="hwc", **options)
+
+    def options(self):
+        return {k: v for k, v in super().options().items() if k != "pixel_order"}
+
+
+@pytest.fixture(scope="module")
+def orders(tmp_path_factory) -> dict[str, Path]:
+    """The real CIFAR PNGs in every container with C×H×W records, in HDF5 with H×W×C ones, and
+    in HDF5 as written before the option existed."""
+    out = tmp_path_factory.mktemp("orders")
+    png = copy_sample(out / "png", 40)
+    made = {name: packdata.convert(packdata.open_source(png), out / target, workers=1).path
+            for name, target in CONTAINERS.items()}
+    made["hwc"] = packdata.convert(packdata.open_source(png, pixel_order="hwc"), out / "hwc.h5",
+                                   workers=1).path
+    made["earlier"] = packdata.convert(EarlierImageSource(png), out / "earlier.h5", workers=1).path
+    made["png"] = png
+    return made
+
+
+def _pngs(ds) -> tuple[np.ndarray, np.ndarray]:
+    """The dataset's images as Pillow decodes their PNG files (N×C×H×W), and their labels."""
+    root = Path(ds.manifest.source["path"])
+    meta = json.loads((root / "labels.json").read_text())
+    pixels = np.stack([pillow_pixels(root / f"{k}.png") for k in ds.keys]).transpose(0, 3, 1, 2)
+    return pixels, np.array([meta["labels"][f"{k}.png"] for k in ds.keys])
+
+
+def _check(images, labels, pixels, wanted, indices, channels_last) -> None:
+    assert images.shape == (len(indices), 3, 32, 32) and images.dtype == torch.uint8
+    assert np.array_equal(images.numpy(), pixels[indices])
+    assert labels.tolist() == wanted[indices].tolist()
+    if channels_last:
+        assert images.is_contiguous(memory_format=torch.channels_last)
+    else:
+        assert images.is_contiguous()
+        images.view(len(indices), -1)  # code written for torchvision's datasets runs
+
+
+@pytest.mark.parametrize("name", ["lmdb", "hdf5", "tar", "hwc", "earlier"])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_pixels_equal_the_pngs_on_every_path_in_either_stored_order(orders, name, channels_last):
+    ds = packdata.open(orders[name], channels_last=channels_last)
+    chw = name in CONTAINERS
+    assert ds.manifest.fields["image"].shape == ((3, 32, 32) if chw else (32, 32, 3))
+    assert ds.manifest.options.get("pixel_order") == ("chw" if chw else "hwc" if name == "hwc"
+                                                      else None)
+    pixels, wanted = _pngs(ds)
+    for i in (0, 17, len(ds) - 1):
+        image, label = ds[i]
+        assert np.array_equal(image.numpy(), pixels[i]) and int(label) == wanted[i]
+        assert (image.permute(1, 2, 0) if channels_last else image).is_contiguous()
+    picked = np.array([31, 2, 17, 5])
+    _check(*ds[picked.tolist()], pixels, wanted, picked, channels_last)
+    for workers in (0, 2):
+        loader = DataLoader(ds, batch_size=8, shuffle=True, num_workers=workers,
+                            generator=torch.Generator().manual_seed(workers))
+        seen = []
+        for images, labels in loader:
+            # a batch's indices are not exposed: find each image among the PNGs by its label
+            _check(images, labels, pixels, wanted, _where(images, pixels), channels_last)
+            seen.extend(_where(images, pixels))
+        assert sorted(seen) == list(range(len(ds)))
+    for images, labels in packdata.loader(ds, 8, shuffle=True):
+        _check(images, labels, pixels, wanted, _where(images, pixels), channels_last)
+
+
+def _where(images: torch.Tensor, pixels: np.ndarray) -> np.ndarray:
+    flat = pixels.reshape(len(pixels), -1)
+    return np.array([int(np.flatnonzero((flat == im.reshape(-1).numpy()).all(1))[0])
+                     for im in images])
+
+
+@pytest.mark.parametrize("name", ["hdf5", "hwc", "earlier"])
+def test_a_fresh_conversion_matches_in_the_order_the_dataset_was_written(orders, name):
+    ds = packdata.open(orders[name])
+    report = verify(orders[name], source=source_for(ds.manifest, orders["png"]))
+    assert report.compared == len(ds) and not report.bad and not report.problems

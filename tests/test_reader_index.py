@@ -66,7 +66,7 @@ def test_wids_reads_the_shards_with_the_right_count_and_bytes(packed):
         sample = shards[i]
         pixels = np.load(sample[".image.npy"]) if hasattr(sample[".image.npy"], "read") else \
             np.lib.format.read_array(__import__("io").BytesIO(sample[".image.npy"]))
-        assert np.array_equal(pixels, images[i].permute(1, 2, 0).numpy())  # stored H×W×C
+        assert np.array_equal(pixels, images[i].numpy())  # stored C×H×W
         assert int(sample[".cls"].read() if hasattr(sample[".cls"], "read")
                    else sample[".cls"]) == int(labels[i])
 
@@ -93,5 +93,5 @@ def test_dali_webdataset_reader_uses_the_idx_files(packed):
     for i in (0, 31, len(ds) - 1):
         member = np.asarray(raw.at(i)).tobytes()
         pixels = np.lib.format.read_array(__import__("io").BytesIO(member))
-        assert np.array_equal(pixels, images[i].permute(1, 2, 0).numpy())  # stored H×W×C
+        assert np.array_equal(pixels, images[i].numpy())  # stored C×H×W
         assert int(np.asarray(cls.at(i)).tobytes()) == int(labels[i])

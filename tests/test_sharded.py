@@ -74,9 +74,9 @@ def test_select_reads_one_entry_per_record_across_parts(parts, packed):
     whole = packdata.containers.get("hdf5").READER(packed["hdf5"])
     split = sharded.ShardedReader(parts["hdf5"])
     idx = np.array([3, 100, 17, 50, 0, 119])
-    rows = np.array([0, 31, 5, 7, 2, 30])  # one image row of each record
+    rows = np.array([0, 2, 1, 1, 2, 0])  # one channel plane of each record (stored C×H×W)
     got = split.read(idx, {"image": rows})["image"]
-    assert got.shape == (6, 32, 3)
+    assert got.shape == (6, 32, 32)
     assert (got == whole.read(idx, {"image": rows})["image"]).all()
 
 

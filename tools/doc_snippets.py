@@ -229,7 +229,7 @@ def _examples_inputs(dst: Path, root: Path) -> None:
     writes next to itself (bench/results/) writes into the workspace."""
     fixtures = root / "tests" / "fixtures"
     shutil.copytree(dst / "cifar-png", dst / "cifar10" / "test-png")
-    shutil.move(dst / "cifar10" / "test-png" / "labels.json", dst / "cifar10" / "labels.json")
+    shutil.copyfile(dst / "labels.json", dst / "cifar10" / "labels.json")  # beside, as in DATA
     shutil.copytree(fixtures / "lidar-pieces", dst / "pieces")
     (dst / "gpt2").mkdir()
     shutil.copyfile(dst / "tokenizer.json", dst / "gpt2" / "tokenizer.json")

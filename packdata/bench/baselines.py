@@ -51,7 +51,8 @@ class PerFileImageDataset(Dataset):
 
 
 class InMemoryBatches:
-    """Shuffled batches gathered from arrays in RAM, as the same tensors packdata returns."""
+    """Shuffled batches gathered from arrays in RAM, as the same tensors packdata returns:
+    ``images`` N×C×H×W (a gather of them is the contiguous batch packdata's default serves)."""
 
     def __init__(self, images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int = 0):
         self.images, self.labels, self.batch_size = images, labels, batch_size
@@ -62,7 +63,7 @@ class InMemoryBatches:
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
             yield (
-                torch.from_numpy(self.images[idx]).permute(0, 3, 1, 2),
+                torch.from_numpy(self.images[idx]),
                 torch.from_numpy(self.labels[idx]),
             )
 

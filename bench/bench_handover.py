@@ -1,0 +1,91 @@
+"""Where a stock DataLoader's batches cost CPU with worker processes, against none (Linux).
+
+    python bench/bench_handover.py DATASET [--rounds 5] [--epochs 20] [--json out.json]
+
+DATASET is any packdata dataset of raw records (e.g. ``packdata convert ./cifar-png cifar.h5``).
+Each round times ``DataLoader(ds, 256, shuffle=True)`` with ``num_workers=0`` and with
+``num_workers=2, persistent_workers=True`` back to back, and reads the CPU time each process
+spent per batch (the training process from ``time.process_time``, each worker from
+``/proc/PID/stat``, in clock ticks: run enough epochs for a few hundred batches). On a machine
+whose cores are shared, the rate with workers follows the CPU all processes spend per batch,
+not the training process's alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+from torch.utils.data import DataLoader
+
+import packdata
+
+BATCH = 256
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of process ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def timed(loader: DataLoader, epochs: int, workers: list[int]) -> dict[str, float]:
+    """Batches per second and CPU milliseconds per batch, here and in each worker."""
+    here, there = time.process_time(), [cpu_seconds(p) for p in workers]
+    start, batches = time.perf_counter(), 0
+    for _ in range(epochs):
+        for _batch in loader:
+            batches += 1
+    wall = time.perf_counter() - start
+    spent = [cpu_seconds(p) - t for p, t in zip(workers, there)]
+    return {"samples_per_s": batches * BATCH / wall,
+            "training_process_cpu_ms_per_batch": (time.process_time() - here) / batches * 1e3,
+            "workers_cpu_ms_per_batch": sum(spent) / batches * 1e3}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("dataset")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=20, help="per loader and round")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    ds = packdata.open(args.dataset)
+    loaders = {0: DataLoader(ds, batch_size=BATCH, shuffle=True),
+               2: DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=2,
+                             persistent_workers=True)}
+    for _batch in loaders[2]:  # start the workers
+        pass
+    pids = {0: [], 2: [w.pid for w in loaders[2]._iterator._workers]}
+    rows: dict[int, list[dict[str, float]]] = {0: [], 2: []}
+    for r in range(args.rounds):
+        for workers, loader in loaders.items():
+            rows[workers].append(timed(loader, args.epochs, pids[workers]))
+        print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
+    ratios = [b["samples_per_s"] / a["samples_per_s"] for a, b in zip(rows[0], rows[2])]
+    report = {"dataset": str(args.dataset), "batch_size": BATCH, "rounds": args.rounds,
+              "cpus": os.cpu_count(), "load_average": os.getloadavg(),
+              "workers_2_vs_0_median_of_rounds": statistics.median(ratios),
+              "ratio_range": [min(ratios), max(ratios)]}
+    for workers, runs in rows.items():
+        report[f"num_workers={workers}"] = {k: statistics.median(run[k] for run in runs)
+                                            for k in runs[0]}
+        row = report[f"num_workers={workers}"]
+        print(f"num_workers={workers}: {row['samples_per_s']:,.0f} samples/s, CPU per batch "
+              f"{row['training_process_cpu_ms_per_batch']:.3f} ms here + "
+              f"{row['workers_cpu_ms_per_batch']:.3f} ms in workers")
+    print(f"num_workers=2 / num_workers=0: {report['workers_2_vs_0_median_of_rounds']:.2f} "
+          f"({min(ratios):.2f}–{max(ratios):.2f})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
