@@ -262,7 +262,8 @@ def to_torch(
     encoded = manifest.fields["image"].codec == "image"
     sizes = batch.get("image_size")
     if decode is not None:
-        x = decode(images, encoded=encoded, sizes=sizes, mode=mode, indices=indices, epoch=epoch)
+        x = decode(images, encoded=encoded, sizes=sizes, mode=mode, indices=indices, epoch=epoch,
+                   channels_last=channels_last)  # laid out by the decode threads
     else:
         if encoded:
             images = [decode_image(b, mode) for b in images]
