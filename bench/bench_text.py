@@ -13,6 +13,15 @@
 3. Conversion throughput (tokens/s, 2 workers, whole documents, HDF5) against the tokeniser's own
    batch encoding of the same texts already in memory on the same cores, ``--repeats`` times
    alternating; the ratio of medians and each pair's ratio are reported.
+
+``--training`` measures instead (→ ``bench/results/text_training.json``) real tokens per second
+in training: examples/text_lm.py's causal LM (the same model, loss and optimiser) on every
+non-blank line of every document (the whole corpus, so that every length bucket fills), fed by
+the example's per-item tokenising baseline (a Dataset tokenising each line in ``__getitem__``,
+random batches padded to their longest line) and by packdata (the lines pre-tokenised into HDF5,
+:class:`LengthBucketBatchSampler` + ``PadCollate``), ``--train-seconds`` of steps per row and
+round, ``--train-rounds`` interleaved rounds; real tokens are the predicted non-pad next tokens,
+padding the share of pad positions.
 """
 
 from __future__ import annotations
@@ -109,6 +118,74 @@ def conversion_vs_tokenizer(data: Path, tokenizer: Path, tmp: Path, repeats: int
             "paired_ratios": [c / o for c, o in zip(conv, own)]}
 
 
+def training(data: Path, tokenizer: Path, tmp: Path, seconds: float, rounds: int,
+             batch_size: int = 16, max_length: int = 64) -> dict:
+    """Real tokens/s of training steps fed by each loader (see the module's docstring)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from text_lm import CausalLM, LineDataset, PadToLongest, lm_loss, read_lines
+
+    from packdata.prep.tokenizers import load_tokenizer
+
+    tok = load_tokenizer(tokenizer)
+    pad_id = tok.pad_id if tok.pad_id is not None else tok.eos_id
+    lines = read_lines(data)
+    start = time.perf_counter()
+    source = packdata.open_source(data, kind="text", tokenizer=tokenizer, per_line=True,
+                                  add_bos=True, add_eos=True, max_length=max_length)
+    packed = packdata.open(packdata.convert(source, tmp / "lines.h5", workers=2).path)
+    convert_s = time.perf_counter() - start
+    assert len(packed) == len(lines)
+    per_item = LineDataset(lines, str(tokenizer), max_length)
+    per_item.bos, per_item.eos = tok.bos_id, tok.eos_id
+    sampler = LengthBucketBatchSampler(packed.lengths(), batch_size, seed=0)
+    loaders = {
+        "per-item": torch.utils.data.DataLoader(per_item, batch_size, shuffle=True,
+                                                collate_fn=PadToLongest(pad_id)),
+        "packdata": packdata.loader(packed, batch_sampler=sampler,
+                                    collate=packdata.PadCollate(pad_id)),
+    }
+    rows: dict = {}
+    for name, loader in loaders.items():
+        torch.manual_seed(0)  # the same initial weights on both rows
+        model = CausalLM(tok.vocab_size, max_length)
+        rows[name] = {"model": model, "opt": torch.optim.AdamW(model.parameters(), lr=3e-3),
+                      "batches": iter(loader), "loader": loader, "rounds": []}
+    for r in range(rounds):
+        for name in (list(rows) if r % 2 == 0 else list(rows)[::-1]):
+            row = rows[name]
+            real = positions = pads = steps = 0
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                batch = next(row["batches"], None)
+                if batch is None:  # an epoch ended: the next one
+                    row["batches"] = iter(row["loader"])
+                    continue
+                ids, mask = batch
+                loss, n = lm_loss(row["model"], ids, mask)
+                row["opt"].zero_grad(set_to_none=True)
+                (loss / max(n, 1)).backward()
+                row["opt"].step()
+                real, positions = real + n, positions + mask.numel()
+                pads += int((~mask).sum())
+                steps += 1
+            wall = time.perf_counter() - t0
+            row["rounds"].append({"real_tokens_per_s": real / wall, "steps": steps,
+                                  "padding": pads / max(positions, 1), "seconds": wall})
+    out = {"lines": len(lines), "tokens": int(packed.lengths().sum()), "batch_size": batch_size,
+           "max_length": max_length, "vocab_size": tok.vocab_size, "convert_seconds": convert_s,
+           "rows": {}}
+    for name, row in rows.items():
+        out["rows"][name] = {
+            "real_tokens_per_s": statistics.median(x["real_tokens_per_s"] for x in row["rounds"]),
+            "padding": float(np.mean([x["padding"] for x in row["rounds"]])),
+            "rounds": row["rounds"]}
+    base = out["rows"]["per-item"]["real_tokens_per_s"]
+    out["ratio"] = out["rows"]["packdata"]["real_tokens_per_s"] / base
+    out["paired_ratios"] = [p["real_tokens_per_s"] / b["real_tokens_per_s"] for p, b in
+                            zip(rows["packdata"]["rounds"], rows["per-item"]["rounds"])]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=Path("../shared/data/text/peps"))
@@ -120,8 +197,27 @@ def main() -> None:
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="torch intra-op threads of the consuming loop (default 1: on a "
                         "shared 2-core machine, 2 threads spin against other jobs)")
+    parser.add_argument("--training", action="store_true",
+                        help="measure real tokens/s in training instead (see above)")
+    parser.add_argument("--train-seconds", type=float, default=20.0)
+    parser.add_argument("--train-rounds", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(args.torch_threads)
+    if args.training:
+        with tempfile.TemporaryDirectory(prefix="pd-text-train-") as tmp:
+            result = training(args.data, args.tokenizer, Path(tmp), args.train_seconds,
+                              args.train_rounds)
+        result.update(torch_threads=torch.get_num_threads(), load_average=os.getloadavg())
+        target = args.json.with_name("text_training.json") if args.json.name == "text.json" \
+            else args.json
+        target.write_text(json.dumps(result, indent=2))
+        print("| loader | real tokens/s in training | padding |\n|---|---:|---:|")
+        for name, row in result["rows"].items():
+            print(f"| {name} | {row['real_tokens_per_s']:,.0f} | {row['padding']:.1%} |")
+        print(f"{result['lines']:,} lines, {result['tokens']:,} tokens; packdata "
+              f"{result['ratio']:.2f}× the per-item baseline (rounds: "
+              + ", ".join(f"{r:.2f}" for r in result["paired_ratios"]) + ")")
+        return
     report: dict = {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                     "load_average_at_start": os.getloadavg()}
     with tempfile.TemporaryDirectory(prefix="pd-text-bench-") as tmp:

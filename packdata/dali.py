@@ -154,6 +154,7 @@ def tar_loader(path: str | Path, batch_size: int, *, device: str = "auto",
             keep = tempfile.TemporaryDirectory(prefix="packdata-dali-")
             index_dir = keep.name
         shards = [str(p) for p in shard_paths(Path(path))]
+        Path(index_dir).mkdir(parents=True, exist_ok=True)  # a folder the caller named may be new
         index_paths = [str(p) for p in write_reader_indexes(path, index_dir)]
     manifest = _image_manifest(Path(path))
     image, chw = manifest.fields["image"], stored_chw(manifest)

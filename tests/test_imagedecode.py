@@ -252,3 +252,39 @@ def test_bad_stored_bytes_and_bad_arguments_are_named():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")
 def test_batches_for_cuda_are_pinned():
     assert packdata.Resize(8)(as_arrays(crops(count=2)), encoded=True).is_pinned()
+
+
+def test_contiguous_batches_equal_channels_last_ones():
+    """``channels_last=False`` (what ``packdata.open`` asks for by default) lays each image out
+    in its decode thread: the same values as the channels-last batch, contiguous N×C×H×W."""
+    encoded = crops(count=6, seed=8)
+    rows = [np.asarray(full_decode(b)).reshape(-1, 3) for b in encoded]
+    hw = np.array([full_decode(b).size[::-1] for b in encoded])
+    idx = np.arange(6)
+    for stage in (packdata.RandomResizedCrop(40, seed=2, threads=2), packdata.CenterCrop(24)):
+        for images, options in ((as_arrays(encoded), {"encoded": True}),
+                                (rows, {"encoded": False, "sizes": hw})):
+            last = stage(images, indices=idx, **options)
+            planar = stage(images, indices=idx, channels_last=False, **options)
+            assert last.is_contiguous(memory_format=torch.channels_last)
+            assert planar.is_contiguous() and torch.equal(planar, last)
+    grey = packdata.Resize(16)(as_arrays(encoded), encoded=True, mode="L", channels_last=False)
+    assert grey.shape == (6, 1, 16, 16) and grey.is_contiguous()
+
+
+def test_a_batch_buffer_is_reused_only_once_nothing_holds_its_batch():
+    encoded = as_arrays(crops(count=4, seed=9))
+    stage = packdata.Resize(32, pin_memory=False)
+    first = stage(encoded, encoded=True)
+    kept, address = first[1:2].clone(), first.data_ptr()
+    view = first[2:]  # a view keeps the buffer
+    del first
+    second = stage(encoded, encoded=True)
+    assert second.data_ptr() != address
+    assert torch.equal(view, second[2:])
+    view_values = view.clone()
+    del view
+    third = stage(list(reversed(encoded)), encoded=True)  # the first buffer, free again
+    assert third.data_ptr() == address
+    assert torch.equal(third[2:], torch.stack([second[1], second[0]]))
+    assert torch.equal(view_values, second[2:]) and torch.equal(kept, second[1:2])

@@ -224,11 +224,26 @@ def _header_sizes(items: list[Item]) -> Iterator[tuple[int, int] | None]:
 
 def _size_or_none(item: Item) -> tuple[int, int] | None:
     try:
-        if not isinstance(item.path, RemotePath) and not stat.S_ISREG(item.path.stat().st_mode):
-            return None  # e.g. a named pipe: opening it could block; load() reports it
-        return header_size(item.path)
+        if isinstance(item.path, RemotePath):
+            return header_size(item.path)
+        return _local_header_size(os.fspath(item.path))
     except Exception:  # load() reports this file with its reason
         return None
+
+
+def _local_header_size(path: str) -> tuple[int, int] | None:
+    """:func:`header_size` of a local file with plain system calls (a PNG costs a third of the
+    time through pathlib and a file object: measured); None for anything but a regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a named pipe must not block the scan
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None  # e.g. a named pipe: load() reports it
+        head = os.read(fd, 24)
+    finally:
+        os.close(fd)
+    if head[:8] == PNG_SIGNATURE and head[12:16] == b"IHDR":
+        return struct.unpack(">II", head[16:24])
+    return header_size(Path(path))
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -288,7 +303,8 @@ def to_torch(
     if decode is not None:
         if chw:  # the stage takes H×W×C pixels: views, it reads only each crop's box
             images = np.asarray(images).transpose(0, 2, 3, 1)
-        x = decode(images, encoded=encoded, sizes=sizes, mode=mode, indices=indices, epoch=epoch)
+        x = decode(images, encoded=encoded, sizes=sizes, mode=mode, indices=indices, epoch=epoch,
+                   channels_last=channels_last)  # laid out by the decode threads
     else:
         if encoded:
             images = [decode_image(b, mode) for b in images]
