@@ -55,7 +55,7 @@ class PackedDataset(Dataset):
         decode: Any = None,
         *,
         storage: Storage | None = None,
-        verify: str = "sample",
+        verify: str = "full",
     ) -> None:
         self.storage = storage if storage is not None or not is_url(path) else Storage()
         self.path: Path | str = str(path).rstrip("/") if self.storage else Path(path)
@@ -66,8 +66,9 @@ class PackedDataset(Dataset):
         else:
             self.container_name = self.container
         reader = self._open_reader()
-        self.verify = verify  # see packdata.verify: "off", "sample" (checked here) or "full"
-        # object storage: every fetched shard is checked against the manifest's checksums
+        self.verify = verify  # "full" (every record read checked), "sample" (here) or "off"
+        # object storage: every fetched shard (or ranged record) is checked against the
+        # manifest's checksums as it arrives, whatever the level
         at_open(reader, self.path, "off" if self.storage else verify).close()
         self.manifest: Manifest = reader.manifest  # handles must not cross a fork
         self.transform = transform
@@ -89,7 +90,7 @@ class PackedDataset(Dataset):
             if self._reader is not None:  # inherited through fork: release the parent's copy
                 self._reader.close()
             self._reader = self._open_reader()
-            if self.verify == "full":
+            if self.verify == "full" and not self.storage:
                 self._reader = ChecksummedReader(self._reader, self.path)
             self._pid = os.getpid()
         return self._reader
@@ -262,12 +263,13 @@ def open_dataset(
     storage_options: dict[str, Any] | None = None,
     cache_dir: str | Path | None = None,
     cache_limit: int | str = CACHE_LIMIT,
-    verify: str = "sample",
+    verify: str = "full",
     access: str = "shards",
 ) -> PackedDataset:
     """Open any packdata dataset; the container is recognised from what is at ``path``.
-    ``verify``: "sample" checks a few records' CRC-32 at open, "full" every record read, "off"
-    neither (the structural checks at open always run).
+    ``verify``: "full" (the default) checks every record a read returns against its checksum
+    (each once per process: later reads of it cost a bit test), "sample" a few records at open,
+    "off" neither (the structural checks at open always run).
 
     A URL (``s3://bucket/ds``) opens tar shards in object storage, fetched into ``cache_dir``
     (at most ``cache_limit`` bytes of shards) with ``storage_options`` for fsspec; with

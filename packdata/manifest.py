@@ -11,7 +11,8 @@ import numpy as np
 
 from packdata.errors import ArgumentError, DatasetError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: XXH3-64 record checksums; 1 (CRC-32) is still read
+READABLE_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -109,10 +110,10 @@ class Manifest:
             d = json.loads(text)["packdata"]
         except (ValueError, KeyError, TypeError) as exc:
             raise DatasetError(f"{where}: the manifest is not packdata JSON ({exc})") from exc
-        if d.get("version") != FORMAT_VERSION:
+        if d.get("version") not in READABLE_VERSIONS:
             raise DatasetError(
-                f"{where}: manifest version {d.get('version')!r}; this packdata reads version "
-                f"{FORMAT_VERSION}"
+                f"{where}: manifest version {d.get('version')!r}; this packdata reads versions "
+                f"{', '.join(map(str, READABLE_VERSIONS))}"
             )
         try:
             d["fields"] = {k: Field.from_dict(v) for k, v in d["fields"].items()}

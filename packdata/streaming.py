@@ -64,9 +64,10 @@ class StreamingDataset(IterableDataset):
         storage_options: dict[str, Any] | None = None,
         cache_dir: str | Path | None = None,
         cache_limit: int | str = CACHE_LIMIT,
+        verify: str = "full",
     ) -> None:
         storage = Storage(storage_options or {}, cache_dir, cache_limit) if is_url(path) else None
-        self.dataset = PackedDataset(path, transform=transform, storage=storage)
+        self.dataset = PackedDataset(path, transform=transform, storage=storage, verify=verify)
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed
         self.chunk = chunk

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from packdata.checksum import record_checksum
+from packdata.checksum import algorithm_of, record_checksum
 from packdata.containers.base import Batch, Reader
 from packdata.containers.integrity import read_checked
 from packdata.errors import InputWarning, PackdataError
@@ -48,7 +48,7 @@ class VerifyReport:
 def verify(path: str | Path, source: Any = None, deep: bool = False,
            batch_size: int = 256) -> VerifyReport:
     """Check every record of the dataset at ``path``: its shape against the manifest and its
-    CRC-32. ``deep`` also reads each record alone (another code path than batches) and decodes
+    checksum. ``deep`` also reads each record alone (another code path than batches) and decodes
     encoded images. ``source`` (a :class:`packdata.sources.base.Source`) compares every record
     with a fresh conversion of its input."""
     from packdata import containers
@@ -112,8 +112,8 @@ def _record_problem(record: dict[str, np.ndarray], m: Manifest, i: int, deep: bo
             f.check(name, record[name])
         except ValueError as exc:
             return str(exc)
-    if m.checksums and record_checksum(record, m.fields) != m.checksums[i]:
-        return "CRC-32 does not match the manifest"
+    if m.checksums and record_checksum(record, m.fields, algorithm_of(m.version)) != m.checksums[i]:
+        return "checksum does not match the manifest"
     if deep:
         for name, f in m.fields.items():
             if f.codec == "image":

@@ -9,11 +9,13 @@ import h5py
 import lmdb
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import packdata
 from packdata.cli import app
 from packdata.containers.tar import shard_paths
+from packdata.streaming import StreamingDataset
 from packdata.verify import verify
 
 runner = CliRunner()
@@ -61,11 +63,11 @@ def test_verify_names_a_flipped_byte(tmp_path, packed, container):
     copy = damaged_copy(tmp_path, packed, container)
     report = verify(copy)
     assert [b["index"] for b in report.bad] == [3]
-    assert report.bad[0]["problem"] == "CRC-32 does not match the manifest"
+    assert report.bad[0]["problem"] == "checksum does not match the manifest"
     result = runner.invoke(app, ["verify", str(copy)])
     assert result.exit_code == 1
     key = packdata.open(packed[container]).keys[3]
-    assert f"bad: {key} (record 3): CRC-32" in result.output
+    assert f"bad: {key} (record 3): checksum" in result.output
     assert "FAILED: 1 bad records" in result.output
 
 
@@ -77,6 +79,41 @@ def test_verify_full_raises_at_read_and_off_reads_the_wrong_bytes(tmp_path, pack
         full[[2, 3]]
     original = packdata.open(packed[container])[3][0]
     assert not np.array_equal(packdata.open(copy, verify="off")[3][0], original)
+
+
+PATHS = {
+    "ds[i]": lambda ds: ds[3],
+    "batch": lambda ds: ds[[1, 2, 3, 4]],
+    "loader": lambda ds: list(packdata.loader(ds, batch_size=16, shuffle=False, num_workers=0)),
+    "loader threads": lambda ds: list(packdata.loader(ds, batch_size=8, shuffle=False,
+                                                      num_workers=2, workers="thread")),
+    "DataLoader workers": lambda ds: list(torch.utils.data.DataLoader(ds, batch_size=16,
+                                                                      num_workers=2)),
+    "streaming": lambda ds: list(StreamingDataset(ds.path, shuffle_buffer=1)),
+}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_default_open_refuses_a_flipped_byte_on_every_path(tmp_path, packed, container, path):
+    """Every record a default read returns is checked: one byte flipped in record 3 (not among
+    the records sampled at open) is an error naming the dataset and the record's key."""
+    copy = damaged_copy(tmp_path, packed, container)
+    ds = packdata.open(copy)
+    assert ds[[0, 1, 2]][0].shape[0] == 3  # sound records read as usual, and again below
+    key = ds.keys[3]
+    with pytest.raises(packdata.DatasetError, match=rf"{copy.name}: record 3 \('{key}'\) does "
+                       "not match its checksum"):
+        PATHS[path](ds)
+
+
+def test_checked_records_are_remembered_in_a_bitmap(packed, container):
+    """A record read once is marked verified (one bit, this process's reader); a batch of marked
+    records is read without hashing."""
+    reader = packdata.open(packed[container]).reader
+    reader.read(np.arange(10))
+    reader.read(np.array([12, 5]))
+    bits = np.unpackbits(reader.verified, bitorder="little")[:len(reader.verified) * 8]
+    assert np.flatnonzero(bits).tolist() == [*range(10), 12]
 
 
 def test_verify_against_source_finds_a_changed_input(tmp_path, packed, png_folder):

@@ -1,8 +1,10 @@
 """Integrity on the read path: records checked against the manifest's checksums.
 
-- ``verify="sample"`` (the default): the checksums of a few records spread over the dataset,
-  checked once at open (:func:`check_sample`);
-- ``verify="full"``: every batch read is checked (:class:`ChecksummedReader`);
+- ``verify="full"`` (the default): every record a read returns has been checked
+  (:class:`ChecksummedReader`): hashed on its first read in this process, then remembered in a
+  bitmap of verified records (the data is a read-only map), so later epochs cost a bit test;
+- ``verify="sample"``: the checksums of a few records spread over the dataset, checked once at
+  open (:func:`check_sample`);
 - ``verify="off"``: neither. The structural checks every Reader makes when it opens (the manifest,
   sizes and offsets: :func:`packdata.manifest.check_manifest`) always run.
 
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from packdata.checksum import batch_checksums
+from packdata.checksum import algorithm_of, batch_checksums
 from packdata.containers.base import Batch, Reader, Select, apply_select
 from packdata.errors import ArgumentError, DatasetError, PackdataError
 
@@ -28,9 +30,15 @@ def bad_checksums(reader: Reader, idx: np.ndarray, batch: Batch) -> list[int]:
     m = reader.manifest
     if not m.checksums:
         return []
-    expected = m.checksums
-    return [i for i, crc in zip(idx.tolist(), batch_checksums(batch, m.fields, len(idx)))
-            if crc != expected[i]]
+    got = batch_checksums(batch, m.fields, len(idx), algorithm_of(m.version))
+    expected = np.fromiter((m.checksums[i] for i in idx.tolist()), dtype=np.uint64, count=len(idx))
+    return idx[got != expected].tolist()
+
+
+def mismatch(where: str | Path, reader: Reader, index: int) -> DatasetError:
+    """The error for record ``index`` failing its checksum: names the dataset and the record."""
+    return DatasetError(f"{where}: record {index} ('{reader.manifest.keys[index]}') does not "
+                        "match its checksum; the dataset is damaged (run `packdata verify`)")
 
 
 def read_checked(reader: Reader, idx: np.ndarray, where: str | Path,
@@ -55,28 +63,41 @@ def check_sample(reader: Reader, where: str | Path, records: int = SAMPLED_RECOR
     batch = read_checked(reader, idx, where)
     bad = bad_checksums(reader, idx, batch)
     if bad:
-        raise DatasetError(f"{where}: record {bad[0]} ('{reader.manifest.keys[bad[0]]}') does not "
-                           "match its checksum; the dataset is damaged (run `packdata verify`)")
+        raise mismatch(where, reader, bad[0])
 
 
 class ChecksummedReader(Reader):
-    """A Reader whose every batch is checked against the manifest's checksums (``verify="full"``).
+    """A Reader whose every record read has been checked against the manifest's checksums.
 
-    A wrapper, so the plain readers' hot paths stay as they are. A ``select`` read fetches whole
-    records (the checksum covers all of a record), then selects."""
+    A wrapper, so the plain readers' hot paths stay as they are. Each record is hashed the first
+    time this reader returns it and marked in a bitmap (one bit a record, this process's own:
+    readers are opened per process); a batch of records all marked is the inner read itself. A
+    ``select`` read of records not all checked yet fetches whole records (the checksum covers
+    all of a record), then selects."""
 
     def __init__(self, inner: Reader, where: str | Path) -> None:
         self.inner = inner
         self.where = where
         self.manifest = inner.manifest
+        # calloc'd: pages are touched only as records are checked
+        self.verified = np.zeros((self.manifest.count + 7) // 8, dtype=np.uint8)
+        if not self.manifest.checksums:  # nothing to check against (none stored)
+            self.verified[:] = 0xFF
+
+    def _checked(self, idx: np.ndarray) -> np.ndarray:
+        """Whether each of ``idx`` was checked already."""
+        return (self.verified[idx >> 3] >> (idx & 7).astype(np.uint8)) & 1 == 1
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         idx = self.inner.check_indices(indices)
+        if self._checked(idx).all():
+            return read_checked(self.inner, idx, self.where, select)
         batch = read_checked(self.inner, idx, self.where)
         bad = bad_checksums(self.inner, idx, batch)
         if bad:
-            raise DatasetError(f"{self.where}: record {bad[0]} ('{self.manifest.keys[bad[0]]}') "
-                               "does not match its checksum; the dataset is damaged")
+            raise mismatch(self.where, self.inner, bad[0])
+        # a race between threads may lose a bit: that record is only hashed again
+        np.bitwise_or.at(self.verified, idx >> 3, (1 << (idx & 7)).astype(np.uint8))
         return apply_select(batch, select)
 
     def lengths(self, name: str) -> np.ndarray:
@@ -85,11 +106,18 @@ class ChecksummedReader(Reader):
     def close(self) -> None:
         self.inner.close()
 
+    def __getattr__(self, name: str):
+        # what is not about reading (a container's own helpers, e.g. prefetch) is the inner's
+        if name == "inner":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
 
 def at_open(reader: Reader, where: str | Path, level: str) -> Reader:
-    """The reader to use for ``level``: checked now (``"sample"``) or wrapped (``"full"``)."""
+    """The reader to use for ``level``: a sample checked now (``"sample"``, ``"full"``: damage
+    is named at open where it can be), and every read checked (``"full"``)."""
     if level not in LEVELS:
         raise ArgumentError(f"verify={level!r}: expected one of {', '.join(LEVELS)}")
-    if level == "sample":
+    if level != "off":
         check_sample(reader, where)
     return ChecksummedReader(reader, where) if level == "full" else reader
