@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -81,14 +82,17 @@ class ChecksummedReader(Reader):
         self.manifest = inner.manifest
         # calloc'd: pages are touched only as records are checked
         self.verified = np.zeros((self.manifest.count + 7) // 8, dtype=np.uint8)
-        if not self.manifest.checksums:  # nothing to check against (none stored)
-            self.verified[:] = 0xFF
+        #: records not checked yet; at 0 (after an epoch) a read is the inner read itself
+        self.remaining = self.manifest.count if len(self.manifest.checksums) else 0
+        self._lock = threading.Lock()  # loader threads share a reader: the count must stay exact
 
     def _checked(self, idx: np.ndarray) -> np.ndarray:
         """Whether each of ``idx`` was checked already."""
         return (self.verified[idx >> 3] >> (idx & 7).astype(np.uint8)) & 1 == 1
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
+        if not self.remaining:
+            return read_checked(self.inner, indices, self.where, select)
         idx = self.inner.check_indices(indices)
         if self._checked(idx).all():
             return read_checked(self.inner, idx, self.where, select)
@@ -96,8 +100,10 @@ class ChecksummedReader(Reader):
         bad = bad_checksums(self.inner, idx, batch)
         if bad:
             raise mismatch(self.where, self.inner, bad[0])
-        # a race between threads may lose a bit: that record is only hashed again
-        np.bitwise_or.at(self.verified, idx >> 3, (1 << (idx & 7)).astype(np.uint8))
+        with self._lock:
+            fresh = np.unique(idx[~self._checked(idx)])
+            np.bitwise_or.at(self.verified, fresh >> 3, (1 << (fresh & 7)).astype(np.uint8))
+            self.remaining -= len(fresh)
         return apply_select(batch, select)
 
     def lengths(self, name: str) -> np.ndarray:
