@@ -23,6 +23,7 @@ from packdata.containers.base import Reader
 from packdata.containers.integrity import ChecksummedReader, at_open
 from packdata.errors import ArgumentError, ArgumentTypeError, DatasetError
 from packdata.manifest import Manifest
+from packdata.recordmeta import Keys
 from packdata.remote.storage import CACHE_LIMIT, Storage
 from packdata.remote.tar_reader import RemoteTarReader
 from packdata.rows import RowPool
@@ -113,8 +114,9 @@ class PackedDataset(Dataset):
         return self.manifest.classes
 
     @property
-    def keys(self) -> list[str]:
-        """Each sample's key: its source file's path without suffix."""
+    def keys(self) -> Keys:
+        """Each sample's key: its source file's path without suffix. A sequence over arrays
+        (``keys[i]``, ``len``, iteration, ``keys.index_of(key)``), not a list in memory."""
         return self.manifest.keys
 
     def lengths(self, field: str | None = None) -> np.ndarray:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import zlib
 
 import h5py
 import lmdb
@@ -156,12 +157,11 @@ EDITS = {
     "wider dtype": lambda m: m["fields"]["image"].update(dtype="uint16"),
     "count lowered": lambda m: m.update(count=m["count"] - 10),
     "count raised": lambda m: m.update(count=m["count"] + 10),
-    "count, keys and checksums lowered": lambda m: m.update(  # consistent: the data disagrees
-        count=m["count"] - 10, keys=m["keys"][:-10], checksums=m["checksums"][:-10]),
+    "per-record lists added": lambda m: m.update(keys=["a"], checksums=[1]),
     "bigger shape": lambda m: m["fields"]["image"].update(shape=[3, 64, 64]),
     "negative shape": lambda m: m["fields"]["image"].update(shape=[3, -32, 32]),
     "fields missing": lambda m: m.pop("fields"),
-    "checksums cut": lambda m: m.update(checksums=m["checksums"][:5]),
+    "version 1 without its lists": lambda m: m.update(version=1),
 }
 
 
@@ -173,6 +173,51 @@ def test_edited_manifest_is_refused_at_open(tmp_path, packed, container, edit):
     edit_manifest(container, copy, EDITS[edit])
     with pytest.raises(packdata.DatasetError, match=copy.name):
         packdata.open(copy, verify="off")  # the structural checks run whatever verify says
+
+
+def as_version_1(container, path, original) -> None:
+    """Rewrite a copy of ``original`` as format version 1 wrote it, through the plain libraries:
+    keys and CRC-32 checksums as JSON lists in the manifest, no per-record arrays beside it."""
+    ds = packdata.open(original, verify="off")
+    keys = list(ds.keys)
+    crcs = []
+    for i in range(len(ds)):
+        image, label = ds[i]
+        crcs.append(zlib.crc32(np.int64(label).tobytes(),
+                               zlib.crc32(image.permute(1, 2, 0).numpy().tobytes())))
+    del ds
+    edit_manifest(container, path, lambda m: m.update(version=1, keys=keys, checksums=crcs))
+    if container == "tar":
+        with np.load(path / "index.npz") as z:
+            kept = {k: z[k] for k in z.files if not k.startswith("__records__")}
+        np.savez(path / "index.npz", **kept)
+    elif container == "hdf5":
+        with h5py.File(path, "r+") as f:
+            del f["__records__"]
+    else:
+        with lmdb.open(str(path), subdir=True) as env, env.begin(write=True) as txn:
+            for name in ("keys", "key_offsets", "key_hashes", "key_order", "checksums"):
+                txn.delete(b"__records__/" + name.encode())
+
+
+def test_version_1_datasets_still_open_and_are_checked(tmp_path, packed, container):
+    """A version-1 dataset (JSON keys, CRC-32 checksums) reads as before, every record checked
+    against its CRC-32; `packdata verify` names the format version."""
+    src = packed[container]
+    old = tmp_path / f"old-{src.name}"
+    (shutil.copytree if src.is_dir() else shutil.copy)(src, old)
+    as_version_1(container, old, src)
+    bad = tmp_path / f"bad-{src.name}"
+    (shutil.copytree if src.is_dir() else shutil.copy)(old, bad)
+    flip(*first_pixel_offset(container, bad))
+    ds, new = packdata.open(old), packdata.open(src)
+    assert ds.manifest.version == 1 and ds.keys == new.keys and ds.keys.index_of(new.keys[7]) == 7
+    assert torch.equal(ds[[5, 6, 7]][0], new[[5, 6, 7]][0])
+    result = runner.invoke(app, ["verify", str(old)])
+    assert result.exit_code == 0 and "(format version 1)" in result.output, result.output
+    assert "(format version 2)" in runner.invoke(app, ["verify", str(src)]).output
+    with pytest.raises(packdata.DatasetError, match=r"record 3 .* does not match its checksum"):
+        packdata.open(bad)[[2, 3]]
 
 
 def test_tar_shard_name_outside_the_dataset_is_refused(tmp_path, packed):

@@ -98,7 +98,8 @@ def verify(
         checked = f"{report.checked} of {report.count} records checked"
         if source is not None:
             checked += f", {report.compared} compared with {source}"
-        out.print(f"{dataset}: {report.container or 'unreadable'}, {checked}", markup=False,
+        version = f" (format version {report.version})" if report.version else ""
+        out.print(f"{dataset}: {report.container or 'unreadable'}{version}, {checked}", markup=False,
                   highlight=False)
         for problem in report.problems:
             out.print(f"  problem: {problem}", markup=False, highlight=False)

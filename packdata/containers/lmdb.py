@@ -5,7 +5,9 @@ Layout (readable with plain ``lmdb``):
 - key ``b"%010d" % i`` → record ``i``: the fixed fields' raw bytes in manifest order, then one
   little-endian uint64 row count per variable field, then the variable fields' raw bytes;
 - key ``b"__lengths__/<field>"`` → the row counts of a variable field for all records (int64);
-- key ``b"__manifest__"`` → the manifest JSON.
+- key ``b"__manifest__"`` → the manifest JSON;
+- key ``b"__records__/<array>"`` → the record keys and checksums (:mod:`packdata.recordmeta`),
+  one array a value, read in place from LMDB's map (format version 2).
 
 LMDB values live in a memory map, so reads copy nothing until the batch is assembled.
 """
@@ -31,6 +33,7 @@ from packdata.containers.base import (
 )
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest, check_manifest
+from packdata.recordmeta import DTYPES, arrays_of, from_arrays
 
 NAME = "lmdb"
 NEW_SUFFIX = ".lmdb"
@@ -46,6 +49,10 @@ def record_key(i: int) -> bytes:
 
 def lengths_key(name: str) -> bytes:
     return b"__lengths__/" + name.encode()
+
+
+def records_key(name: str) -> bytes:
+    return b"__records__/" + name.encode()
 
 
 class LMDBWriter(Writer):
@@ -81,6 +88,8 @@ class LMDBWriter(Writer):
     def finish(self, manifest: Manifest) -> None:
         for n in self.variable:
             self.txn.put(lengths_key(n), np.asarray(self.rows[n], dtype="<i8").tobytes())
+        for name, array in arrays_of(manifest.keys, manifest.checksums).items():
+            self.txn.put(records_key(name), memoryview(np.ascontiguousarray(array)).cast("B"))
         self.txn.put(MANIFEST_KEY, manifest.to_json().encode())
         self.txn.commit()
         self.env.sync(True)
@@ -142,6 +151,13 @@ class LMDBReader(Reader):
             if raw is None:
                 raise DatasetError(f"{self.path}: LMDB has no packdata manifest")
             self.manifest = Manifest.from_json(raw, str(self.path))
+            if self.manifest.version >= 2:
+                # a read-only transaction held for the reader's life: its buffers point into
+                # LMDB's map, so the arrays are read in place, page by page as used
+                self._meta_txn = self.env.begin(buffers=True)
+                self.manifest.attach(*from_arrays(
+                    {n: _value_array(self._meta_txn, records_key(n), dtype)
+                     for n, dtype in DTYPES.items()}, self.manifest.count, self.path))
             check_manifest(self.manifest, self.path)
             self._lengths = {
                 n: _lengths(txn, self.path, n, self.manifest.count)
@@ -163,7 +179,7 @@ class LMDBReader(Reader):
         """The records the manifest promises, and no more: one entry per record plus the
         manifest and the length tables; the first and last record of the right size."""
         m, where = self.manifest, self.path
-        expected = m.count + len(m.variable_fields) + 1
+        expected = m.count + len(m.variable_fields) + 1 + (len(DTYPES) if m.version >= 2 else 0)
         entries = self.env.stat()["entries"]
         if entries != expected:
             raise DatasetError(f"{where}: LMDB holds {entries} entries, the manifest's {m.count} "
@@ -380,6 +396,13 @@ WRITER = LMDBWriter
 READER = LMDBReader
 detect = LMDBReader.detect
 destination = same_destination
+
+
+def _value_array(txn: lmdb.Transaction, key: bytes, dtype: str) -> np.ndarray | None:
+    value = txn.get(key)
+    if value is None or len(value) % np.dtype(dtype).itemsize:
+        return None
+    return np.frombuffer(value, dtype=dtype)
 
 
 def _lengths(txn: lmdb.Transaction, where: Path, name: str, count: int) -> np.ndarray:

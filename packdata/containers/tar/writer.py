@@ -11,12 +11,13 @@ import numpy as np
 
 from packdata.containers.base import ShardClosed, Writer
 from packdata.containers.tar.indexes import idx_path, write_idx, write_wids_index
-from packdata.containers.tar.layout import INDEX, MANIFEST
+from packdata.containers.tar.layout import INDEX, MANIFEST, RECORDS
 from packdata.containers.tar.members import member_key as key_of_members
 from packdata.containers.tar.members import member_suffix, npy_header, ustar_header
 from packdata.errors import PackdataError
 from packdata.manifest import Field, Manifest
 from packdata.options import Option
+from packdata.recordmeta import arrays_of
 from packdata.units import parse_count_or_bytes
 
 
@@ -124,6 +125,8 @@ class TarWriter(Writer):
         }
         for name, vals in self.values.items():
             arrays[f"{name}.values"] = np.asarray(vals, dtype=self.fields[name].np_dtype)
+        for name, array in arrays_of(manifest.keys, manifest.checksums).items():
+            arrays[f"{RECORDS}.{name}"] = array
         np.savez(self.path / INDEX, **arrays)
         manifest.extra["shards"] = self.shards
         write_wids_index(self.path, self.shards)
