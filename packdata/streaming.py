@@ -68,9 +68,7 @@ class StreamingDataset(IterableDataset):
     ) -> None:
         storage = Storage(storage_options or {}, cache_dir, cache_limit) if is_url(path) else None
         self.dataset = PackedDataset(path, transform=transform, storage=storage, verify=verify)
-        self.shuffle_buffer = shuffle_buffer
-        self.seed = seed
-        self.chunk = chunk
+        self.shuffle_buffer, self.seed, self.chunk = shuffle_buffer, seed, chunk
         self.drop_last = drop_last
         default_rank, default_world = ddp_rank_world()
         self.rank = default_rank if rank is None else rank

@@ -193,7 +193,7 @@ def test_lmdb_missing_record_is_a_named_error(tmp_path, packed):
     copy = shutil.copytree(packed["lmdb"], tmp_path / "t.lmdb")
     with lmdb.open(str(copy), subdir=True) as env, env.begin(write=True) as txn:
         txn.delete(b"%010d" % 7)
-    with pytest.raises(packdata.DatasetError, match="t.lmdb: LMDB holds 125 entries"):
+    with pytest.raises(packdata.DatasetError, match="t.lmdb: LMDB holds 126 entries"):
         packdata.open(copy)  # entries are counted at open, before any read
 
 
@@ -240,3 +240,24 @@ def test_lmdb_records_located_in_the_file_read_as_key_lookups(packed):
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     assert isinstance(located._located(), RecordMap)
     assert (located._located().offsets >= 0).all()  # every record located once, then reused
+
+
+def test_lmdb_record_offsets_stored_at_conversion(packed, tmp_path):
+    """Conversion stores where each record lies in data.mdb: a fresh reader's first read knows
+    every record (no lookup per record during the first epoch), and the map reads what key
+    lookups read. A compacted copy (records moved) falls back to locating them one by one."""
+    from packdata.containers.lmdb import LMDBReader, shared_env
+
+    reader = LMDBReader(packed["lmdb"])
+    first = reader.read(np.array([5]))
+    assert (reader._located().offsets >= 0).all()
+    idx = np.random.default_rng(1).permutation(len(reader.manifest.keys))
+    a, b = reader.read(idx), reader._lookup(idx)
+    assert np.array_equal(first["image"][0], a["image"][idx.tolist().index(5)])
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    compact = tmp_path / "compact.lmdb"
+    compact.mkdir()
+    shared_env(packed["lmdb"]).copy(str(compact), compact=True)
+    moved = LMDBReader(compact)
+    a, b = moved.read(idx), moved._lookup(idx)
+    assert all(np.array_equal(a[k], b[k]) for k in a)

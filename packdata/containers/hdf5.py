@@ -133,7 +133,7 @@ class HDF5Reader(Reader):
                     # small fixed fields (labels) are worth a private copy in RAM
                     self.arrays[name] = np.array(view) if size < (16 << 20) else view
                 if field.variable:
-                    self.offsets[name] = _offsets(f, self.path, name, ds.shape[0])
+                    self.offsets[name] = _offsets(f, whole, self.path, name, ds.shape[0])
 
     @staticmethod
     def detect(path: Path) -> bool:
@@ -200,10 +200,13 @@ def _mapped(f: h5py.File, whole: np.ndarray, path: Path, name: str) -> np.ndarra
     return whole[offset : offset + size].view(ds.dtype)
 
 
-def _offsets(f: h5py.File, path: Path, name: str, rows: int) -> np.ndarray:
-    offsets = f[_offsets_name(name)][()]
-    if offsets.dtype.kind not in "iu" or (len(offsets) and (
-            offsets[0] != 0 or offsets[-1] != rows or (np.diff(offsets) < 0).any())):
+def _offsets(f: h5py.File, whole: np.ndarray, path: Path, name: str, rows: int) -> np.ndarray:
+    """A variable field's record offsets, mapped (not read: opening stays flat in the record
+    count). Its ends are checked here; a damaged offset inside gives a record of wrong bytes
+    (its checksum fails) or none, never a read outside the field."""
+    offsets = _mapped(f, whole, path, _offsets_name(name))
+    if offsets is None or offsets.dtype.kind not in "iu" or (len(offsets) and (
+            offsets[0] != 0 or offsets[-1] != rows)):
         raise DatasetError(f"{path}: '{_offsets_name(name)}' does not mark records within the "
                            f"{rows} rows of '{name}'; the dataset is damaged")
     return offsets.astype(np.int64, copy=False)

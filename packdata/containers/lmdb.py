@@ -7,7 +7,9 @@ Layout (readable with plain ``lmdb``):
 - key ``b"__lengths__/<field>"`` → the row counts of a variable field for all records (int64);
 - key ``b"__manifest__"`` → the manifest JSON;
 - key ``b"__records__/<array>"`` → the record keys and checksums (:mod:`packdata.recordmeta`),
-  one array a value, read in place from LMDB's map (format version 2).
+  one array a value, read in place from LMDB's map (format version 2);
+- key ``b"__offsets__"`` (fixed-size records only, where found): each record's byte offset in
+  data.mdb (int64), so a reader's :class:`RecordMap` is whole from the start.
 
 LMDB values live in a memory map, so reads copy nothing until the batch is assembled.
 """
@@ -28,9 +30,9 @@ from packdata.containers.base import (
     ShardClosed,
     Writer,
     apply_select,
-    map_file,
     same_destination,
 )
+from packdata.containers.lmdbmap import OFFSETS_KEY, RecordMap, record_key, record_offsets
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest, check_manifest
 from packdata.recordmeta import DTYPES, arrays_of, from_arrays
@@ -41,10 +43,6 @@ SUFFIXES = (".lmdb",)
 MANIFEST_KEY = b"__manifest__"
 MAP_SIZE = 1 << 40  # address space only; the file grows with the data
 COMMIT_BYTES = 64 << 20
-
-
-def record_key(i: int) -> bytes:
-    return b"%010d" % i
 
 
 def lengths_key(name: str) -> bytes:
@@ -86,6 +84,11 @@ class LMDBWriter(Writer):
             self.pending = 0
 
     def finish(self, manifest: Manifest) -> None:
+        self.txn.commit()  # the records' pages are where they stay: later writes copy others
+        self.txn = self.env.begin(write=True)
+        offsets = None if self.variable else record_offsets(self.path, self.env, self.count)
+        if offsets is not None:
+            self.txn.put(OFFSETS_KEY, memoryview(offsets).cast("B"))
         for n in self.variable:
             self.txn.put(lengths_key(n), np.asarray(self.rows[n], dtype="<i8").tobytes())
         for name, array in arrays_of(manifest.keys, manifest.checksums).items():
@@ -179,7 +182,8 @@ class LMDBReader(Reader):
         """The records the manifest promises, and no more: one entry per record plus the
         manifest and the length tables; the first and last record of the right size."""
         m, where = self.manifest, self.path
-        expected = m.count + len(m.variable_fields) + 1 + (len(DTYPES) if m.version >= 2 else 0)
+        expected = m.count + len(m.variable_fields) + 1 + (len(DTYPES) if m.version >= 2 else 0) \
+            + (txn.get(OFFSETS_KEY) is not None)
         entries = self.env.stat()["entries"]
         if entries != expected:
             raise DatasetError(f"{where}: LMDB holds {entries} entries, the manifest's {m.count} "
@@ -294,102 +298,6 @@ class LMDBReader(Reader):
 
     def close(self) -> None:
         pass  # the environment is shared by this process's readers (see shared_env)
-
-
-class RecordMap:
-    """Where each fixed-size record of an LMDB lies in data.mdb, learnt once per record from the
-    address LMDB itself returns for it, so a batch is then one numpy gather from a memory map of
-    the file (as HDF5's) instead of a B-tree lookup per record from Python (4-5× the read).
-
-    Only the address LMDB gives is used, not its page format: the file offset is that address
-    less the start of LMDB's mapping of data.mdb (found in ``/proc/self/maps``, so Linux only;
-    elsewhere, or if a record's bytes are not where they are expected, reads look keys up).
-    """
-
-    def __init__(self, path: Path, env: lmdb.Environment, size: int, count: int,
-                 map_start: int, map_offset: int, missing: Any) -> None:
-        self.path, self.env, self.size = path, env, size
-        self.map_start, self.map_offset = map_start, map_offset
-        self.missing = missing
-        self.whole = map_file(path / "data.mdb")
-        self._columns: dict[tuple[int, int], np.ndarray] = {}
-        self.offsets = np.full(count, -1, dtype=np.int64)
-        self.txn = env.begin(buffers=True)  # read-only: its buffers point into LMDB's map
-
-    @classmethod
-    def open(cls, path: Path, env: lmdb.Environment, size: int, count: int,
-             missing: Any) -> RecordMap | bool:
-        """A map, or False where records cannot be located this way."""
-        if count == 0 or size == 0 or not os.path.exists("/proc/self/maps"):
-            return False
-        with env.begin(buffers=True) as txn:
-            value = txn.get(record_key(0))
-            if value is None or len(value) != size:
-                return False
-            address = _address(value)
-        found = _mapping_of(address, os.stat(path / "data.mdb").st_ino)
-        if found is None:
-            return False
-        located = cls(path, env, size, count, *found, missing)
-        try:  # the bytes found there must be the record's own
-            start = located.locate(np.zeros(1, np.int64), np.array([record_key(0)]))
-            row = located.column(0, size)[start][0]
-        except (LookupError, ValueError):
-            return False
-        return located if row.tobytes() == bytes(located.txn.get(record_key(0))) else False
-
-    def column(self, start: int, end: int) -> np.ndarray:
-        """Bytes ``start:end`` of every record, as rows of a view of the file: row ``o`` is
-        bytes ``o + start : o + end``, so ``column(a, b)[offsets]`` is one gather."""
-        view = self._columns.get((start, end))
-        if view is None:
-            width = end - start
-            view = np.lib.stride_tricks.as_strided(
-                self.whole[start:], shape=(max(len(self.whole) - self.size + 1, 0), width),
-                strides=(1, 1), writeable=False)
-            self._columns[start, end] = view
-        return view
-
-    def locate(self, idx: np.ndarray, keys: np.ndarray) -> np.ndarray:
-        """File offsets of records ``idx`` (checked indices); ``keys`` all record keys."""
-        offsets = self.offsets[idx]
-        unknown = np.flatnonzero(offsets < 0)
-        if len(unknown):
-            get, first = self.txn.get, self.map_offset - self.map_start
-            for j, key in zip(unknown.tolist(), keys[idx[unknown]].tolist()):
-                value = get(key)
-                if value is None:
-                    self.missing(idx[j])
-                if len(value) != self.size:
-                    raise DatasetError(f"{self.path}: record {idx[j]} has {len(value)} bytes, not "
-                                       f"{self.size}; the dataset is damaged")
-                offsets[j] = _address(value) + first
-            if offsets[unknown].max() > len(self.whole) - self.size or offsets[unknown].min() < 0:
-                raise DatasetError(f"{self.path}: a record lies outside data.mdb; the dataset is "
-                                   "damaged")
-            self.offsets[idx[unknown]] = offsets[unknown]
-        return offsets
-
-
-def _address(buffer: Any) -> int:
-    return np.frombuffer(buffer, dtype=np.uint8).__array_interface__["data"][0]
-
-
-def _mapping_of(address: int, inode: int) -> tuple[int, int] | None:
-    """(start, file offset) of this process's mapping of the file ``inode`` holding
-    ``address``, from /proc/self/maps; None if there is none."""
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                fields = line.split()
-                if len(fields) < 6 or int(fields[4]) != inode:
-                    continue
-                start, end = (int(x, 16) for x in fields[0].split("-"))
-                if start <= address < end:
-                    return start, int(fields[2], 16)
-    except (OSError, ValueError):
-        return None
-    return None
 
 
 WRITER = LMDBWriter
