@@ -167,7 +167,6 @@ class LMDBReader(Reader):
                 for n in self.manifest.variable_fields
             }
             self._check_layout(txn)
-        self._keys: np.ndarray | None = None
         self._record_map: RecordMap | bool = False
         self._record_map_pid = -1
         fixed = self.manifest.fixed_fields
@@ -221,21 +220,17 @@ class LMDBReader(Reader):
 
     def _read(self, indices: np.ndarray) -> Batch:
         idx = self.check_indices(indices)
-        if self._keys is None:  # formatting keys per read costs a fifth of the read
-            self._keys = np.array([record_key(i) for i in range(self.manifest.count)], dtype="S10")
         if not self.manifest.variable_fields:
             located = self._located()
             if located is not None:  # each field gathered straight from the file: one copy
-                offsets = located.locate(idx, self._keys)
+                offsets = located.locate(idx)
                 return {name: located.column(a, b)[offsets].view(field.np_dtype).reshape(
                             len(idx), *field.shape) for name, field, a, b in self.columns}
         return self._lookup(idx)
 
     def _lookup(self, idx: np.ndarray) -> Batch:
         """Records ``idx`` (checked) looked up key by key."""
-        if self._keys is None:
-            self._keys = np.array([record_key(i) for i in range(self.manifest.count)], dtype="S10")
-        keys = self._keys[idx].tolist()
+        keys = [b"%010d" % i for i in idx.tolist()]  # per batch: opening stays flat in records
         with self.env.begin(buffers=True) as txn:
             get = txn.get
             values = [get(k) for k in keys]

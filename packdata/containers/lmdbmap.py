@@ -62,7 +62,7 @@ class RecordMap:
             return False
         located = cls(path, env, size, count, *found, missing)
         try:  # the bytes found there must be the record's own
-            start = located.locate(np.zeros(1, np.int64), np.array([record_key(0)]))
+            start = located.locate(np.zeros(1, np.int64))
             row = located.column(0, size)[start][0]
         except (LookupError, ValueError):
             return False
@@ -101,13 +101,14 @@ class RecordMap:
             self._columns[start, end] = view
         return view
 
-    def locate(self, idx: np.ndarray, keys: np.ndarray) -> np.ndarray:
-        """File offsets of records ``idx`` (checked indices); ``keys`` all record keys."""
+    def locate(self, idx: np.ndarray) -> np.ndarray:
+        """File offsets of records ``idx`` (checked indices)."""
         offsets = self.offsets[idx]
         unknown = np.flatnonzero(offsets < 0)
         if len(unknown):
             get, first = self.txn.get, self.map_offset - self.map_start
-            for j, key in zip(unknown.tolist(), keys[idx[unknown]].tolist()):
+            for j in unknown.tolist():
+                key = record_key(int(idx[j]))
                 value = get(key)
                 if value is None:
                     self.missing(idx[j])
