@@ -139,13 +139,14 @@ class Manifest:
                 f"{where}: manifest version {d.get('version')!r}; this packdata reads versions "
                 f"{', '.join(map(str, READABLE_VERSIONS))}"
             )
+        if d["version"] != 1 and set(d) & set(PER_RECORD):
+            raise DatasetError(f"{where}: the manifest is damaged (a version-2 manifest holds no "
+                               "per-record lists)")
         try:
             d["fields"] = {k: Field.from_dict(v) for k, v in d["fields"].items()}
             if d["version"] == 1:  # the lists themselves; version 2 attaches arrays
                 d["keys"] = Keys.from_list(d.get("keys", []))
                 d["checksums"] = np.array(d.get("checksums", []), dtype="<u8")
-            elif set(d) & set(PER_RECORD):
-                raise ValueError("a version-2 manifest holds no per-record lists")
             return cls(**d)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # an edited manifest
             raise DatasetError(f"{where}: the manifest is damaged ({type(exc).__name__}: {exc})"
