@@ -17,6 +17,7 @@ LMDB values live in a memory map, so reads copy nothing until the batch is assem
 from __future__ import annotations
 
 import os
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,7 @@ class LMDBWriter(Writer):
         self.pending = 0
         self.fixed = [n for n, f in fields.items() if not f.variable]
         self.variable = [n for n, f in fields.items() if f.variable]
-        self.rows: dict[str, list[int]] = {n: [] for n in self.variable}
+        self.rows = {n: array("q") for n in self.variable}  # 8 bytes a record
 
     def append(self, key: str, record: dict[str, np.ndarray]) -> None:
         parts = [np.ascontiguousarray(record[n]).tobytes() for n in self.fixed]
@@ -91,8 +92,8 @@ class LMDBWriter(Writer):
             self.txn.put(OFFSETS_KEY, memoryview(offsets).cast("B"))
         for n in self.variable:
             self.txn.put(lengths_key(n), np.asarray(self.rows[n], dtype="<i8").tobytes())
-        for name, array in arrays_of(manifest.keys, manifest.checksums).items():
-            self.txn.put(records_key(name), memoryview(np.ascontiguousarray(array)).cast("B"))
+        for name, values in arrays_of(manifest.keys, manifest.checksums).items():
+            self.txn.put(records_key(name), memoryview(np.ascontiguousarray(values)).cast("B"))
         self.txn.put(MANIFEST_KEY, manifest.to_json().encode())
         self.txn.commit()
         self.env.sync(True)
