@@ -6,8 +6,9 @@ Layout (readable with plain ``lmdb``):
   little-endian uint64 row count per variable field, then the variable fields' raw bytes;
 - key ``b"__lengths__/<field>"`` → the row counts of a variable field for all records (int64);
 - key ``b"__manifest__"`` → the manifest JSON;
-- key ``b"__records__/<array>"`` → the record keys and checksums (:mod:`packdata.recordmeta`),
-  one array a value, read in place from LMDB's map (format version 2);
+- ``records.npz`` beside ``data.mdb`` → the record keys and checksums (:mod:`packdata.recordmeta`,
+  format version 2), uncompressed and mapped in place: LMDB's own ``get`` of a large value maps
+  all its pages, which would make opening cost memory in proportion to the records;
 - key ``b"__offsets__"`` (fixed-size records only, where found): each record's byte offset in
   data.mdb (int64), so a reader's :class:`RecordMap` is whole from the start.
 
@@ -17,6 +18,7 @@ LMDB values live in a memory map, so reads copy nothing until the batch is assem
 from __future__ import annotations
 
 import os
+import zipfile
 from array import array
 from pathlib import Path
 from typing import Any
@@ -31,12 +33,13 @@ from packdata.containers.base import (
     ShardClosed,
     Writer,
     apply_select,
+    map_file,
     same_destination,
 )
 from packdata.containers.lmdbmap import OFFSETS_KEY, RecordMap, record_key, record_offsets
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest, check_manifest
-from packdata.recordmeta import DTYPES, arrays_of, from_arrays
+from packdata.recordmeta import arrays_of, from_arrays, map_npz
 
 NAME = "lmdb"
 NEW_SUFFIX = ".lmdb"
@@ -50,8 +53,7 @@ def lengths_key(name: str) -> bytes:
     return b"__lengths__/" + name.encode()
 
 
-def records_key(name: str) -> bytes:
-    return b"__records__/" + name.encode()
+RECORDS = "records.npz"
 
 
 class LMDBWriter(Writer):
@@ -92,8 +94,7 @@ class LMDBWriter(Writer):
             self.txn.put(OFFSETS_KEY, memoryview(offsets).cast("B"))
         for n in self.variable:
             self.txn.put(lengths_key(n), np.asarray(self.rows[n], dtype="<i8").tobytes())
-        for name, values in arrays_of(manifest.keys, manifest.checksums).items():
-            self.txn.put(records_key(name), memoryview(np.ascontiguousarray(values)).cast("B"))
+        np.savez(self.path / RECORDS, **arrays_of(manifest.keys, manifest.checksums))
         self.txn.put(MANIFEST_KEY, manifest.to_json().encode())
         self.txn.commit()
         self.env.sync(True)
@@ -156,12 +157,13 @@ class LMDBReader(Reader):
                 raise DatasetError(f"{self.path}: LMDB has no packdata manifest")
             self.manifest = Manifest.from_json(raw, str(self.path))
             if self.manifest.version >= 2:
-                # a read-only transaction held for the reader's life: its buffers point into
-                # LMDB's map, so the arrays are read in place, page by page as used
-                self._meta_txn = self.env.begin(buffers=True)
-                self.manifest.attach(*from_arrays(
-                    {n: _value_array(self._meta_txn, records_key(n), dtype)
-                     for n, dtype in DTYPES.items()}, self.manifest.count, self.path))
+                where = self.path / RECORDS
+                try:
+                    arrays = map_npz(where, map_file(where))
+                except (OSError, ValueError, zipfile.BadZipFile) as exc:
+                    raise DatasetError(f"{where}: the record keys and checksums cannot be read "
+                                       f"({type(exc).__name__}); the dataset is damaged") from None
+                self.manifest.attach(*from_arrays(arrays, self.manifest.count, where))
             check_manifest(self.manifest, self.path)
             self._lengths = {
                 n: _lengths(txn, self.path, n, self.manifest.count)
@@ -182,8 +184,7 @@ class LMDBReader(Reader):
         """The records the manifest promises, and no more: one entry per record plus the
         manifest and the length tables; the first and last record of the right size."""
         m, where = self.manifest, self.path
-        expected = m.count + len(m.variable_fields) + 1 + (len(DTYPES) if m.version >= 2 else 0) \
-            + (txn.get(OFFSETS_KEY) is not None)
+        expected = m.count + len(m.variable_fields) + 1 + (txn.get(OFFSETS_KEY) is not None)
         entries = self.env.stat()["entries"]
         if entries != expected:
             raise DatasetError(f"{where}: LMDB holds {entries} entries, the manifest's {m.count} "
@@ -300,13 +301,6 @@ WRITER = LMDBWriter
 READER = LMDBReader
 detect = LMDBReader.detect
 destination = same_destination
-
-
-def _value_array(txn: lmdb.Transaction, key: bytes, dtype: str) -> np.ndarray | None:
-    value = txn.get(key)
-    if value is None or len(value) % np.dtype(dtype).itemsize:
-        return None
-    return np.frombuffer(value, dtype=dtype)
 
 
 def _lengths(txn: lmdb.Transaction, where: Path, name: str, count: int) -> np.ndarray:
