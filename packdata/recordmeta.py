@@ -214,7 +214,18 @@ def _mapped(path: Path, dtype: str) -> np.ndarray:
 
 def map_npz(path: Path, whole: np.ndarray) -> dict[str, np.ndarray]:
     """The members of the uncompressed ``.npz`` at ``path`` as arrays over ``whole`` (the file
-    memory-mapped): nothing is read but the zip directory and the ``.npy`` headers."""
+    memory-mapped): nothing is read but the zip directory and the ``.npy`` headers. A damaged
+    file is a DatasetError naming it, whatever zipfile or numpy's header parser raised."""
+    try:
+        return _map_npz(path, whole)
+    except DatasetError:
+        raise
+    except Exception as exc:  # e.g. zipfile.BadZipFile, tokenize.TokenError from a header
+        raise DatasetError(f"{path}: cannot be read ({type(exc).__name__}: {exc}); the dataset "
+                           "is damaged") from None
+
+
+def _map_npz(path: Path, whole: np.ndarray) -> dict[str, np.ndarray]:
     arrays = {}
     with zipfile.ZipFile(path) as z, open(path, "rb") as f:
         for info in z.infolist():
