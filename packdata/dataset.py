@@ -22,6 +22,7 @@ from packdata.containers.base import Reader
 from packdata.containers.integrity import ChecksummedReader, at_open
 from packdata.errors import ArgumentError, ArgumentTypeError, DatasetError
 from packdata.manifest import Manifest
+from packdata.recordmeta import Keys
 from packdata.remote.storage import CACHE_LIMIT, Storage
 from packdata.remote.tar_reader import RemoteTarReader
 from packdata.rows import rows_of
@@ -58,7 +59,7 @@ class PackedDataset(Dataset):
         decode: Any = None,
         *,
         storage: Storage | None = None,
-        verify: str = "sample",
+        verify: str = "full",
         channels_last: bool = False,
     ) -> None:
         self.storage = storage if storage is not None or not is_url(path) else Storage()
@@ -69,8 +70,9 @@ class PackedDataset(Dataset):
             raise DatasetError(f"{self.path}: a {self.container_name} dataset, not {self.container}; "
                                "packdata.open(path) opens any container")
         reader = self._open_reader()
-        self.verify = verify  # see packdata.verify: "off", "sample" (checked here) or "full"
-        # object storage: every fetched shard is checked against the manifest's checksums
+        self.verify = verify  # "full" (every record read checked), "sample" (here) or "off"
+        # object storage: every fetched shard (or ranged record) is checked against the
+        # manifest's checksums as it arrives, whatever the level
         at_open(reader, self.path, "off" if self.storage else verify).close()
         self.manifest: Manifest = reader.manifest  # handles must not cross a fork
         self.transform = transform
@@ -95,7 +97,7 @@ class PackedDataset(Dataset):
             if self._reader is not None:  # inherited through fork: release the parent's copy
                 self._reader.close()
             self._reader = self._open_reader()
-            if self.verify == "full":
+            if self.verify == "full" and not self.storage:
                 self._reader = ChecksummedReader(self._reader, self.path)
             self._pid = os.getpid()
         return self._reader
@@ -118,8 +120,9 @@ class PackedDataset(Dataset):
         return self.manifest.classes
 
     @property
-    def keys(self) -> list[str]:
-        """Each sample's key: its source file's path without suffix."""
+    def keys(self) -> Keys:
+        """Each sample's key: its source file's path without suffix. A sequence over arrays
+        (``keys[i]``, ``len``, iteration, ``keys.index_of(key)``), not a list in memory."""
         return self.manifest.keys
 
     def lengths(self, field: str | None = None) -> np.ndarray:
@@ -271,14 +274,16 @@ def open_dataset(
     storage_options: dict[str, Any] | None = None,
     cache_dir: str | Path | None = None,
     cache_limit: int | str = CACHE_LIMIT,
-    verify: str = "sample",
+    verify: str = "full",
     access: str = "shards",
     channels_last: bool = False,
 ) -> PackedDataset:
     """Open any packdata dataset; the container is recognised from what is at ``path``.
-    ``verify``: "sample" checks a few records' CRC-32 at open, "full" every record read, "off"
-    neither (the structural checks at open always run). Images come as contiguous N×C×H×W
-    batches (C×H×W samples), or in channels-last memory with ``channels_last=True``.
+    ``verify``: "full" (the default) checks every record a read returns against its checksum
+    (each once per process: later reads of it cost a bit test), "sample" a few records at open,
+    "off" neither (the structural checks at open always run).
+    Images come as contiguous N×C×H×W batches (C×H×W samples), or in channels-last memory with
+    ``channels_last=True``.
 
     A URL (``s3://bucket/ds``) opens tar shards in object storage, fetched into ``cache_dir``
     (at most ``cache_limit`` bytes of shards) with ``storage_options`` for fsspec; with

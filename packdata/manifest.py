@@ -1,17 +1,27 @@
-"""The manifest: a dataset's self-description, stored as JSON inside every container."""
+"""The manifest: a dataset's self-description, stored as JSON inside every container.
+
+Version 2: O(1) in the number of records. Keys and checksums live beside it in the container
+as arrays (:mod:`packdata.recordmeta`), which readers attach (:meth:`Manifest.attach`); field
+dtypes are byte-order pinned (``"<f4"``). Version 1 (keys and CRC-32 checksums as JSON lists)
+is still read."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from packdata.errors import ArgumentError, DatasetError
+from packdata.recordmeta import Keys
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: XXH3-64 record checksums; 1 (CRC-32) is still read
+READABLE_VERSIONS = (1, 2)
+PER_RECORD = ("keys", "checksums")  # in the container as arrays, not in the JSON (version 2)
 
 
 @dataclass(frozen=True)
@@ -28,6 +38,9 @@ class Field:
     codec: str | None = None  # how to decode the stored bytes, e.g. "image" for PNG/JPEG bytes
 
     def __post_init__(self) -> None:
+        # byte order pinned: "<f4", "|u1" (an invalid one is refused by check_manifest)
+        with contextlib.suppress(TypeError, ValueError):
+            object.__setattr__(self, "dtype", np.dtype(self.dtype).str)
         if any(s is None for s in self.shape[1:]):
             raise ArgumentError(f"only the first axis may be variable, got shape {self.shape}")
 
@@ -83,16 +96,28 @@ class Manifest:
     classes: list[str] | None = None
     source: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
-    keys: list[str] = field(default_factory=list)
-    checksums: list[int] = field(default_factory=list)
+    keys: Keys = field(default_factory=lambda: Keys.from_list([]))
+    checksums: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype="<u8"))
     skipped: list[dict[str, str]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)  # kind-specific facts (e.g. per-cloud counts)
     version: int = FORMAT_VERSION
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.keys, Keys):  # given as a list: held as arrays all the same
+            self.keys = Keys.from_list(self.keys)
+        if not isinstance(self.checksums, np.ndarray):
+            self.checksums = np.array(self.checksums, dtype="<u8")
+
     def to_json(self) -> str:
-        d = asdict(self)
+        """The JSON header: per-record keys and checksums are not in it (the container stores
+        them as arrays beside it)."""
+        d = {f.name: getattr(self, f.name) for f in dataclass_fields(self) if f.name not in PER_RECORD}
         d["fields"] = {k: f.to_dict() for k, f in self.fields.items()}
         return json.dumps({"packdata": d}, separators=(",", ":"), allow_nan=False)  # strict JSON
+
+    def attach(self, keys: Keys, checksums: np.ndarray) -> None:
+        """The per-record arrays a container stores beside a version-2 manifest."""
+        self.keys, self.checksums = keys, checksums
 
     @staticmethod
     def is_packdata(text: str | bytes) -> bool:
@@ -109,13 +134,19 @@ class Manifest:
             d = json.loads(text)["packdata"]
         except (ValueError, KeyError, TypeError) as exc:
             raise DatasetError(f"{where}: the manifest is not packdata JSON ({exc})") from exc
-        if d.get("version") != FORMAT_VERSION:
+        if d.get("version") not in READABLE_VERSIONS:
             raise DatasetError(
-                f"{where}: manifest version {d.get('version')!r}; this packdata reads version "
-                f"{FORMAT_VERSION}"
+                f"{where}: manifest version {d.get('version')!r}; this packdata reads versions "
+                f"{', '.join(map(str, READABLE_VERSIONS))}"
             )
+        if d["version"] != 1 and set(d) & set(PER_RECORD):
+            raise DatasetError(f"{where}: the manifest is damaged (a version-2 manifest holds no "
+                               "per-record lists)")
         try:
             d["fields"] = {k: Field.from_dict(v) for k, v in d["fields"].items()}
+            if d["version"] == 1:  # the lists themselves; version 2 attaches arrays
+                d["keys"] = Keys.from_list(d.get("keys", []))
+                d["checksums"] = np.array(d.get("checksums", []), dtype="<u8")
             return cls(**d)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # an edited manifest
             raise DatasetError(f"{where}: the manifest is damaged ({type(exc).__name__}: {exc})"
@@ -159,6 +190,6 @@ def check_manifest(manifest: Manifest, where: str | Path) -> None:
     if len(manifest.keys) != count:
         raise DatasetError(f"{where}: the manifest lists {len(manifest.keys)} keys for {count} "
                            "records; the dataset is damaged")
-    if manifest.checksums and len(manifest.checksums) != count:
+    if len(manifest.checksums) and len(manifest.checksums) != count:
         raise DatasetError(f"{where}: the manifest lists {len(manifest.checksums)} checksums for "
                            f"{count} records; the dataset is damaged")

@@ -15,6 +15,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
+
 from packdata.errors import ArgumentTypeError, ResumeError
 
 STATE_FORMAT = 1
@@ -32,9 +34,12 @@ def fingerprint(dataset: Any) -> str:
     m = getattr(dataset, "manifest", None)
     if m is None:
         return f"len:{len(dataset)}"
-    records = json.dumps([m.kind, {k: f.to_dict() for k, f in m.fields.items()}, m.count, m.keys,
-                          m.checksums, m.classes], separators=(",", ":"))
-    return f"{zlib.crc32(records.encode()):08x}"
+    header = json.dumps([m.kind, {k: f.to_dict() for k, f in m.fields.items()}, m.count,
+                         m.classes], separators=(",", ":"))
+    crc = zlib.crc32(header.encode())
+    for array in (m.keys.data, m.keys.offsets, m.checksums):  # their bytes, not Python lists
+        crc = zlib.crc32(memoryview(np.ascontiguousarray(array)).cast("B"), crc)
+    return f"{crc:08x}"
 
 
 def loader_state(loader: Any, delivered: int | None,

@@ -112,12 +112,11 @@ class StreamingDataset(IterableDataset):
         storage_options: dict[str, Any] | None = None,
         cache_dir: str | Path | None = None,
         cache_limit: int | str = CACHE_LIMIT,
+        verify: str = "full",
     ) -> None:
         storage = Storage(storage_options or {}, cache_dir, cache_limit) if is_url(path) else None
-        self.dataset = PackedDataset(path, transform=transform, storage=storage)
-        self.shuffle_buffer = shuffle_buffer
-        self.seed = seed
-        self.chunk = chunk
+        self.dataset = PackedDataset(path, transform=transform, storage=storage, verify=verify)
+        self.shuffle_buffer, self.seed, self.chunk = shuffle_buffer, seed, chunk
         self.drop_last = drop_last
         default_rank, default_world = ddp_rank_world()
         self.rank = default_rank if rank is None else rank

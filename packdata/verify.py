@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from packdata.checksum import record_checksum
+from packdata.checksum import algorithm_of, record_checksum
 from packdata.containers.base import Batch, Reader
 from packdata.containers.integrity import read_checked
 from packdata.errors import InputWarning, PackdataError
@@ -31,6 +31,7 @@ class VerifyReport:
 
     path: str
     container: str | None = None
+    version: int | None = None  # the format version of its manifest
     count: int = 0
     checked: int = 0
     compared: int = 0  # records compared with a fresh conversion of the source
@@ -48,7 +49,7 @@ class VerifyReport:
 def verify(path: str | Path, source: Any = None, deep: bool = False,
            batch_size: int = 256) -> VerifyReport:
     """Check every record of the dataset at ``path``: its shape against the manifest and its
-    CRC-32. ``deep`` also reads each record alone (another code path than batches) and decodes
+    checksum. ``deep`` also reads each record alone (another code path than batches) and decodes
     encoded images. ``source`` (a :class:`packdata.sources.base.Source`) compares every record
     with a fresh conversion of its input."""
     from packdata import containers
@@ -61,8 +62,8 @@ def verify(path: str | Path, source: Any = None, deep: bool = False,
         report.problems.append(str(exc))
         return report
     m = reader.manifest
-    report.container, report.count = m.container, m.count
-    if m.count and not m.checksums:
+    report.container, report.count, report.version = m.container, m.count, m.version
+    if m.count and not len(m.checksums):
         report.problems.append("the manifest holds no checksums: records checked for shape only")
     for idx in _chunks(m.count, batch_size):
         for i, record, error in _records(reader, idx, path):
@@ -112,8 +113,8 @@ def _record_problem(record: dict[str, np.ndarray], m: Manifest, i: int, deep: bo
             f.check(name, record[name])
         except ValueError as exc:
             return str(exc)
-    if m.checksums and record_checksum(record, m.fields) != m.checksums[i]:
-        return "CRC-32 does not match the manifest"
+    if len(m.checksums) and record_checksum(record, m.fields, algorithm_of(m.version)) != m.checksums[i]:
+        return "checksum does not match the manifest"
     if deep:
         for name, f in m.fields.items():
             if f.codec == "image":
@@ -141,9 +142,8 @@ def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
 def _compare_source(reader: Reader, source: Any, report: VerifyReport, path: str | Path) -> None:
     """Every input of ``source`` converted afresh and compared with the stored record."""
     m = reader.manifest
-    position = {k: i for i, k in enumerate(m.keys)}
     skipped = {s["path"] for s in m.skipped}
-    seen: set[str] = set()
+    seen = np.zeros(m.count, dtype=bool)  # records some input made (keys looked up, not listed)
     for item, loaded in _loaded(source):
         if isinstance(loaded, PackdataError):
             if loaded.path not in skipped:
@@ -151,11 +151,12 @@ def _compare_source(reader: Reader, source: Any, report: VerifyReport, path: str
             continue
         pairs = loaded if isinstance(loaded, list) else [(item.key, loaded)]
         for key, fresh in pairs:
-            seen.add(key)
-            i = position.get(key)
-            if i is None:
+            try:
+                i = m.keys.index_of(key)
+            except KeyError:
                 report.add_bad(None, key, f"input {item.path} is not in the dataset")
                 continue
+            seen[i] = True
             stored = _read_alone(reader, i, path)
             if stored is None:
                 continue  # already listed as a bad record
@@ -167,8 +168,8 @@ def _compare_source(reader: Reader, source: Any, report: VerifyReport, path: str
             fresh = {n: np.asarray(fresh[n]) for n in m.fields}
             if not _same(fresh, stored):
                 report.add_bad(i, key, f"differs from a fresh conversion of {item.path}")
-    for key in set(m.keys) - seen:
-        report.add_bad(position[key], key, "no input in the source makes this record")
+    for i in np.flatnonzero(~seen).tolist():
+        report.add_bad(i, m.keys[i], "no input in the source makes this record")
 
 
 def _loaded(source: Any) -> Iterator[tuple[Any, Any]]:

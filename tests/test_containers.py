@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import zlib
 from pathlib import Path
 
 import h5py
@@ -12,6 +11,7 @@ import lmdb
 import numpy as np
 import pytest
 import webdataset as wds
+import xxhash
 
 import packdata
 from packdata.containers.tar import shard_paths
@@ -61,14 +61,13 @@ def test_manifest_describes_the_records(packed, container, png_folder):
     ds = packdata.open(packed[container])
     m = ds.manifest
     assert m.container == container and m.kind == "image" and m.count == len(ds)
-    assert m.fields["image"].shape == (3, 32, 32) and m.fields["image"].dtype == "uint8"
+    assert m.fields["image"].shape == (3, 32, 32) and m.fields["image"].dtype == "|u1"  # byte order pinned
     assert m.classes[0] == "airplane" and len(m.classes) == 10
     names, _ = expected(png_folder)
     for i in (0, 57, len(ds) - 1):
         image, label = ds[i]
         raw = image.numpy().tobytes()  # stored C×H×W
-        crc = zlib.crc32(np.int64(label).tobytes(), zlib.crc32(raw))
-        assert m.checksums[i] == crc
+        assert m.checksums[i] == xxhash.xxh3_64_intdigest(raw + np.int64(label).tobytes())
 
 
 def test_lmdb_reads_with_plain_lmdb(packed, png_folder, tmp_path):
@@ -196,7 +195,7 @@ def test_lmdb_missing_record_is_a_named_error(tmp_path, packed):
     copy = shutil.copytree(packed["lmdb"], tmp_path / "t.lmdb")
     with lmdb.open(str(copy), subdir=True) as env, env.begin(write=True) as txn:
         txn.delete(b"%010d" % 7)
-    with pytest.raises(packdata.DatasetError, match="t.lmdb: LMDB holds 120 entries"):
+    with pytest.raises(packdata.DatasetError, match="t.lmdb: LMDB holds 121 entries"):
         packdata.open(copy)  # entries are counted at open, before any read
 
 
@@ -243,3 +242,25 @@ def test_lmdb_records_located_in_the_file_read_as_key_lookups(packed):
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     assert isinstance(located._located(), RecordMap)
     assert (located._located().offsets >= 0).all()  # every record located once, then reused
+
+
+def test_lmdb_record_offsets_stored_at_conversion(packed, tmp_path):
+    """Conversion stores where each record lies in data.mdb: a fresh reader's first read knows
+    every record (no lookup per record during the first epoch), and the map reads what key
+    lookups read. A compacted copy (records moved) falls back to locating them one by one."""
+    from packdata.containers.lmdb import LMDBReader, shared_env
+
+    reader = LMDBReader(packed["lmdb"])
+    first = reader.read(np.array([5]))
+    assert (reader._located().offsets >= 0).all()
+    idx = np.random.default_rng(1).permutation(len(reader.manifest.keys))
+    a, b = reader.read(idx), reader._lookup(idx)
+    assert np.array_equal(first["image"][0], a["image"][idx.tolist().index(5)])
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    compact = tmp_path / "compact.lmdb"
+    compact.mkdir()
+    shared_env(packed["lmdb"]).copy(str(compact), compact=True)  # data.mdb only
+    shutil.copy(packed["lmdb"] / "records.npz", compact)  # the dataset is the whole folder
+    moved = LMDBReader(compact)
+    a, b = moved.read(idx), moved._lookup(idx)
+    assert all(np.array_equal(a[k], b[k]) for k in a)

@@ -45,7 +45,7 @@ class KillOnce:
 
 def _records(path: Path) -> tuple[list, list]:
     m = packdata.open(path).manifest
-    return m.keys, m.checksums
+    return list(m.keys), m.checksums.tolist()
 
 
 def test_dask_matches_one_and_two_processes(tmp_path, png_folder, packed, client):

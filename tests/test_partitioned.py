@@ -16,7 +16,7 @@ from packdata.errors import PackdataError
 
 def _records(path: Path) -> tuple[list, list]:
     m = packdata.open(path).manifest
-    return m.keys, m.checksums
+    return list(m.keys), m.checksums.tolist()
 
 
 def test_parts_in_two_processes_match_one_process(tmp_path, png_folder, packed):

@@ -76,7 +76,7 @@ def test_shapes_dtypes_and_manifest(fps_h5):
     ds = packdata.open(fps_h5)
     m = ds.manifest
     assert m.kind == "pointcloud" and len(ds) == 4 and ds.classes == ["filtered", "surf"]
-    assert m.fields["points"].shape == (K, N, 4) and m.fields["points"].dtype == "float64"
+    assert m.fields["points"].shape == (K, N, 4) and m.fields["points"].dtype == "<f8"
     assert m.fields["point_labels"].shape == (K, N)
     assert m.options["columns"] == ["x", "y", "z", "intensity"]
     assert m.options["sampling"] == "fps" and m.options["variants"] == K and m.options["seed"] == 0

@@ -32,7 +32,7 @@ def test_round_trip_equals_the_tokenizers_own_encoding(packed_text, container, p
     expected = own_encoding(gpt2_json, [p.read_text(encoding="utf-8") for p in files])
     ds = packdata.open(packed_text[container])
     assert ds.keys == [p.name for p in files] and len(ds) == 21
-    assert ds.manifest.fields["tokens"].dtype == "uint16"
+    assert ds.manifest.fields["tokens"].dtype == "<u2"
     assert ds.lengths().tolist() == [len(e) for e in expected]
     batch = ds[list(range(len(ds)))[::-1]]
     assert [t.tolist() for t in batch] == expected[::-1]
@@ -164,7 +164,7 @@ def test_ids_that_do_not_fit_the_dtype(tmp_path, peps_dir, gpt2_json):
     assert not (tmp_path / "o.lmdb").exists()
     ds = packdata.open(packdata.convert(packdata.open_source(peps_dir, dtype="uint8"),
                                         tmp_path / "b.h5").path)  # bytes fit, without BOS/EOS
-    assert ds.manifest.fields["tokens"].dtype == "uint8"
+    assert ds.manifest.fields["tokens"].dtype == "|u1"
     with pytest.raises(TokenizerError, match="token id 25[67] does not fit uint8"):  # BOS/EOS
         packdata.convert(packdata.open_source(peps_dir, dtype="uint8", add_bos=True,
                                               add_eos=True), tmp_path / "c.h5")

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import shutil
+import zlib
 
 import h5py
 import lmdb
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import packdata
 from packdata.cli import app
 from packdata.containers.tar import shard_paths
+from packdata.streaming import StreamingDataset
 from packdata.verify import verify
 
 runner = CliRunner()
@@ -61,11 +64,11 @@ def test_verify_names_a_flipped_byte(tmp_path, packed, container):
     copy = damaged_copy(tmp_path, packed, container)
     report = verify(copy)
     assert [b["index"] for b in report.bad] == [3]
-    assert report.bad[0]["problem"] == "CRC-32 does not match the manifest"
+    assert report.bad[0]["problem"] == "checksum does not match the manifest"
     result = runner.invoke(app, ["verify", str(copy)])
     assert result.exit_code == 1
     key = packdata.open(packed[container]).keys[3]
-    assert f"bad: {key} (record 3): CRC-32" in result.output
+    assert f"bad: {key} (record 3): checksum" in result.output
     assert "FAILED: 1 bad records" in result.output
 
 
@@ -77,6 +80,41 @@ def test_verify_full_raises_at_read_and_off_reads_the_wrong_bytes(tmp_path, pack
         full[[2, 3]]
     original = packdata.open(packed[container])[3][0]
     assert not np.array_equal(packdata.open(copy, verify="off")[3][0], original)
+
+
+PATHS = {
+    "ds[i]": lambda ds: ds[3],
+    "batch": lambda ds: ds[[1, 2, 3, 4]],
+    "loader": lambda ds: list(packdata.loader(ds, batch_size=16, shuffle=False, num_workers=0)),
+    "loader threads": lambda ds: list(packdata.loader(ds, batch_size=8, shuffle=False,
+                                                      num_workers=2, workers="thread")),
+    "DataLoader workers": lambda ds: list(torch.utils.data.DataLoader(ds, batch_size=16,
+                                                                      num_workers=2)),
+    "streaming": lambda ds: list(StreamingDataset(ds.path, shuffle_buffer=1)),
+}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_default_open_refuses_a_flipped_byte_on_every_path(tmp_path, packed, container, path):
+    """Every record a default read returns is checked: one byte flipped in record 3 (not among
+    the records sampled at open) is an error naming the dataset and the record's key."""
+    copy = damaged_copy(tmp_path, packed, container)
+    ds = packdata.open(copy)
+    assert ds[[0, 1, 2]][0].shape[0] == 3  # sound records read as usual, and again below
+    key = ds.keys[3]
+    with pytest.raises(packdata.DatasetError, match=rf"{copy.name}: record 3 \('{key}'\) does "
+                       "not match its checksum"):
+        PATHS[path](ds)
+
+
+def test_checked_records_are_remembered_in_a_bitmap(packed, container):
+    """A record read once is marked verified (one bit, this process's reader); a batch of marked
+    records is read without hashing."""
+    reader = packdata.open(packed[container]).reader
+    reader.read(np.arange(10))
+    reader.read(np.array([12, 5]))
+    bits = np.unpackbits(reader.verified, bitorder="little")[:len(reader.verified) * 8]
+    assert np.flatnonzero(bits).tolist() == [*range(10), 12]
 
 
 def test_verify_against_source_finds_a_changed_input(tmp_path, packed, png_folder):
@@ -119,12 +157,11 @@ EDITS = {
     "wider dtype": lambda m: m["fields"]["image"].update(dtype="uint16"),
     "count lowered": lambda m: m.update(count=m["count"] - 10),
     "count raised": lambda m: m.update(count=m["count"] + 10),
-    "count, keys and checksums lowered": lambda m: m.update(  # consistent: the data disagrees
-        count=m["count"] - 10, keys=m["keys"][:-10], checksums=m["checksums"][:-10]),
+    "per-record lists added": lambda m: m.update(keys=["a"], checksums=[1]),
     "bigger shape": lambda m: m["fields"]["image"].update(shape=[3, 64, 64]),
     "negative shape": lambda m: m["fields"]["image"].update(shape=[3, -32, 32]),
     "fields missing": lambda m: m.pop("fields"),
-    "checksums cut": lambda m: m.update(checksums=m["checksums"][:5]),
+    "version 1 without its lists": lambda m: m.update(version=1),
 }
 
 
@@ -136,6 +173,49 @@ def test_edited_manifest_is_refused_at_open(tmp_path, packed, container, edit):
     edit_manifest(container, copy, EDITS[edit])
     with pytest.raises(packdata.DatasetError, match=copy.name):
         packdata.open(copy, verify="off")  # the structural checks run whatever verify says
+
+
+def as_version_1(container, path, original) -> None:
+    """Rewrite a copy of ``original`` as format version 1 wrote it, through the plain libraries:
+    keys and CRC-32 checksums as JSON lists in the manifest, no per-record arrays beside it."""
+    ds = packdata.open(original, verify="off")
+    keys = list(ds.keys)
+    crcs = []
+    for i in range(len(ds)):
+        image, label = ds[i]
+        crcs.append(zlib.crc32(np.int64(label).tobytes(),
+                               zlib.crc32(image.numpy().tobytes())))  # stored C×H×W
+    del ds
+    edit_manifest(container, path, lambda m: m.update(version=1, keys=keys, checksums=crcs))
+    if container == "tar":
+        with np.load(path / "index.npz") as z:
+            kept = {k: z[k] for k in z.files if not k.startswith("__records__")}
+        np.savez(path / "index.npz", **kept)
+    elif container == "hdf5":
+        with h5py.File(path, "r+") as f:
+            del f["__records__"]
+    else:
+        (path / "records.npz").unlink()
+
+
+def test_version_1_datasets_still_open_and_are_checked(tmp_path, packed, container):
+    """A version-1 dataset (JSON keys, CRC-32 checksums) reads as before, every record checked
+    against its CRC-32; `packdata verify` names the format version."""
+    src = packed[container]
+    old = tmp_path / f"old-{src.name}"
+    (shutil.copytree if src.is_dir() else shutil.copy)(src, old)
+    as_version_1(container, old, src)
+    bad = tmp_path / f"bad-{src.name}"
+    (shutil.copytree if src.is_dir() else shutil.copy)(old, bad)
+    flip(*first_pixel_offset(container, bad))
+    ds, new = packdata.open(old), packdata.open(src)
+    assert ds.manifest.version == 1 and ds.keys == new.keys and ds.keys.index_of(new.keys[7]) == 7
+    assert torch.equal(ds[[5, 6, 7]][0], new[[5, 6, 7]][0])
+    result = runner.invoke(app, ["verify", str(old)])
+    assert result.exit_code == 0 and "(format version 1)" in result.output, result.output
+    assert "(format version 2)" in runner.invoke(app, ["verify", str(src)]).output
+    with pytest.raises(packdata.DatasetError, match=r"record 3 .* does not match its checksum"):
+        packdata.open(bad)[[2, 3]]
 
 
 def test_tar_shard_name_outside_the_dataset_is_refused(tmp_path, packed):

@@ -53,7 +53,7 @@ def intact_then_flipped(dst: Path, src: Path, field: str, record: int = 2) -> No
     flip_record_byte(dst, field, record)
     code, output = verify_source(dst, src)
     assert code == 1, output
-    assert f"bad: {key} (record {record}): CRC-32 does not match" in output
+    assert f"bad: {key} (record {record}): checksum does not match" in output
     assert "Traceback" not in output and "Error(" not in output
 
 

@@ -77,7 +77,7 @@ def verify(
         help="Also read each record alone and decode stored images.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
 ) -> None:
-    """Check a dataset: manifest, record count, every record's shape and CRC-32; exits 1 when
+    """Check a dataset: manifest, record count, every record's shape and checksum; exits 1 when
     anything is wrong, listing the bad records by key."""
     from packdata.verify import source_for
     from packdata.verify import verify as run_verify
@@ -98,7 +98,8 @@ def verify(
         checked = f"{report.checked} of {report.count} records checked"
         if source is not None:
             checked += f", {report.compared} compared with {source}"
-        out.print(f"{dataset}: {report.container or 'unreadable'}, {checked}", markup=False,
+        version = f" (format version {report.version})" if report.version else ""
+        out.print(f"{dataset}: {report.container or 'unreadable'}{version}, {checked}", markup=False,
                   highlight=False)
         for problem in report.problems:
             out.print(f"  problem: {problem}", markup=False, highlight=False)

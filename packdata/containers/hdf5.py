@@ -5,7 +5,9 @@ Layout (readable with plain h5py):
 - ``/<field>``: a contiguous, uncompressed dataset of shape ``(count, *shape)`` for a fixed field;
   for a variable-length field, the rows of all records concatenated, shape ``(total_rows, *row)``,
   with ``/<field>_offsets`` (``count + 1`` int64) marking where record ``i`` starts and ends;
-- ``/manifest``: the manifest JSON as a scalar fixed-length byte string (UTF-8).
+- ``/manifest``: the manifest JSON as a scalar fixed-length byte string (UTF-8);
+- ``/__records__/<array>``: the record keys and checksums (:mod:`packdata.recordmeta`),
+  contiguous, read through the same memory map (format version 2).
 
 Contiguous layout is what makes the fast path possible: the byte offset of each dataset is known,
 so a batch is one numpy gather from a memory map, with no HDF5 call per sample.
@@ -23,11 +25,14 @@ from packdata.containers.base import Batch, Reader, Select, ShardClosed, Writer,
 from packdata.containers.spool import Spool
 from packdata.errors import DatasetError, PackdataError
 from packdata.manifest import Field, Manifest, check_manifest
+from packdata.recordmeta import DTYPES, arrays_of, from_arrays
 
 NAME = "hdf5"
 NEW_SUFFIX = ".h5"
 SUFFIXES = (".h5", ".hdf5")
 MANIFEST = "manifest"
+RECORDS = "__records__"
+BLOCK = 1 << 22  # array entries written at a time
 
 
 def _offsets_name(name: str) -> str:
@@ -69,6 +74,10 @@ class HDF5Writer(Writer):
                     ds[start : start + len(rows)] = rows
                     start += len(rows)
                 spool.remove()
+            for name, array in arrays_of(manifest.keys, manifest.checksums).items():
+                ds = f.create_dataset(f"{RECORDS}/{name}", shape=array.shape, dtype=array.dtype)
+                for a in range(0, len(array), BLOCK):  # block by block: memory stays flat
+                    ds[a : a + BLOCK] = array[a : a + BLOCK]
             # fixed-length bytes stored in the dataset itself: a variable-length string lives in
             # HDF5's global heap, and a damaged heap makes libhdf5 loop forever when it is read
             f.create_dataset(MANIFEST, data=np.bytes_(manifest.to_json().encode()))
@@ -97,6 +106,10 @@ class HDF5Reader(Reader):
             if MANIFEST not in f:
                 raise DatasetError(f"{self.path}: HDF5 file has no packdata manifest")
             self.manifest = Manifest.from_json(f[MANIFEST][()], str(self.path))
+            if self.manifest.version >= 2:
+                self.manifest.attach(*from_arrays(
+                    {n: _mapped(f, whole, self.path, f"{RECORDS}/{n}") for n in DTYPES},
+                    self.manifest.count, self.path))
             check_manifest(self.manifest, self.path)
             for name, field in self.manifest.fields.items():
                 if field.variable:
@@ -120,7 +133,7 @@ class HDF5Reader(Reader):
                     # small fixed fields (labels) are worth a private copy in RAM
                     self.arrays[name] = np.array(view) if size < (16 << 20) else view
                 if field.variable:
-                    self.offsets[name] = _offsets(f, self.path, name, ds.shape[0])
+                    self.offsets[name] = _offsets(f, whole, self.path, name, ds.shape[0])
 
     @staticmethod
     def detect(path: Path) -> bool:
@@ -172,10 +185,28 @@ def _check_field(ds: h5py.Dataset, path: Path, name: str, field: Field) -> None:
                            "damaged")
 
 
-def _offsets(f: h5py.File, path: Path, name: str, rows: int) -> np.ndarray:
-    offsets = f[_offsets_name(name)][()]
-    if offsets.dtype.kind not in "iu" or (len(offsets) and (
-            offsets[0] != 0 or offsets[-1] != rows or (np.diff(offsets) < 0).any())):
+def _mapped(f: h5py.File, whole: np.ndarray, path: Path, name: str) -> np.ndarray | None:
+    """The contiguous 1-D dataset ``name`` as a view of the mapped file (None if absent)."""
+    ds = f.get(name)
+    if not isinstance(ds, h5py.Dataset) or len(ds.shape) != 1:
+        return None
+    offset = ds.id.get_offset()
+    if offset is None:  # empty: nothing allocated
+        return np.zeros(ds.shape, dtype=ds.dtype)
+    size = ds.shape[0] * ds.dtype.itemsize
+    if offset + size > len(whole):
+        raise DatasetError(f"{path}: truncated ('{name}' ends at {offset + size}, the file holds "
+                           f"{len(whole)} bytes); the dataset is damaged")
+    return whole[offset : offset + size].view(ds.dtype)
+
+
+def _offsets(f: h5py.File, whole: np.ndarray, path: Path, name: str, rows: int) -> np.ndarray:
+    """A variable field's record offsets, mapped (not read: opening stays flat in the record
+    count). Its ends are checked here; a damaged offset inside gives a record of wrong bytes
+    (its checksum fails) or none, never a read outside the field."""
+    offsets = _mapped(f, whole, path, _offsets_name(name))
+    if offsets is None or offsets.dtype.kind not in "iu" or (len(offsets) and (
+            offsets[0] != 0 or offsets[-1] != rows)):
         raise DatasetError(f"{path}: '{_offsets_name(name)}' does not mark records within the "
                            f"{rows} rows of '{name}'; the dataset is damaged")
     return offsets.astype(np.int64, copy=False)

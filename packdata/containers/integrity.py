@@ -1,8 +1,10 @@
 """Integrity on the read path: records checked against the manifest's checksums.
 
-- ``verify="sample"`` (the default): the checksums of a few records spread over the dataset,
-  checked once at open (:func:`check_sample`);
-- ``verify="full"``: every batch read is checked (:class:`ChecksummedReader`);
+- ``verify="full"`` (the default): every record a read returns has been checked
+  (:class:`ChecksummedReader`): hashed on its first read in this process, then remembered in a
+  bitmap of verified records (the data is a read-only map), so later epochs cost a bit test;
+- ``verify="sample"``: the checksums of a few records spread over the dataset, checked once at
+  open (:func:`check_sample`);
 - ``verify="off"``: neither. The structural checks every Reader makes when it opens (the manifest,
   sizes and offsets: :func:`packdata.manifest.check_manifest`) always run.
 
@@ -11,12 +13,13 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from packdata.checksum import batch_checksums
+from packdata.checksum import algorithm_of, batch_checksums
 from packdata.containers.base import Batch, Reader, Select, apply_select
 from packdata.errors import ArgumentError, DatasetError, PackdataError
 
@@ -27,11 +30,16 @@ SAMPLED_RECORDS = 8  # records checksummed at open with verify="sample"
 def bad_checksums(reader: Reader, idx: np.ndarray, batch: Batch) -> list[int]:
     """The indices among ``idx`` whose record in ``batch`` does not match its checksum."""
     m = reader.manifest
-    if not m.checksums:
+    if not len(m.checksums):
         return []
-    expected = m.checksums
-    return [i for i, crc in zip(idx.tolist(), batch_checksums(batch, m.fields, len(idx)))
-            if crc != expected[i]]
+    got = batch_checksums(batch, m.fields, len(idx), algorithm_of(m.version))
+    return idx[got != m.checksums[idx]].tolist()
+
+
+def mismatch(where: str | Path, reader: Reader, index: int) -> DatasetError:
+    """The error for record ``index`` failing its checksum: names the dataset and the record."""
+    return DatasetError(f"{where}: record {index} ('{reader.manifest.keys[index]}') does not "
+                        "match its checksum; the dataset is damaged (run `packdata verify`)")
 
 
 def read_checked(reader: Reader, idx: np.ndarray, where: str | Path,
@@ -50,34 +58,52 @@ def read_checked(reader: Reader, idx: np.ndarray, where: str | Path,
 def check_sample(reader: Reader, where: str | Path, records: int = SAMPLED_RECORDS) -> None:
     """The checksums of ``records`` records spread over the dataset (first and last included)."""
     n = reader.manifest.count
-    if not n or not reader.manifest.checksums:
+    if not n or not len(reader.manifest.checksums):
         return
     idx = np.unique(np.linspace(0, n - 1, min(records, n)).astype(np.int64))
     batch = read_checked(reader, idx, where)
     bad = bad_checksums(reader, idx, batch)
     if bad:
-        raise DatasetError(f"{where}: record {bad[0]} ('{reader.manifest.keys[bad[0]]}') does not "
-                           "match its checksum; the dataset is damaged (run `packdata verify`)")
+        raise mismatch(where, reader, bad[0])
 
 
 class ChecksummedReader(Reader):
-    """A Reader whose every batch is checked against the manifest's checksums (``verify="full"``).
+    """A Reader whose every record read has been checked against the manifest's checksums.
 
-    A wrapper, so the plain readers' hot paths stay as they are. A ``select`` read fetches whole
-    records (the checksum covers all of a record), then selects."""
+    A wrapper, so the plain readers' hot paths stay as they are. Each record is hashed the first
+    time this reader returns it and marked in a bitmap (one bit a record, this process's own:
+    readers are opened per process); a batch of records all marked is the inner read itself. A
+    ``select`` read of records not all checked yet fetches whole records (the checksum covers
+    all of a record), then selects."""
 
     def __init__(self, inner: Reader, where: str | Path) -> None:
         self.inner = inner
         self.where = where
         self.manifest = inner.manifest
+        # calloc'd: pages are touched only as records are checked
+        self.verified = np.zeros((self.manifest.count + 7) // 8, dtype=np.uint8)
+        #: records not checked yet; at 0 (after an epoch) a read is the inner read itself
+        self.remaining = self.manifest.count if len(self.manifest.checksums) else 0
+        self._lock = threading.Lock()  # loader threads share a reader: the count must stay exact
+
+    def _checked(self, idx: np.ndarray) -> np.ndarray:
+        """Whether each of ``idx`` was checked already."""
+        return (self.verified[idx >> 3] >> (idx & 7).astype(np.uint8)) & 1 == 1
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
+        if not self.remaining:
+            return read_checked(self.inner, indices, self.where, select)
         idx = self.inner.check_indices(indices)
+        if self._checked(idx).all():
+            return read_checked(self.inner, idx, self.where, select)
         batch = read_checked(self.inner, idx, self.where)
         bad = bad_checksums(self.inner, idx, batch)
         if bad:
-            raise DatasetError(f"{self.where}: record {bad[0]} ('{self.manifest.keys[bad[0]]}') "
-                               "does not match its checksum; the dataset is damaged")
+            raise mismatch(self.where, self.inner, bad[0])
+        with self._lock:
+            fresh = np.unique(idx[~self._checked(idx)])
+            np.bitwise_or.at(self.verified, fresh >> 3, (1 << (fresh & 7)).astype(np.uint8))
+            self.remaining -= len(fresh)
         return apply_select(batch, select)
 
     def lengths(self, name: str) -> np.ndarray:
@@ -89,11 +115,18 @@ class ChecksummedReader(Reader):
     def close(self) -> None:
         self.inner.close()
 
+    def __getattr__(self, name: str):
+        # what is not about reading (a container's own helpers, e.g. prefetch) is the inner's
+        if name == "inner":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
 
 def at_open(reader: Reader, where: str | Path, level: str) -> Reader:
-    """The reader to use for ``level``: checked now (``"sample"``) or wrapped (``"full"``)."""
+    """The reader to use for ``level``: a sample checked now (``"sample"``, ``"full"``: damage
+    is named at open where it can be), and every read checked (``"full"``)."""
     if level not in LEVELS:
         raise ArgumentError(f"verify={level!r}: expected one of {', '.join(LEVELS)}")
-    if level == "sample":
+    if level != "off":
         check_sample(reader, where)
     return ChecksummedReader(reader, where) if level == "full" else reader

@@ -5,7 +5,12 @@ Layout (readable with plain ``lmdb``):
 - key ``b"%010d" % i`` → record ``i``: the fixed fields' raw bytes in manifest order, then one
   little-endian uint64 row count per variable field, then the variable fields' raw bytes;
 - key ``b"__lengths__/<field>"`` → the row counts of a variable field for all records (int64);
-- key ``b"__manifest__"`` → the manifest JSON.
+- key ``b"__manifest__"`` → the manifest JSON;
+- ``records.npz`` beside ``data.mdb`` → the record keys and checksums (:mod:`packdata.recordmeta`,
+  format version 2), uncompressed and mapped in place: LMDB's own ``get`` of a large value maps
+  all its pages, which would make opening cost memory in proportion to the records;
+- key ``b"__offsets__"`` (fixed-size records only, where found): each record's byte offset in
+  data.mdb (int64), so a reader's :class:`RecordMap` is whole from the start.
 
 LMDB values live in a memory map, so reads copy nothing until the batch is assembled.
 """
@@ -13,6 +18,8 @@ LMDB values live in a memory map, so reads copy nothing until the batch is assem
 from __future__ import annotations
 
 import os
+import zipfile
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +36,10 @@ from packdata.containers.base import (
     map_file,
     same_destination,
 )
+from packdata.containers.lmdbmap import OFFSETS_KEY, RecordMap, record_key, record_offsets
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest, check_manifest
+from packdata.recordmeta import arrays_of, from_arrays, map_npz
 
 NAME = "lmdb"
 NEW_SUFFIX = ".lmdb"
@@ -40,12 +49,11 @@ MAP_SIZE = 1 << 40  # address space only; the file grows with the data
 COMMIT_BYTES = 64 << 20
 
 
-def record_key(i: int) -> bytes:
-    return b"%010d" % i
-
-
 def lengths_key(name: str) -> bytes:
     return b"__lengths__/" + name.encode()
+
+
+RECORDS = "records.npz"
 
 
 class LMDBWriter(Writer):
@@ -59,7 +67,7 @@ class LMDBWriter(Writer):
         self.pending = 0
         self.fixed = [n for n, f in fields.items() if not f.variable]
         self.variable = [n for n, f in fields.items() if f.variable]
-        self.rows: dict[str, list[int]] = {n: [] for n in self.variable}
+        self.rows = {n: array("q") for n in self.variable}  # 8 bytes a record
 
     def append(self, key: str, record: dict[str, np.ndarray]) -> None:
         parts = [np.ascontiguousarray(record[n]).tobytes() for n in self.fixed]
@@ -79,8 +87,14 @@ class LMDBWriter(Writer):
             self.pending = 0
 
     def finish(self, manifest: Manifest) -> None:
+        self.txn.commit()  # the records' pages are where they stay: later writes copy others
+        self.txn = self.env.begin(write=True)
+        offsets = None if self.variable else record_offsets(self.path, self.env, self.count)
+        if offsets is not None:
+            self.txn.put(OFFSETS_KEY, memoryview(offsets).cast("B"))
         for n in self.variable:
             self.txn.put(lengths_key(n), np.asarray(self.rows[n], dtype="<i8").tobytes())
+        np.savez(self.path / RECORDS, **arrays_of(manifest.keys, manifest.checksums))
         self.txn.put(MANIFEST_KEY, manifest.to_json().encode())
         self.txn.commit()
         self.env.sync(True)
@@ -95,8 +109,23 @@ class LMDBWriter(Writer):
 # inode, whatever the path: a dataset renamed into place is the same files), so readers share an
 # environment per file; an entry made before a fork is closed and replaced in the child, and so
 # is one whose file was replaced (a dataset converted again with --overwrite may get the same
-# inode number back: its size and modification time tell it apart).
-_envs: dict[tuple[int, int], tuple[int, tuple[int, int], lmdb.Environment]] = {}
+# inode number back: its size and modification time tell it apart). Entries for files no
+# longer at their path (deleted, replaced) are closed before another environment opens: LMDB
+# also refuses files whose device and inode numbers an open environment's deleted files had.
+_envs: dict[tuple[int, int], tuple[int, tuple[int, int], lmdb.Environment, str]] = {}
+
+
+def _close_stale_envs() -> None:
+    """Close the environments whose ``data.mdb`` is no longer at their path."""
+    for key, (_, _, env, where) in list(_envs.items()):
+        try:
+            st = os.stat(Path(where) / "data.mdb")
+            current = (st.st_dev, st.st_ino) == key
+        except OSError:
+            current = False
+        if not current:
+            del _envs[key]
+            env.close()
 
 
 def shared_env(path: Path) -> lmdb.Environment:
@@ -109,6 +138,7 @@ def shared_env(path: Path) -> lmdb.Environment:
         return entry[2]
     if entry is not None:
         entry[2].close()
+    _close_stale_envs()
     try:
         env = lmdb.open(
             str(path), readonly=True, lock=False, readahead=False, subdir=True, max_readers=1024
@@ -122,7 +152,7 @@ def shared_env(path: Path) -> lmdb.Environment:
         env.close()
         raise DatasetError(f"{path}: truncated (data.mdb holds {st.st_size} bytes, its pages need "
                            f"{needed}); the dataset is damaged")
-    _envs[key] = (pid, version, env)
+    _envs[key] = (pid, version, env, str(path))
     return env
 
 
@@ -142,13 +172,20 @@ class LMDBReader(Reader):
             if raw is None:
                 raise DatasetError(f"{self.path}: LMDB has no packdata manifest")
             self.manifest = Manifest.from_json(raw, str(self.path))
+            if self.manifest.version >= 2:
+                where = self.path / RECORDS
+                try:
+                    arrays = map_npz(where, map_file(where))
+                except (OSError, ValueError, zipfile.BadZipFile) as exc:
+                    raise DatasetError(f"{where}: the record keys and checksums cannot be read "
+                                       f"({type(exc).__name__}); the dataset is damaged") from None
+                self.manifest.attach(*from_arrays(arrays, self.manifest.count, where))
             check_manifest(self.manifest, self.path)
             self._lengths = {
                 n: _lengths(txn, self.path, n, self.manifest.count)
                 for n in self.manifest.variable_fields
             }
             self._check_layout(txn)
-        self._keys: np.ndarray | None = None
         self._record_map: RecordMap | bool = False
         self._record_map_pid = -1
         fixed = self.manifest.fixed_fields
@@ -163,7 +200,7 @@ class LMDBReader(Reader):
         """The records the manifest promises, and no more: one entry per record plus the
         manifest and the length tables; the first and last record of the right size."""
         m, where = self.manifest, self.path
-        expected = m.count + len(m.variable_fields) + 1
+        expected = m.count + len(m.variable_fields) + 1 + (txn.get(OFFSETS_KEY) is not None)
         entries = self.env.stat()["entries"]
         if entries != expected:
             raise DatasetError(f"{where}: LMDB holds {entries} entries, the manifest's {m.count} "
@@ -201,21 +238,17 @@ class LMDBReader(Reader):
 
     def _read(self, indices: np.ndarray) -> Batch:
         idx = self.check_indices(indices)
-        if self._keys is None:  # formatting keys per read costs a fifth of the read
-            self._keys = np.array([record_key(i) for i in range(self.manifest.count)], dtype="S10")
         if not self.manifest.variable_fields:
             located = self._located()
             if located is not None:  # each field gathered straight from the file: one copy
-                offsets = located.locate(idx, self._keys)
+                offsets = located.locate(idx)
                 return {name: located.column(a, b)[offsets].view(field.np_dtype).reshape(
                             len(idx), *field.shape) for name, field, a, b in self.columns}
         return self._lookup(idx)
 
     def _lookup(self, idx: np.ndarray) -> Batch:
         """Records ``idx`` (checked) looked up key by key."""
-        if self._keys is None:
-            self._keys = np.array([record_key(i) for i in range(self.manifest.count)], dtype="S10")
-        keys = self._keys[idx].tolist()
+        keys = [b"%010d" % i for i in idx.tolist()]  # per batch: opening stays flat in records
         with self.env.begin(buffers=True) as txn:
             get = txn.get
             values = [get(k) for k in keys]
@@ -278,102 +311,6 @@ class LMDBReader(Reader):
 
     def close(self) -> None:
         pass  # the environment is shared by this process's readers (see shared_env)
-
-
-class RecordMap:
-    """Where each fixed-size record of an LMDB lies in data.mdb, learnt once per record from the
-    address LMDB itself returns for it, so a batch is then one numpy gather from a memory map of
-    the file (as HDF5's) instead of a B-tree lookup per record from Python (4-5× the read).
-
-    Only the address LMDB gives is used, not its page format: the file offset is that address
-    less the start of LMDB's mapping of data.mdb (found in ``/proc/self/maps``, so Linux only;
-    elsewhere, or if a record's bytes are not where they are expected, reads look keys up).
-    """
-
-    def __init__(self, path: Path, env: lmdb.Environment, size: int, count: int,
-                 map_start: int, map_offset: int, missing: Any) -> None:
-        self.path, self.env, self.size = path, env, size
-        self.map_start, self.map_offset = map_start, map_offset
-        self.missing = missing
-        self.whole = map_file(path / "data.mdb")
-        self._columns: dict[tuple[int, int], np.ndarray] = {}
-        self.offsets = np.full(count, -1, dtype=np.int64)
-        self.txn = env.begin(buffers=True)  # read-only: its buffers point into LMDB's map
-
-    @classmethod
-    def open(cls, path: Path, env: lmdb.Environment, size: int, count: int,
-             missing: Any) -> RecordMap | bool:
-        """A map, or False where records cannot be located this way."""
-        if count == 0 or size == 0 or not os.path.exists("/proc/self/maps"):
-            return False
-        with env.begin(buffers=True) as txn:
-            value = txn.get(record_key(0))
-            if value is None or len(value) != size:
-                return False
-            address = _address(value)
-        found = _mapping_of(address, os.stat(path / "data.mdb").st_ino)
-        if found is None:
-            return False
-        located = cls(path, env, size, count, *found, missing)
-        try:  # the bytes found there must be the record's own
-            start = located.locate(np.zeros(1, np.int64), np.array([record_key(0)]))
-            row = located.column(0, size)[start][0]
-        except (LookupError, ValueError):
-            return False
-        return located if row.tobytes() == bytes(located.txn.get(record_key(0))) else False
-
-    def column(self, start: int, end: int) -> np.ndarray:
-        """Bytes ``start:end`` of every record, as rows of a view of the file: row ``o`` is
-        bytes ``o + start : o + end``, so ``column(a, b)[offsets]`` is one gather."""
-        view = self._columns.get((start, end))
-        if view is None:
-            width = end - start
-            view = np.lib.stride_tricks.as_strided(
-                self.whole[start:], shape=(max(len(self.whole) - self.size + 1, 0), width),
-                strides=(1, 1), writeable=False)
-            self._columns[start, end] = view
-        return view
-
-    def locate(self, idx: np.ndarray, keys: np.ndarray) -> np.ndarray:
-        """File offsets of records ``idx`` (checked indices); ``keys`` all record keys."""
-        offsets = self.offsets[idx]
-        unknown = np.flatnonzero(offsets < 0)
-        if len(unknown):
-            get, first = self.txn.get, self.map_offset - self.map_start
-            for j, key in zip(unknown.tolist(), keys[idx[unknown]].tolist()):
-                value = get(key)
-                if value is None:
-                    self.missing(idx[j])
-                if len(value) != self.size:
-                    raise DatasetError(f"{self.path}: record {idx[j]} has {len(value)} bytes, not "
-                                       f"{self.size}; the dataset is damaged")
-                offsets[j] = _address(value) + first
-            if offsets[unknown].max() > len(self.whole) - self.size or offsets[unknown].min() < 0:
-                raise DatasetError(f"{self.path}: a record lies outside data.mdb; the dataset is "
-                                   "damaged")
-            self.offsets[idx[unknown]] = offsets[unknown]
-        return offsets
-
-
-def _address(buffer: Any) -> int:
-    return np.frombuffer(buffer, dtype=np.uint8).__array_interface__["data"][0]
-
-
-def _mapping_of(address: int, inode: int) -> tuple[int, int] | None:
-    """(start, file offset) of this process's mapping of the file ``inode`` holding
-    ``address``, from /proc/self/maps; None if there is none."""
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                fields = line.split()
-                if len(fields) < 6 or int(fields[4]) != inode:
-                    continue
-                start, end = (int(x, 16) for x in fields[0].split("-"))
-                if start <= address < end:
-                    return start, int(fields[2], 16)
-    except (OSError, ValueError):
-        return None
-    return None
 
 
 WRITER = LMDBWriter

@@ -4,6 +4,8 @@ Layout of a sharded dataset directory:
 
 - ``part-000000.lmdb``, ``part-000001.lmdb`` … (or ``.h5`` files, or tar-shard directories): each
   a complete packdata dataset of its own, holding a contiguous run of the records;
+- ``records.npz``: the record keys and checksums of all parts, in order (uncompressed, mapped
+  in place: :mod:`packdata.recordmeta`);
 - ``manifest.json``: the dataset's manifest (``container`` is ``"sharded"``), with
   ``options.part_container`` naming the parts' container and ``extra.parts`` listing each part's
   name and record count, in order. It is written last: without it the directory is no dataset.
@@ -15,18 +17,21 @@ batched read per part touched, placed into the output with one mask each.
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from packdata import containers
-from packdata.containers.base import Batch, Reader, Select
+from packdata.containers.base import Batch, Reader, Select, map_file
 from packdata.errors import DatasetError
 from packdata.manifest import Manifest
+from packdata.recordmeta import from_arrays, map_npz
 
 NAME = "sharded"
 SUFFIXES: tuple[str, ...] = ()  # never chosen by suffix: a conversion into parts asks for it
 MANIFEST = "manifest.json"
+RECORDS = "records.npz"  # the record keys and checksums of all parts (format version 2)
 
 
 def part_name(container: str, number: int) -> str:
@@ -42,6 +47,14 @@ class ShardedReader(Reader):
         if not (self.path / MANIFEST).is_file():
             raise DatasetError(f"{self.path}: no {MANIFEST}; not a packdata sharded dataset")
         self.manifest = Manifest.from_json((self.path / MANIFEST).read_text(), str(self.path))
+        if self.manifest.version >= 2:
+            where = self.path / RECORDS
+            try:
+                arrays = map_npz(where, map_file(where))
+            except (OSError, ValueError, zipfile.BadZipFile) as exc:
+                raise DatasetError(f"{where}: the record keys and checksums cannot be read "
+                                   f"({type(exc).__name__}); the dataset is damaged") from None
+            self.manifest.attach(*from_arrays(arrays, self.manifest.count, where))
         parts = self.manifest.extra.get("parts")
         if self.manifest.container != NAME or not isinstance(parts, list):
             raise DatasetError(f"{self.path}/{MANIFEST}: not the manifest of a sharded dataset")

@@ -6,6 +6,7 @@ container lay every field out contiguously once the final record count is known.
 
 from __future__ import annotations
 
+from array import array
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ class Spool:
         self.path = path
         self.field = field
         self.file = open(path, "wb")  # noqa: SIM115 - closed in close()
-        self.rows: list[int] = []
+        self.rows = array("q")  # 8 bytes a record, not a Python int object each
 
     def append(self, value: np.ndarray) -> None:
         self.file.write(np.ascontiguousarray(value).data)

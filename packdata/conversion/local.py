@@ -21,6 +21,7 @@ from packdata.conversion.job import ConvertResult, Job
 from packdata.conversion.pool import WorkerPool
 from packdata.errors import PackdataError, SampleError, SkippedSample, WorkerDied
 from packdata.manifest import Field, Manifest
+from packdata.recordmeta import MetaSpool
 from packdata.sources.base import SHOWN, STOPS, Item, Loaded, Source, reason_of, safe_load
 from packdata.units import available_cores
 
@@ -61,8 +62,7 @@ class _Records:
         self.writer: Writer | None = None
         self.fields: dict[str, Field] = {}
         self.first: Item | None = None
-        self.keys: list[str] = []
-        self.checksums: list[int] = []
+        self.meta: MetaSpool | None = None  # made with the writer: files beside the output
         self.skipped: list[dict[str, str]] = []
 
     def add(self, item: Item, loaded: Loaded) -> None:
@@ -71,6 +71,8 @@ class _Records:
             self.fields, self.first = self.job.source.fields(pairs[0][1]), item
             self.writer = self.job.container.WRITER(self.path, self.fields, self.job.options,
                                                     self.on_shard_closed)
+            # keys and checksums stream to files: memory stays flat in the record count
+            self.meta = MetaSpool(self.path.with_name(f"{self.path.name}.records"))
         if not isinstance(pairs, SampleError):
             pairs = self._checked(pairs, item)
         if isinstance(pairs, SampleError):
@@ -81,8 +83,7 @@ class _Records:
         for key, record in pairs:
             self.writer.append(key, record)  # type: ignore[union-attr]
             self.job.source.observe(record)
-            self.keys.append(key)
-            self.checksums.append(record_checksum(record, self.fields))
+            self.meta.append(key, record_checksum(record, self.fields))  # type: ignore[union-attr]
 
     def _checked(self, pairs: list[tuple[str, dict]], item: Item) -> list | SampleError:
         """The pairs, or a SampleError naming the file when a record does not match the fields
@@ -108,10 +109,11 @@ class _Records:
                 f"no input could be converted ({len(self.skipped)} failed); first: "
                 f"{first['path']}: {first['reason']}")
         source = self.job.source
+        keys, checksums = self.meta.finish()  # type: ignore[union-attr]
         manifest = Manifest(
             container=self.job.container.NAME, kind=source.kind, fields=self.fields,
-            count=len(self.keys), classes=source.classes, keys=self.keys,
-            checksums=self.checksums, skipped=self.skipped, **source.describe(),
+            count=len(keys), classes=source.classes, keys=keys,
+            checksums=checksums, skipped=self.skipped, **source.describe(),
         )
         manifest.options.update(self.job.options)
         ignored = {why: {"count": len(names), "first": names[:SHOWN]}
@@ -119,9 +121,12 @@ class _Records:
         if ignored:  # what the listing left out, so that it is never silent
             manifest.source["ignored"] = ignored
         self.writer.finish(manifest)
+        self.meta.remove()  # type: ignore[union-attr]  # mapped: readable until dropped
         return manifest
 
     def abort(self) -> None:
+        if self.meta is not None:
+            self.meta.remove()
         if self.writer is not None:
             with contextlib.suppress(Exception):  # e.g. a full disk again while flushing
                 self.writer.abort()

@@ -21,13 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packdata import atomic
+import numpy as np
+
+from packdata import atomic, containers
 from packdata.containers import sharded
 from packdata.conversion import engines, local
 from packdata.conversion.job import ConvertResult, Job
 from packdata.errors import PackdataError
 from packdata.interrupts import term_as_interrupt
 from packdata.manifest import Manifest
+from packdata.recordmeta import Keys, MetaSpool, arrays_of
 from packdata.sources.base import Source
 from packdata.units import available_cores
 
@@ -131,6 +134,8 @@ def write(job: Job, parts: Parts, *, workers: int | None = None, progress: Any =
                       job.container.NAME, size)
     if job.container.NAME == "tar":  # tar parts join into one plain tar dataset
         manifest = _join_tar(work, paths, manifest, job.options)
+    else:
+        np.savez(work / sharded.RECORDS, **arrays_of(manifest.keys, manifest.checksums))
     (work / RECIPE).unlink()
     (work / sharded.MANIFEST).write_text(manifest.to_json())  # last: now it is a dataset
     atomic.publish(work, job.dst)
@@ -175,10 +180,9 @@ def _join_tar(work: Path, paths: list[Path], manifest: Manifest,
               options: dict[str, Any]) -> Manifest:
     """Tar parts moved into one tar dataset: their shards renumbered into one sequence and their
     record indexes joined (shard numbers offset), so the result is an ordinary tar dataset."""
-    import numpy as np
-
     from packdata.containers import tar
     from packdata.containers.tar.indexes import idx_path, write_wids_index
+    from packdata.containers.tar.layout import RECORDS
 
     pattern = options.get("pattern") or next(o.default for o in tar.WRITER.OPTIONS
                                               if o.name == "pattern")
@@ -188,6 +192,8 @@ def _join_tar(work: Path, paths: list[Path], manifest: Manifest,
         part = Manifest.from_json((path / tar.MANIFEST).read_text(), str(path))
         with np.load(path / tar.INDEX, allow_pickle=False) as index:
             for key in index.files:
+                if key.startswith(RECORDS):  # the parts' own: the joined ones are written below
+                    continue
                 column = index[key] + len(shards) if key.endswith(".shard") else index[key]
                 columns.setdefault(key, []).append(column)
         for shard in part.extra["shards"]:
@@ -197,7 +203,8 @@ def _join_tar(work: Path, paths: list[Path], manifest: Manifest,
             if idx_path(path, shard["name"]).is_file():  # offsets within the shard: still valid
                 atomic.link_file(idx_path(path, shard["name"]), idx_path(work, name))
             shards.append({"name": name, "count": shard["count"]})
-    np.savez(work / tar.INDEX, **{k: np.concatenate(v) for k, v in columns.items()})
+    records = {f"{RECORDS}.{k}": v for k, v in arrays_of(manifest.keys, manifest.checksums).items()}
+    np.savez(work / tar.INDEX, **{k: np.concatenate(v) for k, v in columns.items()}, **records)
     write_wids_index(work, shards)
     for path in paths:  # manifests first: a part half deleted is no longer taken as finished
         (path / tar.MANIFEST).unlink()
@@ -237,11 +244,23 @@ def _merge(source: Source, parts: list[Manifest], paths: list[Path], container: 
                 extra.setdefault(key, value)
     extra["parts"] = [{"name": p.name, "count": m.count} for p, m in zip(paths, parts)]
     options = {**first.options, "part_container": container, "part_size": part_size}
+    keys, checksums = _joined_records(paths, containers.get(container))
     return Manifest(
         container=sharded.NAME, kind=first.kind, fields=first.fields,
         count=sum(m.count for m in parts), classes=source.classes,
-        source=first.source, options=options,
-        keys=[k for m in parts for k in m.keys],
-        checksums=[c for m in parts for c in m.checksums],
+        source=first.source, options=options, keys=keys, checksums=checksums,
         skipped=[s for m in parts for s in m.skipped], extra=extra,
     )
+
+
+def _joined_records(paths: list[Path], container: Any) -> tuple[Keys, np.ndarray]:
+    """The parts' keys and checksums, in order, streamed block by block from each part's own
+    arrays into files in the work directory (never all in Python lists)."""
+    spool = MetaSpool(paths[0].parent / "records")
+    for path in paths:
+        reader = container.READER(path)
+        spool.extend(reader.manifest.keys, reader.manifest.checksums)
+        reader.close()
+    joined = spool.finish()
+    spool.remove()  # mapped: readable until dropped
+    return joined

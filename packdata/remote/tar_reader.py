@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from packdata import atomic
-from packdata.checksum import chunks_checksum
+from packdata.checksum import algorithm_of, chunks_checksum
 from packdata.containers import tar
 from packdata.containers.base import Batch, Select
 from packdata.errors import DatasetError
@@ -176,7 +176,7 @@ class RemoteTarReader(tar.TarReader):
             chunks = (blobs[name][j] if name in blobs
                       else np.ascontiguousarray(self.index[f"{name}.values"][i]).data
                       for name in self.manifest.fields)
-            if chunks_checksum(chunks) != self.manifest.checksums[i]:
+            if chunks_checksum(chunks, algorithm_of(self.manifest.version)) != self.manifest.checksums[i]:
                 shard = self.shards_of([i])[0]
                 raise DatasetError(f"{self.shard_url(shard)}: shard corrupted (record "
                                    f"'{self.manifest.keys[i]}' does not match its checksum); "
@@ -198,7 +198,7 @@ class RemoteTarReader(tar.TarReader):
             chunks = (np.ascontiguousarray(column[j]).data if kind == "values"
                       else mapped[column[0][j] : column[0][j] + column[1][j]].data
                       for kind, column in columns)
-            if chunks_checksum(chunks) != expected[j]:
+            if chunks_checksum(chunks, algorithm_of(self.manifest.version)) != expected[j]:
                 self._forget(shard)
                 (self.local / self.shard_names[shard]).unlink(missing_ok=True)
                 raise DatasetError(f"{self.shard_url(shard)}: shard corrupted (record "

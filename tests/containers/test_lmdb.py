@@ -56,3 +56,26 @@ def test_a_replaced_dataset_reopens_in_the_same_process(tmp_path):
         src = copy_sample(tmp_path / f"src{n}", count=10 * n)
         packdata.convert(packdata.open_source(src), dst, workers=1)
         assert len(packdata.open(dst)) == 10 * n
+
+
+def test_environments_of_files_no_longer_at_their_path_are_closed(tmp_path):
+    """LMDB refuses files whose device and inode numbers an open environment's (deleted) files
+    had, in any role: the cache closes every environment whose data.mdb left its path before it
+    opens another, so a replaced dataset never meets the old one's numbers."""
+    import shutil
+
+    import packdata
+    from packdata.containers import lmdb as container
+    from tests.conftest import copy_sample
+
+    src = copy_sample(tmp_path / "src", count=10)
+    a, b = tmp_path / "a.lmdb", tmp_path / "b.lmdb"
+    packdata.convert(packdata.open_source(src), a, workers=1)
+    packdata.convert(packdata.open_source(src), b, workers=1)
+    packdata.open(a)[0]
+    old = [k for k, entry in container._envs.items() if entry[3] == str(a)]
+    assert len(old) == 1
+    shutil.rmtree(a)
+    packdata.open(b)[0]  # any other open sweeps the cache
+    assert old[0] not in container._envs
+    assert all(entry[3] != str(a) for entry in container._envs.values())

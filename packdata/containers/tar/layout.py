@@ -4,7 +4,9 @@ and checked against the others before any shard is mapped.
 A dataset folder holds ``shard-000000.tar`` … (see :mod:`.members` for their members),
 ``index.npz`` (numpy, no pickle: per field ``<field>.shard`` (int32), ``<field>.offset`` and
 ``<field>.nbytes`` (int64) locating each record's payload bytes, and ``<field>.values`` for scalar
-fields, so labels need no member reads), ``manifest.json`` (``extra.shards`` lists shard names and
+fields, so labels need no member reads; ``__records__.<array>``, the record keys and checksums
+of format version 2, :mod:`packdata.recordmeta`), stored uncompressed and mapped in place, not
+loaded; ``manifest.json`` (``extra.shards`` lists shard names and
 record counts) and the indexes other readers use (:mod:`.indexes`).
 """
 
@@ -15,11 +17,14 @@ from typing import Any
 
 import numpy as np
 
+from packdata.containers.base import map_file
 from packdata.errors import DatasetError
 from packdata.manifest import Manifest
+from packdata.recordmeta import from_arrays, map_npz
 
 MANIFEST = "manifest.json"
 INDEX = "index.npz"
+RECORDS = "__records__"
 
 
 def read_manifest(path: str | Path) -> Manifest:
@@ -41,15 +46,21 @@ def shard_paths(path: str | Path) -> list[Path]:
 
 def load_index(path: Path, manifest: Manifest) -> dict[str, np.ndarray]:
     """The per-record index of a tar dataset, checked against the manifest: one entry per record
-    for every field (the shard, offset and size of its member; or its value, for scalars)."""
+    for every field (the shard, offset and size of its member; or its value, for scalars). Its
+    arrays are views of the mapped file; a version-2 manifest gets its keys and checksums."""
     try:
-        with np.load(path, allow_pickle=False) as z:
-            index = {k: z[k] for k in z.files}
+        index = map_npz(path, map_file(path))
+    except DatasetError:
+        raise
     except Exception as exc:  # numpy's messages (e.g. "contains pickled data") mislead here
         raise DatasetError(f"{path}: the record index cannot be read ({exc.__class__.__name__}); "
                            "the dataset is damaged") from None
     wanted = [f"{name}.{part}" for name in manifest.fields
               for part in ("shard", "offset", "nbytes")]
+    if manifest.version >= 2:
+        prefix = f"{RECORDS}."
+        manifest.attach(*from_arrays({k[len(prefix):]: v for k, v in index.items()
+                                      if k.startswith(prefix)}, manifest.count, path))
     for key in wanted:
         if key not in index:
             raise DatasetError(f"{path}: the record index has no '{key}'; the dataset is damaged")

@@ -48,8 +48,8 @@ class TarReader(Reader):
 
     def _open(self) -> None:
         self.manifest = read_manifest(self.path)
+        self.index = load_index(self.path / INDEX, self.manifest)  # attaches keys, checksums
         check_manifest(self.manifest, self.path)
-        self.index = load_index(self.path / INDEX, self.manifest)
         shards = shard_list(self.path, self.manifest)
         self.shard_names = [s["name"] for s in shards]
         self.shard_start = np.concatenate([[0], np.cumsum([s["count"] for s in shards])]).astype(

@@ -4,6 +4,7 @@ the record index, wids index and manifest written last."""
 from __future__ import annotations
 
 import tarfile
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +12,13 @@ import numpy as np
 
 from packdata.containers.base import ShardClosed, Writer
 from packdata.containers.tar.indexes import idx_path, write_idx, write_wids_index
-from packdata.containers.tar.layout import INDEX, MANIFEST
+from packdata.containers.tar.layout import INDEX, MANIFEST, RECORDS
 from packdata.containers.tar.members import member_key as key_of_members
 from packdata.containers.tar.members import member_suffix, npy_header, ustar_header
 from packdata.errors import PackdataError
 from packdata.manifest import Field, Manifest
 from packdata.options import Option
+from packdata.recordmeta import arrays_of
 from packdata.units import parse_count_or_bytes
 
 
@@ -42,8 +44,8 @@ class TarWriter(Writer):
         self.shards: list[dict[str, Any]] = []
         self.file: Any = None  # the open shard
         self.offset = 0  # bytes written to the open shard
-        self.index: dict[str, list] = {
-            f"{n}.{col}": [] for n in fields for col in ("shard", "offset", "nbytes")
+        self.index: dict[str, array] = {  # 8 bytes a record each, not Python int objects
+            f"{n}.{col}": array("q") for n in fields for col in ("shard", "offset", "nbytes")
         }
         self.values = {n: [] for n, f in fields.items() if f.shape == ()}
         self.columns = {n: tuple(self.index[f"{n}.{col}"] for col in ("shard", "offset", "nbytes"))
@@ -124,6 +126,8 @@ class TarWriter(Writer):
         }
         for name, vals in self.values.items():
             arrays[f"{name}.values"] = np.asarray(vals, dtype=self.fields[name].np_dtype)
+        for name, values in arrays_of(manifest.keys, manifest.checksums).items():
+            arrays[f"{RECORDS}.{name}"] = values
         np.savez(self.path / INDEX, **arrays)
         manifest.extra["shards"] = self.shards
         write_wids_index(self.path, self.shards)

@@ -1,0 +1,256 @@
+"""Per-record metadata as arrays: record keys and checksums, stored inside the container
+(format version 2) and read lazily through memory maps, never as Python lists.
+
+The arrays (:data:`DTYPES`, byte order pinned):
+
+- ``keys``: every key's UTF-8 bytes, concatenated (uint8); ``key_offsets``: where key ``i``
+  starts and ends (``count + 1`` int64);
+- ``key_hashes``: XXH3-64 of each key, sorted; ``key_order``: the record of each sorted hash, so
+  :meth:`Keys.index_of` is a binary search, with no dict of all keys built;
+- ``checksums``: each record's checksum (uint64, :mod:`packdata.checksum`).
+
+:class:`MetaSpool` streams them to files during conversion (memory stays flat in the record
+count); :func:`map_npz` maps the members of an uncompressed ``.npz`` in place (tar and sharded
+datasets keep their arrays in one).
+"""
+
+from __future__ import annotations
+
+import struct
+import zipfile
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, overload
+
+import numpy as np
+import xxhash
+
+from packdata.errors import DatasetError
+
+DTYPES = {"keys": "|u1", "key_offsets": "<i8", "key_hashes": "<u8", "key_order": "<i8",
+          "checksums": "<u8"}
+FLUSH = 1 << 16  # records buffered by MetaSpool between writes
+
+
+def key_hash(key: str) -> int:
+    return xxhash.xxh3_64_intdigest(key.encode())
+
+
+class Keys(Sequence[str]):
+    """Record keys over arrays (see the module docstring): ``keys[i]``, ``len``, iteration and
+    :meth:`index_of` touch only the bytes they need."""
+
+    def __init__(self, data: np.ndarray, offsets: np.ndarray, hashes: np.ndarray | None = None,
+                 order: np.ndarray | None = None) -> None:
+        self.data, self.offsets, self.hashes, self.order = data, offsets, hashes, order
+
+    @classmethod
+    def from_list(cls, keys: Iterable[str]) -> Keys:
+        """Keys held in memory (a version-1 manifest's, or a test's)."""
+        encoded = [k.encode() for k in keys]
+        offsets = np.zeros(len(encoded) + 1, dtype="<i8")
+        np.cumsum([len(k) for k in encoded], out=offsets[1:])
+        data = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+        hashes = np.array([xxhash.xxh3_64_intdigest(k) for k in encoded], dtype="<u8")
+        order = np.argsort(hashes, kind="stable")
+        return cls(data, offsets, hashes[order], order)
+
+    def __len__(self) -> int:
+        return max(len(self.offsets) - 1, 0)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        i = int(i)
+        if not -n <= i < n:
+            raise IndexError(f"key {i} out of range for {n} records")
+        i %= n
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return self.data[a:b].tobytes().decode(errors="replace")
+
+    def __iter__(self) -> Iterator[str]:
+        return (self[i] for i in range(len(self)))
+
+    def index_of(self, key: str) -> int:
+        """The record whose key is ``key``; KeyError if none."""
+        if self.hashes is None or self.order is None:
+            raise KeyError(key)
+        h = np.uint64(key_hash(key))
+        lo, hi = np.searchsorted(self.hashes, h, "left"), np.searchsorted(self.hashes, h, "right")
+        for i in self.order[lo:hi].tolist():
+            if self[i] == key:
+                return int(i)
+        raise KeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        try:
+            self.index_of(key)  # type: ignore[arg-type]
+        except (KeyError, AttributeError):
+            return False
+        return True
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Keys):
+            return np.array_equal(self.offsets, other.offsets) and np.array_equal(
+                self.data, other.data)
+        if isinstance(other, (list, tuple)):
+            return len(other) == len(self) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Keys({len(self)} keys)"
+
+
+def arrays_of(keys: Keys, checksums: np.ndarray) -> dict[str, np.ndarray]:
+    """The arrays a container stores for ``keys`` and ``checksums``."""
+    if keys.hashes is None or keys.order is None:
+        keys = Keys.from_list(keys)
+    arrays = {"keys": keys.data, "key_offsets": keys.offsets, "key_hashes": keys.hashes,
+              "key_order": keys.order, "checksums": checksums}
+    return {k: np.asarray(v).astype(DTYPES[k], copy=False) for k, v in arrays.items()}
+
+
+def from_arrays(arrays: dict[str, np.ndarray], count: int, where: Any) -> tuple[Keys, np.ndarray]:
+    """Keys and checksums from stored arrays, checked in O(1): sizes and dtypes, the offsets'
+    ends (a damaged offset inside gives a wrong key, never a read outside the array)."""
+    for name, dtype in DTYPES.items():
+        a = arrays.get(name)
+        if a is None or a.ndim != 1 or a.dtype != np.dtype(dtype):
+            raise DatasetError(f"{where}: the record metadata '{name}' is missing or damaged; "
+                               "the dataset is damaged")
+    offsets, data = arrays["key_offsets"], arrays["keys"]
+    sizes = {"key_offsets": count + 1, "key_hashes": count, "key_order": count,
+             "checksums": count}
+    bad = [n for n, size in sizes.items() if len(arrays[n]) != size]
+    if bad or offsets[0] != 0 or offsets[-1] != len(data):
+        raise DatasetError(f"{where}: the record metadata ({', '.join(bad) or 'key_offsets'}) "
+                           f"does not describe {count} records; the dataset is damaged")
+    keys = Keys(data, offsets, arrays["key_hashes"], arrays["key_order"])
+    return keys, arrays["checksums"]
+
+
+class MetaSpool:
+    """Keys and checksums appended record by record to files beside the output (``stem`` +
+    ``.<array>``), buffered a few thousand records at a time."""
+
+    def __init__(self, stem: Path) -> None:
+        self.stem = stem
+        self.files = {n: open(self.path(n), "wb") for n in ("keys", "offsets", "hashes",  # noqa: SIM115
+                                                            "checksums")}
+        self.count, self.nbytes = 0, 0
+        self.pending: dict[str, list] = {"offsets": [], "hashes": [], "checksums": []}
+        self.files["offsets"].write(np.zeros(1, "<i8").tobytes())
+
+    def path(self, name: str) -> Path:
+        return self.stem.with_name(f"{self.stem.name}.{name}")
+
+    def append(self, key: str, checksum: int) -> None:
+        encoded = key.encode()
+        self.files["keys"].write(encoded)
+        self.nbytes += len(encoded)
+        self.pending["offsets"].append(self.nbytes)
+        self.pending["hashes"].append(xxhash.xxh3_64_intdigest(encoded))
+        self.pending["checksums"].append(checksum)
+        self.count += 1
+        if len(self.pending["checksums"]) >= FLUSH:
+            self._flush()
+
+    def _flush(self) -> None:
+        for name, dtype in (("offsets", "<i8"), ("hashes", "<u8"), ("checksums", "<u8")):
+            self.files[name].write(np.asarray(self.pending[name], dtype=dtype).tobytes())
+            self.pending[name].clear()
+
+    def extend(self, keys: Keys, checksums: np.ndarray, block: int = FLUSH) -> None:
+        """Another dataset's keys and checksums appended (a part's), block by block."""
+        for a in range(0, len(keys), block):
+            b = min(a + block, len(keys))
+            lo, hi = int(keys.offsets[a]), int(keys.offsets[b])
+            self._flush()
+            self.files["keys"].write(np.asarray(keys.data[lo:hi]).tobytes())
+            offsets = np.asarray(keys.offsets[a + 1 : b + 1], dtype="<i8") - lo + self.nbytes
+            self.files["offsets"].write(offsets.tobytes())
+            self.nbytes += hi - lo
+            got = [xxhash.xxh3_64_intdigest(keys.data[int(keys.offsets[i]):
+                                                       int(keys.offsets[i + 1])].tobytes())
+                   for i in range(a, b)]
+            self.files["hashes"].write(np.asarray(got, dtype="<u8").tobytes())
+            self.files["checksums"].write(np.asarray(checksums[a:b], dtype="<u8").tobytes())
+            self.count += b - a
+
+    def finish(self) -> tuple[Keys, np.ndarray]:
+        """Keys and checksums over the spooled files (memory-mapped), hashes sorted."""
+        self._flush()
+        for f in self.files.values():
+            f.close()
+        hashes = _mapped(self.path("hashes"), "<u8")
+        order = np.argsort(hashes, kind="stable")
+        np.asarray(hashes[order]).tofile(self.path("sorted"))
+        order.astype("<i8").tofile(self.path("order"))
+        del order, hashes
+        keys = Keys(_mapped(self.path("keys"), "|u1"), _mapped(self.path("offsets"), "<i8"),
+                    _mapped(self.path("sorted"), "<u8"), _mapped(self.path("order"), "<i8"))
+        return keys, _mapped(self.path("checksums"), "<u8")
+
+    def remove(self) -> None:
+        for f in self.files.values():
+            f.close()
+        for name in ("keys", "offsets", "hashes", "checksums", "sorted", "order"):
+            self.path(name).unlink(missing_ok=True)
+
+
+def _mapped(path: Path, dtype: str) -> np.ndarray:
+    if path.stat().st_size == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r")
+
+
+def map_npz(path: Path, whole: np.ndarray) -> dict[str, np.ndarray]:
+    """The members of the uncompressed ``.npz`` at ``path`` as arrays over ``whole`` (the file
+    memory-mapped): nothing is read but the zip directory and the ``.npy`` headers. A damaged
+    file is a DatasetError naming it, whatever zipfile or numpy's header parser raised."""
+    try:
+        return _map_npz(path, whole)
+    except DatasetError:
+        raise
+    except Exception as exc:  # e.g. zipfile.BadZipFile, tokenize.TokenError from a header
+        raise DatasetError(f"{path}: cannot be read ({type(exc).__name__}: {exc}); the dataset "
+                           "is damaged") from None
+
+
+def _map_npz(path: Path, whole: np.ndarray) -> dict[str, np.ndarray]:
+    arrays = {}
+    with zipfile.ZipFile(path) as z, open(path, "rb") as f:
+        for info in z.infolist():
+            if info.compress_type != zipfile.ZIP_STORED or not info.filename.endswith(".npy"):
+                raise DatasetError(f"{path}: '{info.filename}' is compressed or not an array; "
+                                   "the dataset is damaged")
+            f.seek(info.header_offset)
+            head = f.read(30)
+            if len(head) < 30 or head[:4] != b"PK\x03\x04":
+                raise DatasetError(f"{path}: a damaged zip entry; the dataset is damaged")
+            name_len, extra_len = struct.unpack("<HH", head[26:30])
+            start = info.header_offset + 30 + name_len + extra_len
+            f.seek(start)
+            version = np.lib.format.read_magic(f)
+            read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                           (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if read_header is None:
+                raise DatasetError(f"{path}: '{info.filename}' is no .npy array; the dataset "
+                                   "is damaged")
+            shape, fortran, dtype = read_header(f)
+            data = f.tell()
+            size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            if fortran or dtype.hasobject or data + size > len(whole) or \
+                    size > info.file_size:
+                raise DatasetError(f"{path}: '{info.filename}' does not fit the file; the "
+                                   "dataset is damaged")
+            arrays[info.filename[:-4]] = whole[data : data + size].view(dtype).reshape(shape)
+    return arrays
