@@ -29,7 +29,8 @@ RESULTS = ROOT / "bench" / "results"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "examples" / "README.md"]
 MARKER = re.compile(r"^<!--\s*figures:\s*(.+?)\s*-->$")
 #: a number as the docs print it: 1,234.5 with an optional unit that scales it
-NUMBER = re.compile(r"(?<![\w.\-])([≤≥<>]\s*)?(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?(\s*%|×| M\b| MiB\b| ms\b)?")
+NUMBER = re.compile(r"(?<![\w.\-])([≤≥<>]\s*)?(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?"
+                    r"(\s*%|×| M\b| MiB\b| ms\b)?")
 
 
 def tables(doc: Path) -> list[tuple[int, str | None, list[list[str]]]]:
