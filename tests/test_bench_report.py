@@ -63,6 +63,12 @@ def test_terminal_report(result):
     assert re.search(r"best: num_workers=|no clear winner: ", text)
     assert "GFLOP per sample per training step" in text
     assert "step-time breakdown" in text and "data loading is" in text
+    assert result["settings"]["warm"] is True
+    assert "I/O timed warm: each measurement first read, untimed, the batches it timed" in text
+    cold = {**result, "settings": {**result["settings"], "warm": False}}
+    console = Console(record=True, width=150)
+    print_report(cold, console)
+    assert "I/O timed cold: first reads after opening" in console.export_text()
 
 
 def test_plot_is_a_png(result, tmp_path):

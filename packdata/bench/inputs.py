@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, Dataset
 
 import packdata
@@ -63,13 +64,21 @@ class BenchInput:
     def loader(self, batch_size: int, options: LoaderOptions, seed: int = 0) -> DataLoader:
         """Shuffled batches: packdata's batched loader, or a stock DataLoader over the files."""
         kwargs = options.dataloader_kwargs()
-        if self.format == FOLDER:
-            return DataLoader(self.dataset, batch_size=batch_size, shuffle=True, **kwargs)
+        if self.format == FOLDER:  # a seeded generator: rewind() replays the order
+            return DataLoader(self.dataset, batch_size=batch_size, shuffle=True,
+                              generator=torch.Generator().manual_seed(seed), **kwargs)
         # token ids of varying length become (ids, mask) B×T, what the transformer takes
         collate = PadCollate() if self.kind == "text" else None
         # every measuring round builds its loader and replays epoch 0's order on purpose
         return packdata.loader(self.dataset, batch_size, seed=seed, collate=collate,  # type: ignore[arg-type]
                                epoch=0, **kwargs)
+
+    def rewind(self, loader: Any, seed: int = 0) -> None:
+        """Make ``loader`` (from :meth:`loader`) serve its first epoch's order again."""
+        if self.format == FOLDER:
+            loader.generator.manual_seed(seed)
+        else:
+            loader.set_epoch(0)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "path": str(self.path), "format": self.format,

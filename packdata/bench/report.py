@@ -20,7 +20,7 @@ SCHEMA: dict[str, tuple[str, ...]] = {
          "seconds"),
     "dataset": ("name", "path", "format", "kind", "count", "num_classes"),
     "settings": ("model", "batch_size", "device", "amp", "steps", "warmup", "max_seconds",
-                 "workers", "seed", "loader", "augment", "target"),
+                 "workers", "seed", "warm", "loader", "augment", "target"),
     "loader": ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers",
                "non_blocking"),
     "environment": ("torch", "python", "cpu_count", "torch_threads", "device_name"),
@@ -112,6 +112,7 @@ def print_report(result: dict[str, Any], console: Console) -> None:
                       f"{loop['load_ms']:.1f}", f"{loop['train_ms']:.1f}",
                       f"{loop['load_share']:.0%}", f"{run['io_over_train']:.1f}×")
     console.print(table)
+    console.print(warmth_line(s), highlight=False)
     console.print(flops_line(result), highlight=False)
     for run in result["runs"]:
         prefix = f"[bold]{run['input']['name']}[/bold]: " if len(result["runs"]) > 1 else ""
@@ -122,6 +123,15 @@ def print_report(result: dict[str, Any], console: Console) -> None:
         print_sweep(result["sweep"], console)
     if result.get("profile"):
         print_profile(result["profile"], console)
+
+
+def warmth_line(settings: dict[str, Any]) -> str:
+    """Whether I/O was timed warm or cold: first reads after opening a dataset are slower."""
+    if settings.get("warm", True):
+        return ("I/O timed warm: each measurement first read, untimed, the batches it timed "
+                "(first reads after opening a dataset are slower; --cold times them)")
+    return ("I/O timed cold: first reads after opening (the page cache and LMDB's record "
+            "lookups are cold), so this depends on what was read before")
 
 
 def flops_line(result: dict[str, Any]) -> str:

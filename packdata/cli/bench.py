@@ -57,6 +57,10 @@ def bench(
         help="Bound of each measurement, warm-up included (it ends within this plus one step "
         "even if --steps are not done).")] = 20.0,
     workers: Annotated[int, typer.Option(help="DataLoader worker processes.")] = 0,
+    warm: Annotated[bool, typer.Option(
+        "--warm/--cold", help="Warm: each measurement first reads, untimed, the batches it "
+        "times (first reads after opening a dataset are slower); cold times first reads.")
+    ] = True,
     augment: Annotated[str | None, typer.Option(
         help="Augmentation on the I/O side, on the device after the copy, as training runs it: "
         "'cifar' (random crop with padding 4, flip, normalise).")] = None,
@@ -97,7 +101,7 @@ def bench(
     try:
         settings = BenchSettings(model=model, batch_size=batch_size, device=device.value,
                                  amp=amp, steps=steps, warmup=warmup, max_seconds=max_seconds,
-                                 workers=workers)
+                                 workers=workers, warm=warm)
         result = run_bench(dataset, settings, sweep=sweep, sweep_seconds=sweep_seconds,
                            sweep_repeats=sweep_repeats, profile_dir=profile, compare=compare,
                            augment=augment, target_gpu=target_gpu, target_flops=target_flops,
