@@ -17,6 +17,7 @@ from packdata import containers, sources
 from packdata.bench.baselines import PerFileImageDataset
 from packdata.collate import PadCollate
 from packdata.errors import DatasetError, PackdataError
+from packdata.urls import is_url
 
 FOLDER = "folder"
 #: where --compare writes each container, by container name
@@ -51,7 +52,7 @@ class BenchInput:
     """One input to measure: its dataset and how to build a loader over it."""
 
     name: str  # as the table shows it: "lmdb", "folder"…
-    path: Path
+    path: Path | str  # a str for a URL
     format: str  # a container name, or "folder"
     kind: str
     dataset: Dataset
@@ -103,6 +104,10 @@ def _num_classes(classes: list[str] | None) -> int:
 def open_input(path: str | Path) -> BenchInput:
     """A packdata dataset at ``path``, or else an image folder; otherwise an error saying what
     is there."""
+    if is_url(path):  # object storage holds packdata datasets only
+        ds = packdata.open(path)
+        m = ds.manifest
+        return BenchInput(m.container, path, m.container, m.kind, ds, _num_classes(m.classes))
     path = Path(path)
     try:
         containers.for_existing(path)

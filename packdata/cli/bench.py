@@ -41,8 +41,9 @@ class BenchDevice(str, Enum):
 
 @app.command()
 def bench(
-    dataset: Annotated[Path, typer.Argument(
-        help="A packdata dataset, or a plain image folder (labels.* inside, or class sub-folders).")],
+    dataset: Annotated[str, typer.Argument(  # a str: Path("s3://b/ds") is "s3:/b/ds"
+        help="A packdata dataset (a path, or a URL: s3://bucket/ds), or a plain image folder "
+        "(labels.* inside, or class sub-folders).")],
     model: Annotated[str, typer.Option(
         help="small-cnn, resnet18, pointnet, transformer, or module:callable / file.py:callable "
         "returning a torch.nn.Module. 'auto': by sample kind (images: resnet18 on a GPU, "

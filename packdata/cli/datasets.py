@@ -14,10 +14,13 @@ from rich.table import Table
 from packdata.cli.app import app, console, fail
 from packdata.errors import PackdataError
 
+# a str, not a Path: Path("s3://bucket/ds") is "s3:/bucket/ds"
+DATASET_HELP = "A packdata dataset: a path, or a URL (s3://bucket/ds) as packdata.open takes."
+
 
 @app.command()
 def inspect(
-    dataset: Annotated[Path, typer.Argument(help="A packdata dataset.")],
+    dataset: Annotated[str, typer.Argument(help=DATASET_HELP)],
     preview: Annotated[Path | None, typer.Option(
         help="Write a PNG grid of the first samples (image datasets).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
@@ -69,7 +72,7 @@ def inspect(
 
 @app.command()
 def verify(
-    dataset: Annotated[Path, typer.Argument(help="A packdata dataset.")],
+    dataset: Annotated[str, typer.Argument(help=DATASET_HELP)],
     source: Annotated[Path | None, typer.Option(
         help="Also compare every record with a fresh conversion of this input folder (with the "
         "options the manifest recorded).")] = None,
@@ -85,9 +88,9 @@ def verify(
     try:
         src = None
         if source is not None:
-            from packdata.containers import for_existing
+            from packdata.dataset import open_dataset
 
-            src = source_for(for_existing(dataset).READER(dataset).manifest, source)
+            src = source_for(open_dataset(dataset, verify="off").manifest, source)
         report = run_verify(dataset, source=src, deep=deep)
     except (PackdataError, OSError) as exc:
         fail(exc)
@@ -116,7 +119,7 @@ def verify(
 
 @app.command("check-resume")
 def check_resume(
-    dataset: Annotated[Path, typer.Argument(help="A packdata dataset.")],
+    dataset: Annotated[str, typer.Argument(help=DATASET_HELP)],
     trials: Annotated[int, typer.Option(help="Random interruptions per scenario.")] = 2,
     seed: Annotated[int, typer.Option(help="Seed of the samplers and of the interruptions.")] = 0,
     batch_size: Annotated[int, typer.Option(help="Batch size of every scenario.")] = 64,
@@ -148,14 +151,22 @@ def check_resume(
 
 @app.command("index")
 def index(
-    dataset: Annotated[Path, typer.Argument(help="A packdata tar dataset.")],
+    dataset: Annotated[str, typer.Argument(
+        help="A packdata tar dataset (a folder, or a URL: s3://bucket/ds).")],
 ) -> None:
     """Write the indexes other readers use into a tar dataset made by an older packdata: a DALI
     .idx per shard (wds2idx layout) and a wids index JSON."""
-    from packdata.containers.tar.reindex import write_reader_indexes
+    from packdata.urls import is_url
 
     try:
-        written = write_reader_indexes(dataset)
+        if is_url(dataset):
+            from packdata.remote.tar_reader import write_reader_indexes_at
+
+            written: list = write_reader_indexes_at(dataset)
+        else:
+            from packdata.containers.tar.reindex import write_reader_indexes
+
+            written = write_reader_indexes(dataset)
     except (PackdataError, OSError) as exc:
         fail(exc)
     print(f"wrote {len(written)} index files in {dataset}")
