@@ -50,7 +50,8 @@ def _records(path: Path) -> tuple[list, list]:
 
 def test_dask_matches_one_and_two_processes(tmp_path, png_folder, packed, client):
     source = packdata.open_source(png_folder)
-    on_dask = packdata.convert(source, tmp_path / "dask.h5", client=client, part_size=30)
+    on_dask = packdata.convert(source, tmp_path / "dask", container="hdf5", client=client,
+                               part_size=30)
     assert on_dask.manifest.container == "sharded" and len(on_dask.manifest.extra["parts"]) == 4
     one = packdata.convert(source, tmp_path / "one.h5", workers=1)
     two = packdata.convert(source, tmp_path / "two.h5", workers=2)

@@ -83,7 +83,7 @@ def convert(
     src: Annotated[str, typer.Argument(
         help="Input: a folder of files, one per sample (or a URL: s3://bucket/raw/).")],
     dst: Annotated[str, typer.Argument(
-        help="Output. *.lmdb → LMDB; *.h5/*.hdf5 → HDF5; a directory, NAME.tar or "
+        help="Output. *.lmdb → LMDB; *.h5/*.hdf5 → one HDF5 file; a directory, NAME.tar or "
         "DIR/NAME-%06d.tar → uncompressed tar shards (webdataset naming); a URL "
         "(s3://bucket/ds/) → tar shards in object storage.")],
     format: Annotated[ContainerName | None, typer.Option(
@@ -98,7 +98,8 @@ def convert(
     overwrite: Annotated[bool, typer.Option(
         help="Replace DST if it is an existing packdata dataset.")] = False,
     engine: Annotated[Engine | None, typer.Option(
-        help="Convert in parts, as independent tasks, into a sharded dataset: 'local' runs "
+        help="Convert in parts, as independent tasks, into a sharded dataset (a folder: with "
+        "HDF5 or LMDB parts, name DST as a folder and give --format): 'local' runs "
         "them in --workers processes, 'dask' on a Dask cluster (a LocalCluster of --workers "
         "processes, or --scheduler's).")] = None,
     scheduler: Annotated[str | None, typer.Option(
