@@ -105,3 +105,38 @@ def test_unreachable_scheduler_is_a_clear_error_within_seconds(tmp_path, png_fol
         packdata.convert(packdata.open_source(png_folder), tmp_path / "out",
                          scheduler="tcp://127.0.0.1:9")
     assert time.perf_counter() - start < 10
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("launch", ["module", "script"])
+def test_ctrl_c_during_a_dask_conversion_is_one_line(tmp_path, png_folder, launch):
+    """A terminal's Ctrl-C reaches the whole process group, the LocalCluster's workers too:
+    the command says one line, not a traceback per worker. The console script's workers
+    re-import its main module (multiprocessing's spawn); ``python -m`` workers do not."""
+    import signal
+    import subprocess
+    import sys
+
+    from packdata.conversion.parts import work_dir
+    from tests.conftest import fifo_folder
+
+    folder = fifo_folder(tmp_path / "in", png_folder)  # the last input blocks its part forever
+    script = tmp_path / "packdata-script"
+    script.write_text("import sys\nfrom packdata.__main__ import main\n"
+                      "if __name__ == '__main__':\n    sys.exit(main())\n")
+    command = [sys.executable, "-m", "packdata"] if launch == "module" else \
+        [sys.executable, str(script)]
+    out = tmp_path / "out"
+    proc = subprocess.Popen([*command, "convert", str(folder), str(out), "--engine", "dask",
+                             "--workers", "2", "--part-size", "2"],
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            cwd=Path(__file__).parents[1])
+    deadline = time.monotonic() + 120
+    while len(list(work_dir(out).glob("part-*"))) < 2:  # the cluster runs: parts are finished
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    said = [line for line in proc.stderr if line.strip() and "no labels found" not in line]
+    assert proc.wait(timeout=60) == 130, said
+    assert said == [f"interrupted: nothing was written to {out} (finished parts are kept: "
+                    "rerun with --resume to continue)\n"], said

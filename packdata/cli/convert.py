@@ -168,6 +168,7 @@ def _run_convert(src: str, dst: str, kind: Enum | None, options: dict[str, Any],
     with Progress(
         "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
         TimeRemainingColumn(), console=console, transient=True,
+        disable=not console.is_terminal,  # in a log, a bar leaves only an empty line
     ) as bar:
         task = bar.add_task(escape(f"converting {src}"), total=None)
         return run_convert(
