@@ -363,3 +363,26 @@ def test_cli_index_writes_the_reader_indexes_at_a_url(remote, s3, cli_env):
     assert f"wrote {len(wanted)} index files in {url}" in result.stdout
     fs.invalidate_cache()
     assert {name: fs.cat_file(f"{url}/{name}") for name in wanted} == wanted
+
+
+def test_a_missing_bucket_is_refused_before_converting(s3, png_folder, monkeypatch, cli_env):
+    from packdata.sources import images
+
+    def never(*args):
+        raise AssertionError("an input was loaded")
+
+    monkeypatch.setattr(images.ImageSource, "load", never)
+    monkeypatch.setattr(images.ImageSource, "load_block", never)
+    with pytest.raises(DatasetError, match="s3://no-such-bucket/ds: no such bucket "
+                                           "'no-such-bucket'; create it first"):
+        packdata.convert(packdata.open_source(png_folder), "s3://no-such-bucket/ds",
+                         storage_options=s3, workers=1)
+    result = cli_env("convert", png_folder, "s3://no-such-bucket/ds", "--workers", "1")
+    assert result.exit_code == 2
+    assert result.output.strip() == "error: s3://no-such-bucket/ds: no such bucket " \
+        "'no-such-bucket'; create it first, or check the name"
+    unreachable = {"key": "k", "secret": "s",
+                   "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}
+    with pytest.raises(PackdataError, match="cannot reach s3://nowhere/ds"):
+        packdata.convert(packdata.open_source(png_folder), "s3://nowhere/ds",
+                         storage_options=unreachable, workers=1)
