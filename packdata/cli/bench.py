@@ -9,12 +9,13 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape  # help is Rich markup: "[plot]" would be taken for a tag
 
-from packdata.cli.app import app, console, fail
+from packdata.cli.app import Command, app, console, fail
 from packdata.errors import PackdataError
 
 
-@app.command()
+@app.command(cls=Command)
 def demo(
     count: Annotated[int, typer.Option(help="Images in the demo folder.")] = 10_000,
     workdir: Annotated[Path | None, typer.Option(
@@ -39,7 +40,7 @@ class BenchDevice(str, Enum):
     cuda = "cuda"
 
 
-@app.command()
+@app.command(cls=Command)
 def bench(
     dataset: Annotated[str, typer.Argument(  # a str: Path("s3://b/ds") is "s3:/b/ds"
         help="A packdata dataset (a path, or a URL: s3://bucket/ds), or a plain image folder "
@@ -66,7 +67,7 @@ def bench(
         help="Augmentation on the I/O side, on the device after the copy, as training runs it: "
         "'cifar' (random crop with padding 4, flip, normalise).")] = None,
     sweep: Annotated[bool, typer.Option(
-        help="Also time the real loop for num_workers 0…cores × prefetch_factor × "
+        help="Also time the real loop for num_workers from 0 to the cores × prefetch_factor × "
         "persistent_workers (× pin_memory × non_blocking on CUDA), each several times.")] = False,
     sweep_seconds: Annotated[float, typer.Option(
         help="Time budget of the whole sweep, shared by every run of every configuration.")] = 60.0,
@@ -88,7 +89,8 @@ def bench(
         "and measure each beside the folder.")] = False,
     as_json: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON.")] = None,
     plot: Annotated[Path | None, typer.Option(
-        help="Write a PNG chart (needs matplotlib: pip install \"packdata[plot]\").")] = None,
+        help=escape('Write a PNG chart (needs matplotlib: pip install "packdata[plot]").'))
+    ] = None,
 ) -> None:
     """Does I/O outrun training? Measures I/O alone, training alone and the real loop.
 

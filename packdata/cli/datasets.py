@@ -11,14 +11,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from packdata.cli.app import app, console, fail
+from packdata.cli.app import Command, app, console, fail
 from packdata.errors import PackdataError
 
 # a str, not a Path: Path("s3://bucket/ds") is "s3:/bucket/ds"
 DATASET_HELP = "A packdata dataset: a path, or a URL (s3://bucket/ds) as packdata.open takes."
 
 
-@app.command()
+@app.command(cls=Command)
 def inspect(
     dataset: Annotated[str, typer.Argument(help=DATASET_HELP)],
     preview: Annotated[Path | None, typer.Option(
@@ -51,7 +51,7 @@ def inspect(
         codec = f" ({f['codec']})" if f.get("codec") else ""
         add_row(f"field {name}", f"{f['dtype']} {shape}{codec}")
     for name, stats in info.get("lengths", {}).items():
-        add_row(f"{name} lengths", ", ".join(f"{k} {v:,}" for k, v in stats.items()))
+        add_row(f"{name} lengths", ", ".join(f"{k} {_number(v)}" for k, v in stats.items()))
     if "padding" in info:
         p = info["padding"]
         add_row(f"padding (batches of {p['batch_size']})",
@@ -70,7 +70,12 @@ def inspect(
         console.print(f"preview written to {preview}", markup=False)
 
 
-@app.command()
+def _number(value: float) -> str:
+    """1,024 for an integral value (a median of whole lengths is often one), else 1,024.5."""
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
+
+
+@app.command(cls=Command)
 def verify(
     dataset: Annotated[str, typer.Argument(help=DATASET_HELP)],
     source: Annotated[Path | None, typer.Option(
@@ -117,7 +122,7 @@ def verify(
 
 
 
-@app.command("check-resume")
+@app.command("check-resume", cls=Command)
 def check_resume(
     dataset: Annotated[str, typer.Argument(help=DATASET_HELP)],
     trials: Annotated[int, typer.Option(help="Random interruptions per scenario.")] = 2,
@@ -149,7 +154,7 @@ def check_resume(
         raise typer.Exit(1)
 
 
-@app.command("index")
+@app.command("index", cls=Command)
 def index(
     dataset: Annotated[str, typer.Argument(
         help="A packdata tar dataset (a folder, or a URL: s3://bucket/ds).")],
