@@ -90,8 +90,8 @@ def test_default_part_size_follows_the_cluster_not_this_machine(tmp_path, png_fo
     # fork of later conversions in this test process
     with distributed.LocalCluster(n_workers=1, threads_per_worker=threads, processes=True,
                                   dashboard_address=":0") as cluster:
-        result = packdata.convert(packdata.open_source(png_folder), tmp_path / "out.h5",
-                                  scheduler=cluster.scheduler_address)
+        result = packdata.convert(packdata.open_source(png_folder), tmp_path / "out",
+                                  container="hdf5", scheduler=cluster.scheduler_address)
     assert result.manifest.options["part_size"] == size(threads)
     assert len(result.manifest.extra["parts"]) == math.ceil(120 / size(threads))
 
