@@ -3,11 +3,19 @@ first heavy import (torch loads for seconds; an interrupt then is one line, not 
 
 from __future__ import annotations
 
+import multiprocessing
+import signal
 import sys
 
 from packdata import interrupts
 
-interrupts.install()  # first: importing this module means running the command line
+if getattr(multiprocessing.current_process(), "_inheriting", False):
+    # a worker process the command spawned (Dask's, the pool's) re-imports the command's main
+    # module: a terminal's Ctrl-C reaches it too, but stopping it is the command's job (one
+    # line, the workers shut down), not a traceback of its own
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+else:
+    interrupts.install()  # first: importing this module means running the command line
 
 
 def main() -> int:

@@ -10,14 +10,18 @@ import numpy as np
 from packdata.containers.base import disk_size
 from packdata.dataset import open_dataset
 from packdata.errors import DatasetError
+from packdata.remote.storage import errors
 from packdata.sampling import EpochBatchSampler, LengthBucketBatchSampler, padding_fraction
+from packdata.urls import is_url
 
 PADDING_BATCH = 64  # batch size of the padding estimate shown for text datasets
 
 
 def describe(path: str | Path) -> dict[str, Any]:
-    """Count, fields, classes, size on disk and creation parameters of the dataset at ``path``."""
-    path = Path(path)
+    """Count, fields, classes, size on disk and creation parameters of the dataset at ``path``
+    (a path or a URL, as :func:`packdata.open` takes; at a URL the size is what is stored)."""
+    url = is_url(path)
+    path = str(path).rstrip("/") if url else Path(path)
     ds = open_dataset(path)
     m = ds.manifest
     info: dict[str, Any] = {
@@ -27,7 +31,7 @@ def describe(path: str | Path) -> dict[str, Any]:
         "count": m.count,
         "fields": {k: f.to_dict() for k, f in m.fields.items()},
         "classes": m.classes,
-        "bytes_on_disk": disk_size(path),
+        "bytes_on_disk": _stored_size(ds.reader) if url else disk_size(Path(path)),
         "source": m.source,
         "options": m.options,
         "skipped": len(m.skipped),
@@ -50,6 +54,12 @@ def describe(path: str | Path) -> dict[str, Any]:
             "bucketed": LengthBucketBatchSampler(lengths, PADDING_BATCH).padding_fraction(0),
         }
     return info
+
+
+def _stored_size(reader: Any) -> int:
+    """Bytes stored under a dataset at a URL (its remote reader's filesystem and path)."""
+    with errors(reader.url):
+        return int(reader.fs.du(reader.remote))
 
 
 def preview(path: str | Path, out: str | Path, count: int = 64, columns: int = 8) -> Path:

@@ -37,23 +37,26 @@ class Option:
         if value is None:
             return value
         if self.choices and value not in self.choices:
-            raise OptionError(f"{self.name} '{value}': expected one of {', '.join(self.choices)}")
+            raise OptionError(f"{self.flag} '{value}': expected one of {', '.join(self.choices)}")
         numeric = {int: numbers.Integral, float: numbers.Real}.get(self.type)
         if (numeric or self.type is bool) and (
             isinstance(value, bool) != (self.type is bool)
             or not isinstance(value, numeric or bool)
         ):
-            raise OptionError(f"{self.name} {value!r}: expected {self.type.__name__}")
+            raise OptionError(f"{self.flag} {value!r}: expected {self.type.__name__}")
         return value
 
 
 def resolve(kind: str, options: Iterable[Option], given: dict[str, Any],
             what: str = "sources") -> dict[str, Any]:
     """Every option of ``kind``: the given value, checked, or its default. An option the kind
-    does not have is an OptionError naming the kind and listing the ones it has."""
+    does not have is an OptionError naming the kind and listing the ones it has (as flags:
+    ``--max-size``, the command line's names; the keyword is the same with ``_``)."""
     table = {o.name: o for o in options}
     unknown = [name for name in given if name not in table]
     if unknown:
-        raise OptionError(f"option '{unknown[0]}' does not apply to {kind} {what} (theirs: "
-                          f"{', '.join(table) or 'none'}; see `packdata convert --help`)")
+        flag = "--" + unknown[0].replace("_", "-")
+        raise OptionError(f"option {flag} does not apply to {kind} {what} (theirs: "
+                          f"{', '.join(o.flag for o in table.values()) or 'none'}; see "
+                          "`packdata convert --help`)")
     return {name: o.check(given.get(name, o.default)) for name, o in table.items()}

@@ -20,6 +20,10 @@ import numpy as np
 from packdata.errors import ArgumentTypeError, ResumeError
 
 STATE_FORMAT = 1
+#: what a saved position means: bump it when the same state would serve other samples (the
+#: samplers' or the stream's order, the position's layout). A state is refused across packdata
+#: versions only when this differs; states saved before it was recorded have order 1.
+ORDER_VERSION = 1
 
 
 def packdata_version() -> str:
@@ -42,6 +46,56 @@ def fingerprint(dataset: Any) -> str:
     return f"{crc:08x}"
 
 
+def _crc32(obj: Any) -> str:
+    return f"{zlib.crc32(json.dumps(obj, separators=(',', ':')).encode()):08x}"
+
+
+def _crc32_of_arrays(*arrays: Any) -> str:
+    """CRC-32 of arrays' bytes (per-record metadata is arrays, never Python lists)."""
+    crc = 0
+    for array in arrays:
+        crc = zlib.crc32(memoryview(np.ascontiguousarray(array)).cast("B"), crc)
+    return f"{crc:08x}"
+
+
+def _shape(shape: Any) -> str:
+    return "×".join("N" if s is None else str(s) for s in shape) or "scalar"
+
+
+def records(dataset: Any) -> dict[str, Any]:
+    """What a state keeps of the dataset's records to name a difference (O(1): counts, CRC-32s,
+    the first and last key): kind, count, fields, keys, classes, record checksums."""
+    m = getattr(dataset, "manifest", None)
+    if m is None:
+        return {"count": len(dataset)}
+    return {"kind": m.kind, "count": m.count,
+            "fields": ", ".join(f"{k} {np.dtype(f.dtype).name} {_shape(f.shape)}"
+                                for k, f in m.fields.items()),
+            "keys": _crc32_of_arrays(m.keys.data, m.keys.offsets),
+            "first_key": m.keys[0] if len(m.keys) else None,
+            "last_key": m.keys[-1] if len(m.keys) else None, "classes": _crc32(m.classes),
+            "num_classes": len(m.classes or []), "checksums": _crc32_of_arrays(m.checksums)}
+
+
+def difference(saved: dict[str, Any], here: dict[str, Any]) -> str:
+    """How the records a state was saved with differ from ``here``'s, in words."""
+    if saved.get("kind") != here.get("kind") and "kind" in saved:
+        return f"it holds {saved['kind']} samples, this dataset {here.get('kind')}"
+    if saved.get("count") != here.get("count"):
+        return f"it has {saved.get('count')} samples, this dataset {here.get('count')}"
+    if saved.get("fields") != here.get("fields"):
+        return f"its fields are {saved.get('fields')}, this dataset's {here.get('fields')}"
+    if saved.get("keys") != here.get("keys"):
+        return (f"its samples are other files (keys {saved.get('first_key')!r} … "
+                f"{saved.get('last_key')!r}; this dataset {here.get('first_key')!r} … "
+                f"{here.get('last_key')!r})")
+    if saved.get("classes") != here.get("classes"):
+        return (f"its classes differ ({saved.get('num_classes')} classes; this dataset "
+                f"{here.get('num_classes')}, or the same number named or ordered otherwise)")
+    return ("the same files hold other contents (other record checksums: converted again with "
+            "other options, or the files changed)")
+
+
 def loader_state(loader: Any, delivered: int | None,
                  sampler_state: dict[str, Any] | None = None) -> dict[str, Any]:
     """The state of ``loader`` after it delivered ``delivered`` batches of its epoch in progress
@@ -60,27 +114,30 @@ def loader_state(loader: Any, delivered: int | None,
 def sealed(dataset: Any, position: dict[str, Any]) -> dict[str, Any]:
     """``position`` (a sampler's or stream's state) with what :func:`opened` checks: the state
     format, packdata version, the dataset's fingerprint and size, and a checksum."""
-    return {"format": STATE_FORMAT, "packdata": packdata_version(),
-            "dataset": fingerprint(dataset), "count": len(dataset),
+    return {"format": STATE_FORMAT, "packdata": packdata_version(), "order": ORDER_VERSION,
+            "dataset": fingerprint(dataset), "count": len(dataset), "records": records(dataset),
             "sampler": position, "crc": _crc(position)}
 
 
 def opened(dataset: Any, state: dict[str, Any]) -> dict[str, Any]:
     """The position inside a :func:`sealed` state, after checking it belongs to ``dataset``
-    (same records, packdata version, intact); raises :class:`ResumeError` naming the difference."""
+    (same records, same sampling order, intact); raises :class:`ResumeError` naming the
+    difference. A state of another packdata version is taken when its order is this one's."""
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise ResumeError(f"not a packdata loader state (format {_get(state, 'format')!r}, "
                           f"expected {STATE_FORMAT})")
-    if state.get("packdata") != packdata_version():
-        raise ResumeError(f"the state was saved by packdata {state.get('packdata')}, this is "
-                          f"{packdata_version()}: the order may differ, so it is refused")
+    if state.get("order", 1) != ORDER_VERSION:  # another version alone changes nothing
+        raise ResumeError(f"the state was saved by packdata {state.get('packdata')}, whose "
+                          f"sampling order (version {state.get('order', 1)}) is not this "
+                          f"packdata {packdata_version()}'s (version {ORDER_VERSION}): the same "
+                          "state would serve other samples, so it is refused")
     if state.get("crc") != _crc(state.get("sampler")):
         raise ResumeError("the state is corrupted: its checksum does not match its contents")
-    here = fingerprint(dataset)
-    if state.get("dataset") != here or state.get("count") != len(dataset):
-        raise ResumeError(f"the state belongs to another dataset: manifest fingerprint "
-                          f"{state.get('dataset')} with {state.get('count')} samples, this one "
-                          f"is {here} with {len(dataset)}")
+    if state.get("dataset") != fingerprint(dataset) or state.get("count") != len(dataset):
+        saved = state.get("records") or {"count": state.get("count")}
+        why = difference(saved, records(dataset)) if isinstance(saved, dict) else \
+            "its records differ"
+        raise ResumeError(f"the state belongs to another dataset: {why}")
     return state["sampler"]
 
 

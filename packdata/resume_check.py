@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from packdata.sampling import EpochBatchSampler, LengthBucketBatchSampler
+from packdata.units import plural
 
 # (world size, num_workers, workers): in-process; two thread workers; DataLoader processes
 SETUPS: tuple[tuple[int, int, str | None], ...] = ((1, 0, None), (2, 2, "thread"),
@@ -295,5 +296,6 @@ def _exactly_once(batches: list[list[int]], everything: Counter, world: int, dro
 
 def format_row(result: ScenarioResult) -> str:
     verdict = "PASS" if result.ok else "FAIL"
-    line = f"{verdict}  {result.name:<42} {result.trials} trials  {result.seconds:6.1f} s"
+    trials = plural(result.trials, "trial")
+    line = f"{verdict}  {result.name:<42} {trials:<9} {result.seconds:6.1f} s"
     return line + "".join(f"\n      {f}" for f in result.failures[:3])

@@ -41,3 +41,9 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """``count`` and ``noun`` as a message says them: "1 file", "2 files", "10,000 records"
+    (``many``: the plural when it is not ``noun`` + "s")."""
+    return f"{count:,} {noun if count == 1 else many or noun + 's'}"

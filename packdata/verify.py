@@ -16,8 +16,10 @@ import numpy as np
 from packdata.checksum import algorithm_of, record_checksum
 from packdata.containers.base import Batch, Reader
 from packdata.containers.integrity import read_checked
+from packdata.dataset import open_dataset
 from packdata.errors import InputWarning, PackdataError
 from packdata.manifest import Manifest
+from packdata.urls import is_url
 
 
 def record_at(batch: Batch, j: int, manifest: Manifest) -> dict[str, np.ndarray]:
@@ -56,8 +58,12 @@ def verify(path: str | Path, source: Any = None, deep: bool = False,
 
     report = VerifyReport(str(path))
     try:
-        module = containers.for_existing(path)
-        reader = module.READER(Path(path))
+        if is_url(path):  # tar shards in object storage, as packdata.open reads them
+            reader = open_dataset(path, verify="off").reader
+        else:
+            reader = containers.for_existing(path).READER(Path(path))
+        if hasattr(reader, "allow_truncated_shards"):  # the records before a cut are intact
+            reader.allow_truncated_shards()
     except (PackdataError, OSError) as exc:
         report.problems.append(str(exc))
         return report
@@ -78,6 +84,9 @@ def verify(path: str | Path, source: Any = None, deep: bool = False,
             elif deep and (alone := _read_alone(reader, i, path)) is not None \
                     and not _same(alone, record):
                 report.add_bad(i, key, "reads differently alone than in a batch")
+    for shard, (there, needed) in getattr(reader, "truncated", dict)().items():
+        report.problems.append(f"{shard}: truncated ({there:,} bytes, the index needs "
+                               f"{needed:,}): the records past the cut are lost")
     if source is not None:
         _compare_source(reader, source, report, path)
     reader.close()

@@ -63,6 +63,12 @@ def test_terminal_report(result):
     assert re.search(r"best: num_workers=|no clear winner: ", text)
     assert "GFLOP per sample per training step" in text
     assert "step-time breakdown" in text and "data loading is" in text
+    assert result["settings"]["warm"] is True
+    assert "I/O timed warm: each measurement first read, untimed, the batches it timed" in text
+    cold = {**result, "settings": {**result["settings"], "warm": False}}
+    console = Console(record=True, width=150)
+    print_report(cold, console)
+    assert "I/O timed cold: first reads after opening" in console.export_text()
 
 
 def test_plot_is_a_png(result, tmp_path):
@@ -77,3 +83,21 @@ def test_plot_is_a_png(result, tmp_path):
     plot(single, tmp_path / "one.png")
     with Image.open(tmp_path / "one.png") as im:
         assert im.size[0] < 1000
+
+
+def test_tables_fit_80_columns_without_cutting_numbers(result):
+    """CI logs are 80 columns: no number is cut ("1,804,…"), the sweep stays readable."""
+    wide = json.loads(json.dumps(result))
+    wide["runs"][0]["io"]["samples_per_s"] = 1_804_123.4
+    wide["runs"][0]["io_over_train"] = 11_070.3
+    for row in wide["sweep"]["rows"]:
+        row["rates"] = [1_234_567.0, 2_345_678.0]
+        row["samples_per_s"] = 1_804_123.4
+    console = Console(record=True, width=80)
+    print_report(wide, console)
+    text = console.export_text()
+    assert "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "1,804,123" in text and "11,070×" in text and "1.23M–2.35M" in text
+    assert re.search(r"★ +w0 ", text) or re.search(r"≈ +w0 ", text)
+    assert "loader: wN num_workers, pfN prefetch_factor" in text

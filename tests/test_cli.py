@@ -65,7 +65,7 @@ def test_convert_flags_are_the_kinds_options(tmp_path, png_folder):
     from packdata import sources
 
     declared = {o.flag for k in sources.KINDS for o in sources.get(k).OPTIONS}
-    command = get_command(app).commands["convert"]
+    command = get_command(app).loaded("convert")
     flags = {f for p in command.params for f in p.opts}
     assert declared <= flags, declared - flags
     assert {"--mode", "--labels", "--dtype"} <= declared  # e.g. mode was once library-only
@@ -76,7 +76,7 @@ def test_convert_flags_are_the_kinds_options(tmp_path, png_folder):
     assert json.loads(runner.invoke(app, ["inspect", str(out), "--json"]).stdout)[
         "fields"]["image"]["shape"] == [32, 32]
     result = runner.invoke(app, ["convert", str(png_folder), str(tmp_path / "t.h5"), "--per-line"])
-    assert result.exit_code == 2 and "'per_line' does not apply to image" in result.output
+    assert result.exit_code == 2 and "option --per-line does not apply to image" in result.output
 
 
 def test_skip_lists_bad_inputs(tmp_path, png_folder):
@@ -176,3 +176,63 @@ def test_an_interrupt_python_swallowed_still_counts():
                           timeout=60, cwd=Path(__file__).parents[1])
     assert "still running" in done.stdout and "Exception ignored" in done.stderr
     assert done.returncode != 0 and done.stderr.rstrip().endswith("KeyboardInterrupt")
+
+
+def _help(*args: str) -> str:
+    """``packdata ARGS --help`` as a CI log shows it: 80 columns, no terminal."""
+    return subprocess.run([sys.executable, "-m", "packdata", *args, "--help"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "80"}, check=True,
+                          cwd=Path(__file__).parents[1]).stdout
+
+
+@pytest.mark.parametrize("command", ["convert", "inspect", "verify", "bench", "demo",
+                                     "check-resume", "index"])
+def test_help_at_80_columns_is_whole(command):
+    """No help text is cut (Rich puts … where a word does not fit), the usage line names the
+    arguments as the help does, and Rich markup in help texts is not eaten."""
+    text = _help(command)
+    assert "…" not in text
+    usage = next(line for line in text.splitlines() if "Usage:" in line).split()
+    assert "{" not in " ".join(usage)
+    assert usage[-2:] == (["SRC", "DST"] if command == "convert" else
+                          [command, "[OPTIONS]"] if command == "demo" else ["[OPTIONS]", "DATASET"])
+    if command == "bench":
+        assert '"packdata[plot]"' in text
+    if command == "convert":
+        assert "xyz,intensity" in text and "--max-size" in text
+
+
+def test_packdata_help_lists_every_command_without_importing_torch():
+    script = ("import sys\nfrom packdata.__main__ import main\nsys.argv = ['packdata', '--help']\n"
+              "status = main()\nprint('torch loaded:', 'torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "COLUMNS": "80"},
+                          cwd=Path(__file__).parents[1])
+    assert "torch loaded: False" in done.stdout, done.stdout + done.stderr
+    panel = done.stdout.split("Commands")[1].splitlines()
+    listed = [line.split()[1] for line in panel if line.startswith("│ ") and line[2] != " "]
+    assert listed[:7] == ["convert", "inspect", "verify", "check-resume", "index", "demo",
+                          "bench"]
+
+
+def test_plurals_and_whole_numbers_in_messages(tmp_path, png_folder):
+    import warnings
+
+    import packdata
+    from packdata.cli.datasets import _number
+    from packdata.errors import InputWarning
+    from packdata.resume_check import ScenarioResult, format_row
+
+    (tmp_path / "in").mkdir()
+    for png in sorted(png_folder.glob("*.png"))[:3]:
+        (tmp_path / "in" / png.name).write_bytes(png.read_bytes())
+    (tmp_path / "in" / "notes.txt").write_text("not an image")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", InputWarning)
+        packdata.open_source(tmp_path / "in").items()
+    said = " ".join(str(w.message) for w in caught)
+    assert "ignored 1 file of another kind than image" in said and "1 files" not in said
+    assert " 1 trial " in format_row(ScenarioResult(name="s", trials=1))
+    assert " 2 trials " in format_row(ScenarioResult(name="s", trials=2))
+    assert (_number(1024.0), _number(1024.5), _number(12)) == ("1,024", "1,024.5", "12")

@@ -85,9 +85,9 @@ def test_what_the_listing_leaves_out_is_reported(tmp_path):
     with pytest.warns(InputWarning) as warned:
         result = packdata.convert(packdata.open_source(folder), tmp_path / "o.h5", workers=1)
     messages = " | ".join(str(w.message) for w in warned)
-    assert "ignored 7 files that are not image inputs" in messages
+    assert "ignored 7 files of another kind than image (suffix not .png" in messages
     assert "notes0.txt, notes1.txt, notes2.txt, notes3.txt, notes4.txt and 2 more" in messages
-    assert "ignored 1 entries of" in messages and "gone_0001.png" in messages
+    assert "ignored 1 entry of" in messages and "gone_0001.png" in messages
     ignored = result.manifest.source["ignored"]
     assert [v["count"] for v in ignored.values()] == [7, 1]
     assert ignored[next(iter(ignored))]["first"][0] == "notes0.txt"

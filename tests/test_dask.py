@@ -50,7 +50,8 @@ def _records(path: Path) -> tuple[list, list]:
 
 def test_dask_matches_one_and_two_processes(tmp_path, png_folder, packed, client):
     source = packdata.open_source(png_folder)
-    on_dask = packdata.convert(source, tmp_path / "dask.h5", client=client, part_size=30)
+    on_dask = packdata.convert(source, tmp_path / "dask", container="hdf5", client=client,
+                               part_size=30)
     assert on_dask.manifest.container == "sharded" and len(on_dask.manifest.extra["parts"]) == 4
     one = packdata.convert(source, tmp_path / "one.h5", workers=1)
     two = packdata.convert(source, tmp_path / "two.h5", workers=2)
@@ -89,8 +90,8 @@ def test_default_part_size_follows_the_cluster_not_this_machine(tmp_path, png_fo
     # fork of later conversions in this test process
     with distributed.LocalCluster(n_workers=1, threads_per_worker=threads, processes=True,
                                   dashboard_address=":0") as cluster:
-        result = packdata.convert(packdata.open_source(png_folder), tmp_path / "out.h5",
-                                  scheduler=cluster.scheduler_address)
+        result = packdata.convert(packdata.open_source(png_folder), tmp_path / "out",
+                                  container="hdf5", scheduler=cluster.scheduler_address)
     assert result.manifest.options["part_size"] == size(threads)
     assert len(result.manifest.extra["parts"]) == math.ceil(120 / size(threads))
 
@@ -104,3 +105,38 @@ def test_unreachable_scheduler_is_a_clear_error_within_seconds(tmp_path, png_fol
         packdata.convert(packdata.open_source(png_folder), tmp_path / "out",
                          scheduler="tcp://127.0.0.1:9")
     assert time.perf_counter() - start < 10
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("launch", ["module", "script"])
+def test_ctrl_c_during_a_dask_conversion_is_one_line(tmp_path, png_folder, launch):
+    """A terminal's Ctrl-C reaches the whole process group, the LocalCluster's workers too:
+    the command says one line, not a traceback per worker. The console script's workers
+    re-import its main module (multiprocessing's spawn); ``python -m`` workers do not."""
+    import signal
+    import subprocess
+    import sys
+
+    from packdata.conversion.parts import work_dir
+    from tests.conftest import fifo_folder
+
+    folder = fifo_folder(tmp_path / "in", png_folder)  # the last input blocks its part forever
+    script = tmp_path / "packdata-script"
+    script.write_text("import sys\nfrom packdata.__main__ import main\n"
+                      "if __name__ == '__main__':\n    sys.exit(main())\n")
+    command = [sys.executable, "-m", "packdata"] if launch == "module" else \
+        [sys.executable, str(script)]
+    out = tmp_path / "out"
+    proc = subprocess.Popen([*command, "convert", str(folder), str(out), "--engine", "dask",
+                             "--workers", "2", "--part-size", "2"],
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            cwd=Path(__file__).parents[1])
+    deadline = time.monotonic() + 120
+    while len(list(work_dir(out).glob("part-*"))) < 2:  # the cluster runs: parts are finished
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    said = [line for line in proc.stderr if line.strip() and "no labels found" not in line]
+    assert proc.wait(timeout=60) == 130, said
+    assert said == [f"interrupted: nothing was written to {out} (finished parts are kept: "
+                    "rerun with --resume to continue)\n"], said

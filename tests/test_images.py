@@ -137,8 +137,8 @@ def test_mixed_sizes_convert_by_default_unscaled_and_batch_through_a_decode_stag
 
 def test_mixed_sizes_convert_in_parts_and_verify_against_their_source(tmp_path, photo_folder):
     """Converted in parts, each part stores the layout decided for the whole folder."""
-    path = packdata.convert(packdata.open_source(photo_folder), tmp_path / "parts.h5",
-                            workers=1, engine="local", part_size=4).path
+    path = packdata.convert(packdata.open_source(photo_folder), tmp_path / "parts",
+                            container="hdf5", workers=1, engine="local", part_size=4).path
     ds = packdata.open(path)
     assert ds.manifest.fields["image"].shape == (None, 3)
     for i in (0, 5, 13):

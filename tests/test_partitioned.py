@@ -21,8 +21,8 @@ def _records(path: Path) -> tuple[list, list]:
 
 def test_parts_in_two_processes_match_one_process(tmp_path, png_folder, packed):
     source = packdata.open_source(png_folder)
-    one = packdata.convert(source, tmp_path / "one.h5", part_size=25, workers=1)
-    two = packdata.convert(source, tmp_path / "two.h5", part_size=25, workers=2)
+    one = packdata.convert(source, tmp_path / "one", container="hdf5", part_size=25, workers=1)
+    two = packdata.convert(source, tmp_path / "two", container="hdf5", part_size=25, workers=2)
     assert _records(one.path) == _records(two.path) == _records(packed["hdf5"])
     assert not work_dir(one.path).exists()
 
@@ -36,12 +36,12 @@ class Dying(type(source)):
             os._exit(9)
         return super().load(item)
 source.__class__ = Dying
-packdata.convert(source, sys.argv[2], part_size=20, workers=1)
+packdata.convert(source, sys.argv[2], container="lmdb", part_size=20, workers=1)
 """
 
 
 def test_resume_after_kill_keeps_finished_parts(tmp_path, png_folder, packed):
-    dst = tmp_path / "out.lmdb"
+    dst = tmp_path / "out"
     run = subprocess.run([sys.executable, "-c", KILL, str(png_folder), str(dst)], timeout=120)
     assert run.returncode == 9
     work = work_dir(dst)
@@ -51,12 +51,15 @@ def test_resume_after_kill_keeps_finished_parts(tmp_path, png_folder, packed):
     stamps = {p: (work / p / "data.mdb").stat().st_mtime_ns for p in finished}
 
     with pytest.raises(PackdataError, match="part_size=20, this run asks part_size=30"):
-        packdata.convert(packdata.open_source(png_folder), dst, part_size=30, resume=True)
+        packdata.convert(packdata.open_source(png_folder), dst, container="lmdb", part_size=30,
+                         resume=True)
     with pytest.raises(PackdataError, match="options.encoding='raw', this run asks "
                                             "options.encoding='keep'"):
-        packdata.convert(packdata.open_source(png_folder, encoding="keep"), dst, resume=True)
+        packdata.convert(packdata.open_source(png_folder, encoding="keep"), dst,
+                         container="lmdb", resume=True)
 
-    done = packdata.convert(packdata.open_source(png_folder), dst, resume=True, workers=1)
+    done = packdata.convert(packdata.open_source(png_folder), dst, container="lmdb",
+                            resume=True, workers=1)
     assert _records(done.path) == _records(packed["lmdb"])
     assert {p: (dst / p / "data.mdb").stat().st_mtime_ns for p in finished} == stamps  # kept
     assert not work.exists() and not (dst / RECIPE).exists()
@@ -113,9 +116,9 @@ def test_parts_written_where_this_machine_cannot_see_them_are_an_error(tmp_path,
     monkeypatch.setattr(partitioned, "convert_part", elsewhere)
     with pytest.raises(PackdataError, match="part-000000.h5: a task reported this part written, "
                                             "but it is not here; on a cluster the destination"):
-        packdata.convert(packdata.open_source(png_folder), tmp_path / "ds.h5", part_size=60,
-                         workers=1)
-    assert not (tmp_path / "ds.h5").exists()
+        packdata.convert(packdata.open_source(png_folder), tmp_path / "ds", container="hdf5",
+                         part_size=60, workers=1)
+    assert not (tmp_path / "ds").exists()
 
 
 def test_joined_tar_parts_carry_the_reader_indexes_of_one_process(tmp_path, png_folder):
@@ -130,3 +133,37 @@ def test_joined_tar_parts_carry_the_reader_indexes_of_one_process(tmp_path, png_
     spec = json.loads((parts / WIDS_INDEX).read_text())
     assert spec == json.loads((one / WIDS_INDEX).read_text())
     assert "name" not in spec  # not the hidden folder it was built in
+
+
+@pytest.mark.parametrize("flags", [["--resume"], ["--part-size", "50"], ["--engine", "local"],
+                                   ["--scheduler", "tcp://127.0.0.1:9"]])
+@pytest.mark.parametrize("name", ["plain.h5", "plain.hdf5", "plain.lmdb"])
+def test_a_file_named_destination_is_refused_parts_up_front(tmp_path, png_folder, flags, name,
+                                                           monkeypatch):
+    """out.h5 is one HDF5 file: parts (a folder) into it are refused before any input is read,
+    with one line saying what to ask for instead."""
+    from typer.testing import CliRunner
+
+    from packdata.cli import app
+    from packdata.sources import images
+
+    def never(*args):
+        raise AssertionError("an input was loaded")
+
+    monkeypatch.setattr(images.ImageSource, "load", never)
+    container = "lmdb" if name.endswith(".lmdb") else "hdf5"
+    result = CliRunner().invoke(app, ["convert", str(png_folder), str(tmp_path / name), *flags,
+                                      "--workers", "1"])
+    assert result.exit_code == 2, result.output
+    assert f"{name}: {flags[0]} converts in parts, which writes a folder of {container} parts " \
+           "(a sharded dataset)" in result.output
+    assert f"(plain/ --format {container}), or leave out {flags[0]} to write {name}" \
+        in result.output.replace(str(tmp_path) + "/", "")
+    assert len(result.output.strip().splitlines()) == 1
+    assert sorted(tmp_path.iterdir()) == []  # no parts folder, no dataset
+    with pytest.raises(PackdataError, match="converts in parts"):  # the library the same
+        packdata.convert(packdata.open_source(png_folder), tmp_path / name, part_size=50)
+    monkeypatch.undo()  # named as a folder with --format, the same parts are a sharded dataset
+    done = packdata.convert(packdata.open_source(png_folder), tmp_path / "plain",
+                            container=container, part_size=60, workers=1)
+    assert done.manifest.container == "sharded" and done.manifest.count == 120

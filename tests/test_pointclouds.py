@@ -380,7 +380,7 @@ def test_cli_convert(tmp_path, tree_folder, png_folder):
     assert m.fields["points"].shape == (2, 512, 6) and m.options["normalize"] == "center"
     result = runner.invoke(app, ["convert", str(png_folder), str(tmp_path / "x.h5"),
                                  "--points", "512"])
-    assert result.exit_code == 2 and "'points' does not apply to image" in result.output
+    assert result.exit_code == 2 and "option --points does not apply to image" in result.output
 
 
 def test_parallel_convert_after_laz_was_read_in_the_parent(tmp_path):

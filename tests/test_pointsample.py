@@ -99,7 +99,7 @@ def test_presample_fewer_points(cloud):
 def test_spec_validation():
     with pytest.raises(ValueError, match="sampling 'grid'"):
         SampleSpec(method="grid")
-    with pytest.raises(ValueError, match="needs sampling 'voxel'"):
+    with pytest.raises(ValueError, match="needs --sampling voxel"):
         SampleSpec(method="fps", voxel_size=0.5)
     for bad in (float("inf"), float("nan"), 0.0):
         with pytest.raises(ValueError, match="finite and > 0"):

@@ -97,14 +97,51 @@ def test_state_of_another_dataset_version_or_corrupted_is_refused(packed):
     smaller = packdata.loader(ds, 16, shuffle=True, seed=1, num_workers=0)
     with pytest.raises(ResumeError, match="seed 0 .now 1"):
         smaller.load_state_dict(state)
-    with pytest.raises(ResumeError, match="packdata 0.0.1"):
-        dl.load_state_dict({**state, "packdata": "0.0.1"})
-    with pytest.raises(ResumeError, match="another dataset: manifest fingerprint 0000"):
-        dl.load_state_dict({**state, "dataset": "00000000"})
+    dl.load_state_dict({**state, "packdata": "0.0.1"})  # another version, the same order
+    with pytest.raises(ResumeError, match=r"saved by packdata 0.0.1, whose sampling order "
+                                          r"\(version 0\) is not this packdata"):
+        dl.load_state_dict({**state, "packdata": "0.0.1", "order": 0})
+    old = {k: v for k, v in state.items() if k not in ("order", "records")}
+    dl.load_state_dict(old)  # saved before states recorded their order: order 1
     broken = json.loads(json.dumps(state))
     broken["sampler"]["plan"][0][1] = 3
     with pytest.raises(ResumeError, match="corrupted"):
         dl.load_state_dict(broken)
+
+
+def test_a_refused_state_names_how_the_datasets_differ(packed, png_folder, tmp_path):
+    """Not two fingerprint hashes: what differs, in words."""
+    import shutil
+
+    from tests.conftest import copy_sample
+
+    ds = packdata.open(packed["lmdb"])
+    dl = packdata.loader(ds, 16, seed=0, num_workers=0)
+    next(iter(dl))
+    state = dl.state_dict()
+
+    def refused(folder, **options):
+        other = packdata.convert(packdata.open_source(folder, **options),
+                                 tmp_path / f"{len(list(tmp_path.iterdir()))}.lmdb").path
+        with pytest.raises(ResumeError) as refusal:
+            packdata.loader(packdata.open(other), 16, seed=0).load_state_dict(state)
+        return str(refusal.value)
+
+    fewer = refused(copy_sample(tmp_path / "fewer", 110))
+    assert fewer == "the state belongs to another dataset: it has 120 samples, this dataset 110"
+    assert "its fields are image uint8 3×32×32, label int64 scalar, this dataset's image " \
+           "uint8 3×16×16" in refused(png_folder, resize=16)
+    renamed = tmp_path / "renamed"
+    shutil.copytree(png_folder, renamed)
+    last = sorted(renamed.glob("*.png"))[-1]
+    last.rename(renamed / "zebra.png")
+    labels = json.loads((renamed / "labels.json").read_text())
+    labels["labels"]["zebra.png"] = labels["labels"].pop(last.name)
+    (renamed / "labels.json").write_text(json.dumps(labels))
+    assert refused(renamed).endswith("its samples are other files (keys 'airplane_0000' … "
+                                     "'truck_0011'; this dataset 'airplane_0000' … 'zebra')")
+    with pytest.raises(ResumeError, match="the same files hold other contents"):
+        dl.load_state_dict({**state, "dataset": "00000000"})
 
 
 def test_same_records_in_another_container_share_the_fingerprint(packed, tmp_path):

@@ -340,3 +340,77 @@ def test_the_default_shard_cache_is_in_the_platform_cache_folder_and_cannot_shad
     local = Storage().local_dir(f"s3://{BUCKET}/cifar")
     assert local.parent == tmp_path / ".cache" / "packdata-cache"
     assert "packdata" not in [p.name for p in local.parents]  # never an importable `packdata`
+
+
+@pytest.fixture
+def cli_env(s3, monkeypatch):
+    """The command line reaches the bucket through the environment, as a user's would."""
+    from typer.testing import CliRunner
+
+    from packdata.cli import app
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3["key"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3["secret"])
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3["client_kwargs"]["endpoint_url"])
+    return lambda *args: CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_cli_dataset_commands_take_a_url(remote, cli_env, tmp_path):
+    """Every command that takes a dataset takes what packdata.open takes (a Path argument
+    would have made s3://b/ds "s3:/b/ds")."""
+    shown = cli_env("inspect", remote, "--json")
+    assert shown.exit_code == 0, shown.output
+    info = json.loads(shown.stdout)
+    assert info["path"] == remote and info["count"] == 120 and info["container"] == "tar"
+    assert info["bytes_on_disk"] > 120 * 32 * 32 * 3
+    checked = cli_env("verify", remote)
+    assert checked.exit_code == 0, checked.output
+    assert "120 of 120 records checked" in checked.stdout and "OK" in checked.stdout
+    benched = cli_env("bench", remote, "--model", "small-cnn", "--device", "cpu", "--batch-size",
+                      "20", "--steps", "1", "--warmup", "0", "--max-seconds", "1",
+                      "--json", tmp_path / "b.json")
+    assert benched.exit_code == 0, benched.output
+    assert json.loads((tmp_path / "b.json").read_text())["dataset"]["path"] == remote
+    resumed = cli_env("check-resume", remote, "--trials", "1", "--no-processes",
+                      "--batch-size", "16")
+    assert resumed.exit_code == 0, resumed.output
+    assert "scenarios passed" in resumed.stdout
+
+
+def test_cli_index_writes_the_reader_indexes_at_a_url(remote, s3, cli_env):
+    fs = fsspec.filesystem("s3", **s3)
+    url = f"s3://{BUCKET}/old-cifar"
+    fs.copy(remote, url, recursive=True)
+    made = sorted(p.rsplit("/", 1)[1] for p in fs.ls(url) if p.endswith((".idx", ".json")))
+    wanted = {name: fs.cat_file(f"{url}/{name}") for name in made if name != "manifest.json"}
+    for name in wanted:  # as an older packdata left it: no reader indexes
+        fs.rm_file(f"{url}/{name}")
+    fs.invalidate_cache()
+    result = cli_env("index", url)
+    assert result.exit_code == 0, result.output
+    assert f"wrote {len(wanted)} index files in {url}" in result.stdout
+    fs.invalidate_cache()
+    assert {name: fs.cat_file(f"{url}/{name}") for name in wanted} == wanted
+
+
+def test_a_missing_bucket_is_refused_before_converting(s3, png_folder, monkeypatch, cli_env):
+    from packdata.sources import images
+
+    def never(*args):
+        raise AssertionError("an input was loaded")
+
+    monkeypatch.setattr(images.ImageSource, "load", never)
+    monkeypatch.setattr(images.ImageSource, "load_block", never)
+    with pytest.raises(DatasetError, match="s3://no-such-bucket/ds: no such bucket "
+                                           "'no-such-bucket'; create it first"):
+        packdata.convert(packdata.open_source(png_folder), "s3://no-such-bucket/ds",
+                         storage_options=s3, workers=1)
+    result = cli_env("convert", png_folder, "s3://no-such-bucket/ds", "--workers", "1")
+    assert result.exit_code == 2
+    assert result.output.strip() == "error: s3://no-such-bucket/ds: no such bucket " \
+        "'no-such-bucket'; create it first, or check the name"
+    unreachable = {"key": "k", "secret": "s",
+                   "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}
+    with pytest.raises(PackdataError, match="cannot reach s3://nowhere/ds"):
+        packdata.convert(packdata.open_source(png_folder), "s3://nowhere/ds",
+                         storage_options=unreachable, workers=1)

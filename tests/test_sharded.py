@@ -82,8 +82,8 @@ def test_select_reads_one_entry_per_record_across_parts(parts, packed):
 
 def test_variable_length_records_across_parts(tmp_path, peps_dir, gpt2_json, packed_text):
     source = packdata.open_source(peps_dir, tokenizer=gpt2_json)
-    split = packdata.open(packdata.convert(source, tmp_path / "peps.h5", part_size=3,
-                                           workers=1).path)
+    split = packdata.open(packdata.convert(source, tmp_path / "peps", container="hdf5",
+                                           part_size=3, workers=1).path)
     whole = packdata.open(packed_text["hdf5"])
     assert len(split.manifest.extra["parts"]) > 1
     assert np.array_equal(split.manifest.checksums, whole.manifest.checksums)

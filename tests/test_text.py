@@ -191,12 +191,12 @@ def test_option_errors(peps_dir, gpt2_tiktoken):
         packdata.open_source(peps_dir, split=True)
     with pytest.raises(PackdataError, match="no room"):
         packdata.open_source(peps_dir, max_length=2, add_bos=True, add_eos=True)
-    with pytest.raises(PackdataError, match="text_errors 'ignore'"):
+    with pytest.raises(PackdataError, match="--text-errors 'ignore'"):
         packdata.open_source(peps_dir, text_errors="ignore")
     with pytest.raises(TokenizerError, match="--add-bos: the tokeniser has no BOS"):
         packdata.open_source(peps_dir, tokenizer=load_tokenizer(gpt2_tiktoken).__class__(
             gpt2_tiktoken, special_tokens={"<|pad|>": 50256}), add_bos=True)
-    with pytest.raises(PackdataError, match="'tokenizer' does not apply to image"):
+    with pytest.raises(PackdataError, match="option --tokenizer does not apply to image"):
         packdata.open_source(peps_dir, kind="image", tokenizer="bytes")
 
 

@@ -228,3 +228,43 @@ def test_tar_shard_name_outside_the_dataset_is_refused(tmp_path, packed):
 def test_unknown_verify_level(packed):
     with pytest.raises(ValueError, match="verify='some'"):
         packdata.open(packed["lmdb"], verify="some")
+
+
+def test_verify_a_truncated_shard_lists_only_the_records_past_the_cut(tmp_path, packed):
+    """The records before the cut are intact: checked (CRC-32), not listed as bad."""
+    path = tmp_path / "cut"
+    shutil.copytree(packed["tar"], path)
+    shard = shard_paths(path)[1]
+    cut = shard.stat().st_size // 2
+    with open(shard, "r+b") as f:
+        f.truncate(cut)
+    with np.load(path / "index.npz") as z:  # records of shard 1 whose pixels end past the cut
+        ends = z["image.offset"] + z["image.nbytes"]
+        lost = np.flatnonzero((z["image.shard"] == 1) & (ends > cut)).tolist()
+        kept = np.flatnonzero((z["image.shard"] == 1) & (ends <= cut)).tolist()
+        needed = max(int((z[k] + z[k[:-6] + "nbytes"])[z[k[:-6] + "shard"] == 1].max())
+                     for k in z.files if k.endswith(".offset"))
+    assert lost and kept
+    report = verify(path)
+    assert report.checked == 120
+    assert sorted(b["index"] for b in report.bad) == lost
+    assert all("lies past the cut" in b["problem"] for b in report.bad)
+    assert report.problems == [f"{shard.name}: truncated ({cut:,} bytes, the index needs "
+                               f"{needed:,}): the records past the cut are lost"]
+    with pytest.raises(packdata.DatasetError, match="shard truncated"):  # reads still refuse
+        packdata.open(path)[kept[0]]
+
+
+@pytest.mark.parametrize("missing", ["index.npz", "manifest.json"])
+def test_a_missing_manifest_or_index_is_named(tmp_path, packed, missing):
+    path = tmp_path / "incomplete"
+    shutil.copytree(packed["tar"], path)
+    (path / missing).unlink()
+    result = runner.invoke(app, ["verify", str(path)])
+    assert result.exit_code == 1
+    other = "index.npz" if missing == "manifest.json" else "the manifest"
+    assert f"a packdata tar dataset without its {'record index ' * (missing == 'index.npz')}" \
+           f"{missing} ({other} and 3 shards are there" in result.output
+    assert "not a packdata dataset" not in result.output
+    with pytest.raises(packdata.DatasetError, match=f"without its .*{missing}"):
+        packdata.open(path)

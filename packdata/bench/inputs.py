@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, Dataset
 
 import packdata
@@ -16,6 +17,7 @@ from packdata.bench.baselines import PerFileImageDataset
 from packdata.collate import PadCollate
 from packdata.errors import DatasetError, PackdataError
 from packdata.units import available_cores
+from packdata.urls import is_url
 
 FOLDER = "folder"
 #: where --compare writes each container, by container name
@@ -50,7 +52,7 @@ class BenchInput:
     """One input to measure: its dataset and how to build a loader over it."""
 
     name: str  # as the table shows it: "lmdb", "folder"…
-    path: Path
+    path: Path | str  # a str for a URL
     format: str  # a container name, or "folder"
     kind: str
     dataset: Dataset
@@ -63,13 +65,21 @@ class BenchInput:
     def loader(self, batch_size: int, options: LoaderOptions, seed: int = 0) -> DataLoader:
         """Shuffled batches: packdata's batched loader, or a stock DataLoader over the files."""
         kwargs = options.dataloader_kwargs()
-        if self.format == FOLDER:
-            return DataLoader(self.dataset, batch_size=batch_size, shuffle=True, **kwargs)
+        if self.format == FOLDER:  # a seeded generator: rewind() replays the order
+            return DataLoader(self.dataset, batch_size=batch_size, shuffle=True,
+                              generator=torch.Generator().manual_seed(seed), **kwargs)
         # token ids of varying length become (ids, mask) B×T, what the transformer takes
         collate = PadCollate() if self.kind == "text" else None
         # every measuring round builds its loader and replays epoch 0's order on purpose
         return packdata.loader(self.dataset, batch_size, shuffle=True, seed=seed,  # type: ignore[arg-type]
                                collate=collate, epoch=0, **kwargs)
+
+    def rewind(self, loader: Any, seed: int = 0) -> None:
+        """Make ``loader`` (from :meth:`loader`) serve its first epoch's order again."""
+        if self.format == FOLDER:
+            loader.generator.manual_seed(seed)
+        else:
+            loader.set_epoch(0)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "path": str(self.path), "format": self.format,
@@ -94,6 +104,10 @@ def _num_classes(classes: list[str] | None) -> int:
 def open_input(path: str | Path) -> BenchInput:
     """A packdata dataset at ``path``, or else an image folder; otherwise an error saying what
     is there."""
+    if is_url(path):  # object storage holds packdata datasets only
+        ds = packdata.open(path)
+        m = ds.manifest
+        return BenchInput(m.container, path, m.container, m.kind, ds, _num_classes(m.classes))
     path = Path(path)
     try:
         containers.for_existing(path)

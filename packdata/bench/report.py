@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -20,7 +21,7 @@ SCHEMA: dict[str, tuple[str, ...]] = {
          "seconds"),
     "dataset": ("name", "path", "format", "kind", "count", "num_classes"),
     "settings": ("model", "batch_size", "device", "amp", "steps", "warmup", "max_seconds",
-                 "workers", "seed", "loader", "augment", "target"),
+                 "workers", "seed", "warm", "loader", "augment", "target"),
     "loader": ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers",
                "non_blocking"),
     "environment": ("torch", "python", "cpu_count", "torch_threads", "device_name"),
@@ -96,22 +97,45 @@ def _rate(x: float) -> str:
     return f"{x:,.0f}" if math.isfinite(x) else "–"
 
 
+def _short(x: float) -> str:
+    """A rate in at most 5 characters (the sweep's ranges): 987, 12.3k, 1.23M."""
+    if not math.isfinite(x):
+        return "–"
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= scale:
+            return f"{x / scale:.3g}{unit}"
+    return f"{x:.0f}"
+
+
+def _ratio(x: float) -> str:
+    return f"{x:,.0f}×" if math.isfinite(x) and x >= 100 else f"{x:.1f}×"
+
+
+def _table(title: str) -> Table:
+    """A table that fits 80 columns (CI logs): light borders, headers on two lines,
+    numbers never cut (their columns do not wrap: the first column wraps instead)."""
+    return Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True,
+                 pad_edge=False)
+
+
 def print_report(result: dict[str, Any], console: Console) -> None:
     """The measurements, the verdict and advice, and the sweep and profile when present."""
     s = result["settings"]
-    table = Table(title=f"{result['dataset']['path']}: {s['model']} on {s['device']}, batch "
-                  f"{s['batch_size']}{', amp' if s['amp'] else ''}, "
-                  f"{s['loader']['num_workers']} workers (samples/s)")
-    for col in ("input", "I/O alone", "train alone", "real loop", "load ms", "train ms",
-                "waiting", "I/O÷train"):
-        table.add_column(col, justify="left" if col == "input" else "right")
+    table = _table(f"{result['dataset']['path']}: {s['model']} on {s['device']}, batch "
+                   f"{s['batch_size']}{', amp' if s['amp'] else ''}, "
+                   f"{s['loader']['num_workers']} workers (samples/s)")
+    table.add_column("\ninput")
+    for col in ("I/O\nalone", "train\nalone", "real\nloop", "load\nms", "train\nms",
+                "\nwaiting", "I/O ÷\ntrain"):
+        table.add_column(col, justify="right", no_wrap=True)
     for run in result["runs"]:
         loop = run["loop"]
         table.add_row(run["input"]["name"], _rate(run["io"]["samples_per_s"]),
                       _rate(run["train"]["samples_per_s"]), _rate(loop["samples_per_s"]),
                       f"{loop['load_ms']:.1f}", f"{loop['train_ms']:.1f}",
-                      f"{loop['load_share']:.0%}", f"{run['io_over_train']:.1f}×")
+                      f"{loop['load_share']:.0%}", _ratio(run["io_over_train"]))
     console.print(table)
+    console.print(warmth_line(s), highlight=False)
     console.print(flops_line(result), highlight=False)
     for run in result["runs"]:
         prefix = f"[bold]{run['input']['name']}[/bold]: " if len(result["runs"]) > 1 else ""
@@ -122,6 +146,15 @@ def print_report(result: dict[str, Any], console: Console) -> None:
         print_sweep(result["sweep"], console)
     if result.get("profile"):
         print_profile(result["profile"], console)
+
+
+def warmth_line(settings: dict[str, Any]) -> str:
+    """Whether I/O was timed warm or cold: first reads after opening a dataset are slower."""
+    if settings.get("warm", True):
+        return ("I/O timed warm: each measurement first read, untimed, the batches it timed "
+                "(first reads after opening a dataset are slower; --cold times them)")
+    return ("I/O timed cold: first reads after opening (the page cache and LMDB's record "
+            "lookups are cold), so this depends on what was read before")
 
 
 def flops_line(result: dict[str, Any]) -> str:
@@ -135,21 +168,32 @@ def flops_line(result: dict[str, Any]) -> str:
             f"+ backward); training alone achieved {achieved}")
 
 
+def loader_label(r: dict[str, Any]) -> str:
+    """A configuration in a few characters: ``w2 pf2 P pin nb`` (see :data:`LOADER_LEGEND`)."""
+    return (f"w{r['num_workers']}" + (f" pf{r['prefetch_factor']}" if r["num_workers"] else "")
+            + (" P" if r["persistent_workers"] else "") + (" pin" if r["pin_memory"] else "")
+            + (" nb" if r["non_blocking"] else ""))
+
+
+LOADER_LEGEND = ("loader: wN num_workers, pfN prefetch_factor, P persistent_workers, pin "
+                 "pin_memory, nb non_blocking copies")
+
+
 def print_sweep(sweep: dict[str, Any], console: Console) -> None:
-    table = Table(title=f"loader sweep: {len(sweep['rows'])} configurations × "
-                  f"{sweep['repeats']} runs in {sweep['seconds']:.0f} s (median samples/s)")
-    for col in ("", "workers", "prefetch", "persist", "pin", "non-blk", "load ms", "train ms",
-                "waiting", "samples/s", "range", "spread"):
-        table.add_column(col, justify="right")
+    table = _table(f"loader sweep: {len(sweep['rows'])} configurations × {sweep['repeats']} "
+                   f"runs in {sweep['seconds']:.0f} s (median samples/s)")
+    table.add_column("", no_wrap=True)
+    table.add_column("\nloader")
+    for col in ("load\nms", "train\nms", "\nwaiting", "\nsamples/s", "\nrange", "\nspread"):
+        table.add_column(col, justify="right", no_wrap=True)
     for i, r in enumerate(sweep["rows"]):
         mark = "★" if i == sweep["best"] else "≈" if i in sweep["tied"] else ""
-        table.add_row(mark, str(r["num_workers"]),
-                      str(r["prefetch_factor"] or "–"), "yes" if r["persistent_workers"] else "no",
-                      "yes" if r["pin_memory"] else "no", "yes" if r["non_blocking"] else "no",
-                      f"{r['load_ms']:.1f}", f"{r['train_ms']:.1f}", f"{r['load_share']:.0%}",
-                      _rate(r["samples_per_s"]),
-                      f"{_rate(min(r['rates']))}–{_rate(max(r['rates']))}", f"±{r['spread'] / 2:.0%}")
+        table.add_row(mark, loader_label(r), f"{r['load_ms']:.1f}", f"{r['train_ms']:.1f}",
+                      f"{r['load_share']:.0%}", _rate(r["samples_per_s"]),
+                      f"{_short(min(r['rates']))}–{_short(max(r['rates']))}",
+                      f"±{r['spread'] / 2:.0%}")
     console.print(table)
+    console.print(LOADER_LEGEND, highlight=False, style="dim")
     console.print(sweep_summary(sweep), highlight=False)
 
 
@@ -208,9 +252,7 @@ def plot(result: dict[str, Any], path: str | Path) -> None:
     if sweep:
         ax = axes[0][1]
         rows = sweep["rows"]
-        names = [f"w{r['num_workers']}" + (f" pf{r['prefetch_factor']}" if r["num_workers"] else "")
-                 + (" P" if r["persistent_workers"] else "") + (" pin" if r["pin_memory"] else "")
-                 + (" nb" if r["non_blocking"] else "") for r in rows]
+        names = [loader_label(r) for r in rows]
         ys = range(len(rows))
         ax.barh(ys, [r["load_ms"] for r in rows], label="loading")
         ax.barh(ys, [r["train_ms"] for r in rows], left=[r["load_ms"] for r in rows],

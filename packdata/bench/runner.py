@@ -9,6 +9,12 @@ Each measurement skips ``warmup`` steps (worker start-up, cold caches, lazy CUDA
 runs ``steps`` steps; ``max_seconds`` bounds the whole measurement, warm-up included: warm-up
 ends after half of it, the timed steps at the end of it (at least one of each), so a
 measurement takes at most ``max_seconds`` plus one step.
+
+With ``warm`` (the default) the measurements that read the dataset are *warm*: before timing,
+one untimed pass (bounded by ``max_seconds`` too) reads the batches the measurement will time,
+and the measurement then replays them. First reads after opening a dataset are slower than any
+later ones (the page cache, and LMDB locates each record once per process), so a cold
+measurement depends on what was read before; a warm one does not.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ class BenchSettings:
     max_seconds: float = 20.0  # per measurement, warm-up included
     workers: int = 0
     seed: int = 0
+    warm: bool = True  # read the batches a measurement times once, untimed, before timing them
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "steps"):
@@ -133,19 +140,26 @@ class Phase:
     """The clock of one measurement: warm-up gets the first half of ``max_seconds`` (at least
     one step), timed steps run to the end of it (at least one)."""
 
-    def __init__(self, settings: BenchSettings) -> None:
+    def __init__(self, settings: BenchSettings, limit: int | None = None) -> None:
         self.settings = settings
         self.start = time.perf_counter()
+        # at most this many batches, warm-up and timed together (those the warm pass read)
+        self.limit = limit
 
     def warming(self, done: int) -> bool:
         """Whether warm-up step number ``done`` (0-based) should run."""
         s = self.settings
+        if self.limit is not None and done >= self.limit - 1:  # leave one batch to time
+            return False
         return done < s.warmup and (
             done == 0 or time.perf_counter() < self.start + s.max_seconds / 2)
 
-    def running(self, done: int) -> bool:
-        """Whether timed step number ``done`` (0-based) should run."""
+    def running(self, done: int, warmed_up: int = 0) -> bool:
+        """Whether timed step number ``done`` (0-based), after ``warmed_up`` warm-up steps,
+        should run."""
         s = self.settings
+        if self.limit is not None and done > 0 and warmed_up + done >= self.limit:
+            return False
         return done < s.steps and (
             done == 0 or time.perf_counter() < self.start + s.max_seconds)
 
@@ -155,14 +169,39 @@ def _result(samples: int, steps: int, seconds: float) -> dict[str, float | int]:
             "steps": steps, "samples": samples, "seconds": seconds}
 
 
+def warm_pass(inp: BenchInput, loader: Any, settings: BenchSettings) -> int | None:
+    """Read, untimed, the batches a measurement of ``loader`` will time (at most ``warmup +
+    steps``, within ``max_seconds``), then rewind ``loader`` to replay them. The number of
+    batches read, or None when that was a whole epoch (then every record has been read)."""
+    wanted = settings.warmup + settings.steps
+    end = time.perf_counter() + settings.max_seconds
+    read = 0
+    batches = iter(loader)
+    try:
+        for _ in batches:
+            read += 1
+            if read >= wanted or time.perf_counter() >= end:
+                break
+        else:
+            read = -1  # the epoch ended first
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+    inp.rewind(loader, settings.seed)
+    return None if read < 0 else read
+
+
 def _device_batches(inp: BenchInput, settings: BenchSettings, options: LoaderOptions,
                     device: torch.device, augment: Augment | None = None,
-                    ) -> tuple[Any, Iterator[Any]]:
-    """Batches as the training step receives them: loaded, on the device, augmented."""
+                    ) -> tuple[Any, Iterator[Any], int | None]:
+    """Batches as the training step receives them: loaded, on the device, augmented; and how
+    many of them were read before (None: all of them, or a cold measurement)."""
     loader = inp.loader(settings.batch_size, options, seed=settings.seed)
+    limit = warm_pass(inp, loader, settings) if settings.warm else None
     batches = (augment_images(to_device(b, device, options.non_blocking), augment)
                for b in endless(loader))
-    return loader, batches
+    return loader, batches, limit
 
 
 def measure_io(inp: BenchInput, settings: BenchSettings, options: LoaderOptions,
@@ -170,8 +209,8 @@ def measure_io(inp: BenchInput, settings: BenchSettings, options: LoaderOptions,
     """Mock trainer: samples/s of batches moved to the device, augmented there by ``augment``
     (when given) and dropped."""
     sync = device_sync(device)
-    phase = Phase(settings)
-    loader, batches = _device_batches(inp, settings, options, device, augment)
+    loader, batches, limit = _device_batches(inp, settings, options, device, augment)
+    phase = Phase(settings, limit)
     try:
         warm = 0
         while phase.warming(warm):
@@ -180,7 +219,7 @@ def measure_io(inp: BenchInput, settings: BenchSettings, options: LoaderOptions,
         sync()
         samples = steps = 0
         start = time.perf_counter()
-        while phase.running(steps):
+        while phase.running(steps, warm):
             samples += batch_size_of(next(batches))
             steps += 1
         sync()  # non_blocking copies still in flight belong to the measured time
@@ -215,13 +254,13 @@ def measure_loop(inp: BenchInput, trainer: Trainer, settings: BenchSettings,
     """The real loop: samples/s, and loading vs training time per step (ms, and the share of
     the step spent loading), from :class:`StepTimer`; the augmentation counts as loading."""
     timer = StepTimer(window=settings.steps, device=trainer.device, skip=settings.warmup)
-    phase = Phase(settings)
-    loader, batches = _device_batches(inp, settings, options, trainer.device, augment)
+    loader, batches, limit = _device_batches(inp, settings, options, trainer.device, augment)
+    phase = Phase(settings, limit)
     try:
         for batch in timer.iterate(batches):
             if timer.seen < timer.skip and not phase.warming(timer.seen):
                 timer.skip = timer.seen  # warm-up has had its half of the time: count from here
-            if timer.seen >= timer.skip and not phase.running(timer.steps):
+            if timer.seen >= timer.skip and not phase.running(timer.steps, timer.skip):
                 break
             trainer(batch)
             if on_step is not None:

@@ -68,7 +68,7 @@ def run_sweep(
     """The real loop under each configuration, ``repeats`` times in interleaved rounds (a
     slowdown of the machine hits every configuration alike), each run from the same weights.
     ``seconds`` is the budget of the whole sweep, shared equally by the runs (each takes at
-    least one warm-up and one timed step).
+    least one warm-up and one timed step; warm, half of a run's share reads the batches first).
 
     Returns ``{"rows": [{options…, samples_per_s (median), rates (each run), spread, load_ms,
     train_ms, load_share (medians), steps, samples, seconds (totals)}], "best", "tied", "pick",
@@ -81,6 +81,8 @@ def run_sweep(
         raise BenchError("the sweep has no configuration to measure")
     start = time.perf_counter()
     per_run = seconds / (len(configs) * repeats)
+    if settings.warm:  # each run reads its batches once untimed, then times them: half each
+        per_run /= 2
     # two warm-up steps suffice to start the workers (the first batch waits for them)
     bounded = dataclasses.replace(settings, warmup=min(settings.warmup, 2),
                                   max_seconds=min(settings.max_seconds, per_run))

@@ -3,19 +3,73 @@ holds what every command shares; each command group is a module of its own."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import inspect
+from collections.abc import Callable, Iterable
 from enum import Enum
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
 
 from packdata import interrupts
+
+
+class Command(TyperCommand):
+    """A command whose usage line names its arguments as the help does: ``SRC DST`` (typer
+    writes required arguments as ``{src} {dst}``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.short_help is None and self.help:  # one line in `packdata --help`'s list
+            self.short_help = " ".join(inspect.cleandoc(self.help).split("\n\n")[0].split())
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return [p[1:-1].upper() if p.startswith("{") and p.endswith("}") else p
+                for p in super().collect_usage_pieces(ctx)]
+
+
+#: commands built only when they run or their help is asked: name → (stand-in, build)
+_LATER: dict[str, tuple[Any, Callable[[], Any]]] = {}
+
+
+def later(name: str, short_help: str, build: Callable[[], Any]) -> None:
+    """Register command ``name``, built by ``build()`` (a click command) when it runs; until
+    then ``packdata --help`` lists it with ``short_help`` (convert's flags come from every
+    sample kind's OPTIONS, whose modules import torch: seconds for a plain ``--help``)."""
+    stand_in = typer.Typer(add_completion=False)
+    stand_in.command(name, help=short_help)(lambda: None)
+    _LATER[name] = (typer.main.get_command(stand_in), build)
+
+
+class Commands(TyperGroup):
+    """The ``packdata`` group: commands registered with :func:`later` come first, as stand-ins
+    until one of them is resolved to run (its own ``--help`` included)."""
+
+    def __init__(self, *, commands: Any = None, **attrs: Any) -> None:
+        listed = dict(commands or {}) if not isinstance(commands, (list, tuple)) else \
+            {c.name: c for c in commands}
+        super().__init__(commands={**{n: c for n, (c, _) in _LATER.items()}, **listed},
+                         **attrs)
+
+    def loaded(self, name: str) -> Any:
+        """Command ``name``, built now if it is still a stand-in."""
+        if name in _LATER and self.commands.get(name) is _LATER[name][0]:
+            self.commands[name] = _LATER[name][1]()
+        return self.commands.get(name)
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        if args:
+            self.loaded(args[0])
+        return super().resolve_command(ctx, args)
+
 
 app = typer.Typer(
     help="Pack one-file-per-sample datasets into LMDB, HDF5 or tar shards, and load them fast.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    cls=Commands,
 )
 console = Console(stderr=True, soft_wrap=True)
 

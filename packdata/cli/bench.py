@@ -9,12 +9,13 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape  # help is Rich markup: "[plot]" would be taken for a tag
 
-from packdata.cli.app import app, console, fail
+from packdata.cli.app import Command, app, console, fail
 from packdata.errors import PackdataError
 
 
-@app.command()
+@app.command(cls=Command)
 def demo(
     count: Annotated[int, typer.Option(help="Images in the demo folder.")] = 10_000,
     workdir: Annotated[Path | None, typer.Option(
@@ -39,10 +40,11 @@ class BenchDevice(str, Enum):
     cuda = "cuda"
 
 
-@app.command()
+@app.command(cls=Command)
 def bench(
-    dataset: Annotated[Path, typer.Argument(
-        help="A packdata dataset, or a plain image folder (labels.* inside, or class sub-folders).")],
+    dataset: Annotated[str, typer.Argument(  # a str: Path("s3://b/ds") is "s3:/b/ds"
+        help="A packdata dataset (a path, or a URL: s3://bucket/ds), or a plain image folder "
+        "(labels.* inside, or class sub-folders).")],
     model: Annotated[str, typer.Option(
         help="small-cnn, resnet18, pointnet, transformer, or module:callable / file.py:callable "
         "returning a torch.nn.Module. 'auto': by sample kind (images: resnet18 on a GPU, "
@@ -57,11 +59,15 @@ def bench(
         help="Bound of each measurement, warm-up included (it ends within this plus one step "
         "even if --steps are not done).")] = 20.0,
     workers: Annotated[int, typer.Option(help="DataLoader worker processes.")] = 0,
+    warm: Annotated[bool, typer.Option(
+        "--warm/--cold", help="Warm: each measurement first reads, untimed, the batches it "
+        "times (first reads after opening a dataset are slower); cold times first reads.")
+    ] = True,
     augment: Annotated[str | None, typer.Option(
         help="Augmentation on the I/O side, on the device after the copy, as training runs it: "
         "'cifar' (random crop with padding 4, flip, normalise).")] = None,
     sweep: Annotated[bool, typer.Option(
-        help="Also time the real loop for num_workers 0…cores × prefetch_factor × "
+        help="Also time the real loop for num_workers from 0 to the cores × prefetch_factor × "
         "persistent_workers (× pin_memory × non_blocking on CUDA), each several times.")] = False,
     sweep_seconds: Annotated[float, typer.Option(
         help="Time budget of the whole sweep, shared by every run of every configuration.")] = 60.0,
@@ -83,7 +89,8 @@ def bench(
         "and measure each beside the folder.")] = False,
     as_json: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON.")] = None,
     plot: Annotated[Path | None, typer.Option(
-        help="Write a PNG chart (needs matplotlib: pip install \"packdata[plot]\").")] = None,
+        help=escape('Write a PNG chart (needs matplotlib: pip install "packdata[plot]").'))
+    ] = None,
 ) -> None:
     """Does I/O outrun training? Measures I/O alone, training alone and the real loop.
 
@@ -97,7 +104,7 @@ def bench(
     try:
         settings = BenchSettings(model=model, batch_size=batch_size, device=device.value,
                                  amp=amp, steps=steps, warmup=warmup, max_seconds=max_seconds,
-                                 workers=workers)
+                                 workers=workers, warm=warm)
         result = run_bench(dataset, settings, sweep=sweep, sweep_seconds=sweep_seconds,
                            sweep_repeats=sweep_repeats, profile_dir=profile, compare=compare,
                            augment=augment, target_gpu=target_gpu, target_flops=target_flops,

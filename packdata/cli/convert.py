@@ -4,6 +4,7 @@ library."""
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from enum import Enum
@@ -15,7 +16,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
 from packdata import containers, interrupts, sources
-from packdata.cli.app import app, choices, console, fail, interrupted, show_warning
+from packdata.cli.app import Command, choices, console, fail, interrupted, later, show_warning
 from packdata.containers import CONTAINERS
 from packdata.conversion.engines import ENGINES
 from packdata.conversion.job import ON_ERROR
@@ -60,7 +61,7 @@ def _flags(by_name: dict[str, list[tuple[str, Option]]]) -> list[Parameter]:
                  for o in options]
         allowed = tuple(dict.fromkeys(c for o in options for c in o.choices))
         value_type = choices(f"{name}_choices", allowed) if allowed else options[0].type
-        info = typer.Option(options[0].flag, help=" ".join(helps),
+        info = typer.Option(options[0].flag, help=escape(" ".join(helps)),  # not markup
                             rich_help_panel=" and ".join(k for k, _ in declared) + " options")
         params.append(Parameter(name, Parameter.KEYWORD_ONLY, default=None,
                                 annotation=Annotated[value_type | None, info]))
@@ -77,13 +78,11 @@ def _with_generated_options(command: Callable) -> Callable:
     return command
 
 
-@app.command()
-@_with_generated_options
 def convert(
     src: Annotated[str, typer.Argument(
         help="Input: a folder of files, one per sample (or a URL: s3://bucket/raw/).")],
     dst: Annotated[str, typer.Argument(
-        help="Output. *.lmdb → LMDB; *.h5/*.hdf5 → HDF5; a directory, NAME.tar or "
+        help="Output. *.lmdb → LMDB; *.h5/*.hdf5 → one HDF5 file; a directory, NAME.tar or "
         "DIR/NAME-%06d.tar → uncompressed tar shards (webdataset naming); a URL "
         "(s3://bucket/ds/) → tar shards in object storage.")],
     format: Annotated[ContainerName | None, typer.Option(
@@ -98,7 +97,8 @@ def convert(
     overwrite: Annotated[bool, typer.Option(
         help="Replace DST if it is an existing packdata dataset.")] = False,
     engine: Annotated[Engine | None, typer.Option(
-        help="Convert in parts, as independent tasks, into a sharded dataset: 'local' runs "
+        help="Convert in parts, as independent tasks, into a sharded dataset (a folder: with "
+        "HDF5 or LMDB parts, name DST as a folder and give --format): 'local' runs "
         "them in --workers processes, 'dask' on a Dask cluster (a LocalCluster of --workers "
         "processes, or --scheduler's).")] = None,
     scheduler: Annotated[str | None, typer.Option(
@@ -155,6 +155,17 @@ def convert(
             console.print(f"  {s['path']}: {s['reason']}", highlight=False, markup=False)
 
 
+@functools.cache  # once: the group is made anew for every run in one process (tests)
+def _build() -> Any:
+    """The ``convert`` command with one flag per option (importing every sample kind)."""
+    one = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    one.command("convert", cls=Command)(_with_generated_options(convert))
+    return typer.main.get_command(one)
+
+
+later("convert", (convert.__doc__ or "").split(".")[0] + ".", _build)
+
+
 def _run_convert(src: str, dst: str, kind: Enum | None, options: dict[str, Any], *,
                  format: Enum | None, container_options: dict[str, Any], workers: int,
                  on_error: Enum,
@@ -167,6 +178,7 @@ def _run_convert(src: str, dst: str, kind: Enum | None, options: dict[str, Any],
     with Progress(
         "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
         TimeRemainingColumn(), console=console, transient=True,
+        disable=not console.is_terminal,  # in a log, a bar leaves only an empty line
     ) as bar:
         task = bar.add_task(escape(f"converting {src}"), total=None)
         return run_convert(

@@ -11,13 +11,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from packdata.cli.app import app, console, fail
+from packdata.cli.app import Command, app, console, fail
 from packdata.errors import PackdataError
 
+# a str, not a Path: Path("s3://bucket/ds") is "s3:/bucket/ds"
+DATASET_HELP = "A packdata dataset: a path, or a URL (s3://bucket/ds) as packdata.open takes."
 
-@app.command()
+
+@app.command(cls=Command)
 def inspect(
-    dataset: Annotated[Path, typer.Argument(help="A packdata dataset.")],
+    dataset: Annotated[str, typer.Argument(help=DATASET_HELP)],
     preview: Annotated[Path | None, typer.Option(
         help="Write a PNG grid of the first samples (image datasets).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
@@ -48,7 +51,7 @@ def inspect(
         codec = f" ({f['codec']})" if f.get("codec") else ""
         add_row(f"field {name}", f"{f['dtype']} {shape}{codec}")
     for name, stats in info.get("lengths", {}).items():
-        add_row(f"{name} lengths", ", ".join(f"{k} {v:,}" for k, v in stats.items()))
+        add_row(f"{name} lengths", ", ".join(f"{k} {_number(v)}" for k, v in stats.items()))
     if "padding" in info:
         p = info["padding"]
         add_row(f"padding (batches of {p['batch_size']})",
@@ -67,9 +70,14 @@ def inspect(
         console.print(f"preview written to {preview}", markup=False)
 
 
-@app.command()
+def _number(value: float) -> str:
+    """1,024 for an integral value (a median of whole lengths is often one), else 1,024.5."""
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
+
+
+@app.command(cls=Command)
 def verify(
-    dataset: Annotated[Path, typer.Argument(help="A packdata dataset.")],
+    dataset: Annotated[str, typer.Argument(help=DATASET_HELP)],
     source: Annotated[Path | None, typer.Option(
         help="Also compare every record with a fresh conversion of this input folder (with the "
         "options the manifest recorded).")] = None,
@@ -85,9 +93,9 @@ def verify(
     try:
         src = None
         if source is not None:
-            from packdata.containers import for_existing
+            from packdata.dataset import open_dataset
 
-            src = source_for(for_existing(dataset).READER(dataset).manifest, source)
+            src = source_for(open_dataset(dataset, verify="off").manifest, source)
         report = run_verify(dataset, source=src, deep=deep)
     except (PackdataError, OSError) as exc:
         fail(exc)
@@ -115,9 +123,9 @@ def verify(
 
 
 
-@app.command("check-resume")
+@app.command("check-resume", cls=Command)
 def check_resume(
-    dataset: Annotated[Path, typer.Argument(help="A packdata dataset.")],
+    dataset: Annotated[str, typer.Argument(help=DATASET_HELP)],
     trials: Annotated[int, typer.Option(help="Random interruptions per scenario.")] = 2,
     seed: Annotated[int, typer.Option(help="Seed of the samplers and of the interruptions.")] = 0,
     batch_size: Annotated[int, typer.Option(help="Batch size of every scenario.")] = 64,
@@ -147,16 +155,24 @@ def check_resume(
         raise typer.Exit(1)
 
 
-@app.command("index")
+@app.command("index", cls=Command)
 def index(
-    dataset: Annotated[Path, typer.Argument(help="A packdata tar dataset.")],
+    dataset: Annotated[str, typer.Argument(
+        help="A packdata tar dataset (a folder, or a URL: s3://bucket/ds).")],
 ) -> None:
     """Write the indexes other readers use into a tar dataset made by an older packdata: a DALI
     .idx per shard (wds2idx layout) and a wids index JSON."""
-    from packdata.containers.tar.reindex import write_reader_indexes
+    from packdata.urls import is_url
 
     try:
-        written = write_reader_indexes(dataset)
+        if is_url(dataset):
+            from packdata.remote.tar_reader import write_reader_indexes_at
+
+            written: list = write_reader_indexes_at(dataset)
+        else:
+            from packdata.containers.tar.reindex import write_reader_indexes
+
+            written = write_reader_indexes(dataset)
     except (PackdataError, OSError) as exc:
         fail(exc)
     print(f"wrote {len(written)} index files in {dataset}")

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 
 from packdata.errors import DatasetError
+from packdata.units import plural
 
 CONTAINERS: dict[str, str] = {
     "lmdb": "packdata.containers.lmdb",
@@ -53,6 +54,34 @@ def for_destination(dst: str | Path, name: str | None = None) -> ModuleType:
     )
 
 
+def _missing_part(p: Path) -> str | None:
+    """What a folder that is most of a tar dataset lacks (its manifest or record index), in a
+    sentence; None when it is not one."""
+    from packdata.containers.tar.layout import INDEX, MANIFEST
+    from packdata.manifest import Manifest
+
+    if not p.is_dir():
+        return None
+    shards = sum(1 for x in p.glob("*.tar"))
+    manifest, index = p / MANIFEST, p / INDEX
+    if manifest.is_file() and not index.is_file():
+        try:
+            made = Manifest.from_json(manifest.read_bytes(), str(p))
+        except DatasetError:
+            return None  # not packdata's manifest: not a packdata dataset
+        if made.container != "tar":
+            return None
+        return (f"{p}: a packdata tar dataset without its record index {INDEX} (the manifest and "
+                f"{plural(shards, 'shard')} are there); the dataset is incomplete: convert it "
+                "again")
+    if index.is_file() and not manifest.is_file():
+        return (f"{p}: a packdata tar dataset without its {MANIFEST} ({INDEX} and "
+                f"{plural(shards, 'shard')} are there; the manifest is written last, so the "
+                "conversion or copy did not finish); the dataset is incomplete: convert or copy "
+                "it again")
+    return None
+
+
 def for_existing(path: str | Path) -> ModuleType:
     """The container that holds the dataset at ``path``."""
     p = Path(path)
@@ -62,6 +91,9 @@ def for_existing(path: str | Path) -> ModuleType:
         module = get(key)
         if module.detect(p):
             return module
+    missing = _missing_part(p)
+    if missing:
+        raise DatasetError(missing)
     found = "a directory holding " + ", ".join(sorted(x.name for x in p.iterdir())[:5]) \
         if p.is_dir() else f"a file of {p.stat().st_size} bytes"
     raise DatasetError(

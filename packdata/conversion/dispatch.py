@@ -46,6 +46,8 @@ def convert(
     interrupted run finished).
     """
     in_parts = parts.Parts.asked(engine, client, scheduler, part_size, resume)
+    if in_parts is not None and not is_url(dst):  # before any input is listed
+        in_parts.check_destination(dst, container)
 
     def write(job: Job, on_shard_closed: ShardClosed | None = None) -> ConvertResult:
         if in_parts is not None:

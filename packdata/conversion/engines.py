@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -114,13 +116,31 @@ def dask_client(client: Any = None, scheduler: str | None = None, workers: int |
     # the workers' sampling profiler takes the GIL every 10 ms: CPU a conversion can use; and
     # every task is known up front, so workers get their next one queued, without a round trip
     with dask.config.set({"distributed.worker.profile.enabled": False,
-                          "distributed.scheduler.worker-saturation": float("inf")}):
+                          "distributed.scheduler.worker-saturation": float("inf")}), \
+            _workers_ignore_sigint():
         cluster = distributed.LocalCluster(
             n_workers=workers or available_cores(), threads_per_worker=1, processes=True,
             dashboard_address=":0", silence_logs=logging.ERROR,
         )
     with cluster, distributed.Client(cluster) as local:
         yield local
+
+
+@contextlib.contextmanager
+def _workers_ignore_sigint() -> Iterator[None]:
+    """SIGINT ignored while the cluster starts its worker processes, which inherit that (an
+    ignored signal stays ignored across exec; a handler does not): a terminal's Ctrl-C reaches
+    the whole process group, and is this process's to handle (one line, the cluster closed),
+    not a traceback from each worker. A Ctrl-C during those seconds is lost (no way to hold it
+    back: a spawn resets the signal mask), so the next one stops the conversion."""
+    if threading.current_thread() is not threading.main_thread():  # only it may set handlers
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _run_dask(client: Any, fn: Callable, tasks: list) -> Iterator[tuple[int, Any]]:

@@ -99,6 +99,32 @@ class Parts:
             return None
         return cls(engine or "local", client, scheduler, part_size, resume)
 
+    def flag(self) -> str:
+        """The option that asked for parts, as the command line spells it."""
+        if self.resume:
+            return "--resume"
+        if self.part_size:
+            return "--part-size"
+        return "--scheduler" if self.scheduler or self.client is not None else "--engine"
+
+    def check_destination(self, dst: str | Path, container: str | None) -> None:
+        """A destination named like one dataset of a container (``out.h5``, ``out.lmdb``) is
+        that: parts of HDF5 or LMDB make a folder of parts (a sharded dataset; tar parts join
+        into an ordinary tar dataset), so refuse before converting, saying what to ask for."""
+        module = containers.for_destination(dst, container)
+        path = Path(dst)
+        if module.NAME == "tar" or path.suffix.lower() not in {
+                s for name in containers.CONTAINERS for s in containers.get(name).SUFFIXES}:
+            return
+        flag = self.flag()
+        why = (" (an interrupted conversion into one file leaves no parts to resume)"
+               if flag == "--resume" else "")
+        raise PackdataError(
+            f"{dst}: {flag} converts in parts, which writes a folder of {module.NAME} parts (a "
+            f"sharded dataset), not one {module.NAME} dataset; for parts, name a folder and the "
+            f"parts' format ({path.with_suffix('')}/ --format {module.NAME}), or leave out "
+            f"{flag} to write {path.name}{why}")
+
 
 def write(job: Job, parts: Parts, *, workers: int | None = None, progress: Any = None
           ) -> ConvertResult:

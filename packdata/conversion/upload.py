@@ -17,7 +17,7 @@ from packdata.containers import tar
 from packdata.containers.base import ShardClosed
 from packdata.containers.tar.indexes import WIDS_INDEX
 from packdata.conversion.job import ConvertResult, Job, settle
-from packdata.errors import OutputExistsError, PackdataError
+from packdata.errors import DatasetError, OutputExistsError, PackdataError
 from packdata.manifest import Manifest
 from packdata.remote.storage import Storage, errors
 from packdata.sources.base import Source
@@ -109,6 +109,19 @@ def upload(local: Path, url: str, storage: Storage | None = None, overwrite: boo
         fs.put_file(str(local / tar.MANIFEST), f"{remote}/{tar.MANIFEST}")
 
 
+def _check_bucket(fs: Any, remote: str, url: str) -> None:
+    """Before anything is converted: the bucket is there (asking reaches the endpoint, with the
+    credentials found, so those failures are named now too, not after the conversion)."""
+    bucket = remote.split("/", 1)[0]
+    if not bucket:  # a path from the root (file://): folders are made as needed
+        return
+    try:
+        fs.info(bucket)  # not exists(), which answers False for an endpoint it cannot reach
+    except FileNotFoundError:
+        raise DatasetError(f"{url}: no such bucket '{bucket}'; create it first, or check the "
+                           "name") from None
+
+
 def _retire(fs: Any, remote: str, url: str, overwrite: bool) -> None:
     """Before anything is written: a dataset already at ``url`` is refused, or (``overwrite``)
     stops being one by losing its manifest first."""
@@ -140,6 +153,7 @@ def convert_to_url(source: Source, url: str, *, write: WriteLocally,
     storage = storage or Storage()
     fs, remote = storage.filesystem(url)
     with errors(url):
+        _check_bucket(fs, remote, url)
         _retire(fs, remote, url, overwrite)
     staging = Path(tempfile.mkdtemp(prefix="packdata-upload-"))
     try:

@@ -51,7 +51,7 @@ class SampleSpec:
         if self.points < 1 or self.variants < 1:
             raise OptionError(f"points ({self.points}) and variants ({self.variants}) must be >= 1")
         if self.voxel_size is not None and (self.method != "voxel" or not 0 < self.voxel_size < math.inf):
-            raise OptionError("voxel_size must be finite and > 0, and needs sampling 'voxel'")
+            raise OptionError("--voxel-size must be finite and > 0, and needs --sampling voxel")
 
 
 @dataclass

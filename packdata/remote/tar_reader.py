@@ -230,3 +230,27 @@ class RemoteTarReader(tar.TarReader):
             self._pool.shutdown(wait=True, cancel_futures=True)
         self._pool, self._pending = None, {}
         super().close()
+
+
+def write_reader_indexes_at(url: str, storage: Storage | None = None) -> list[str]:
+    """``packdata index`` for a tar dataset at a URL: its DALI and wids indexes made locally
+    (image shards are fetched to tell PNG from JPEG members) and uploaded beside its shards.
+    The URLs written."""
+    import tempfile
+
+    from packdata.containers.tar.indexes import write_wids_index
+    from packdata.containers.tar.reindex import write_reader_indexes
+
+    reader = RemoteTarReader(url, storage)
+    try:
+        with tempfile.TemporaryDirectory(prefix="packdata-index-") as tmp:
+            made = write_reader_indexes(reader.url, out_dir=tmp, reader=reader)
+            shards = reader.manifest.extra["shards"]
+            with errors(reader.url):
+                sizes = [reader.fs.size(f"{reader.remote}/{s['name']}") for s in shards]
+                made.append(write_wids_index(tmp, shards, sizes))
+                for made_file in made:
+                    reader.fs.put_file(str(made_file), f"{reader.remote}/{made_file.name}")
+    finally:
+        reader.close()
+    return [f"{reader.url}/{f.name}" for f in made]

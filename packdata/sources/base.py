@@ -19,6 +19,10 @@ import numpy as np
 from packdata.errors import InputWarning, PackdataError, SampleError
 from packdata.manifest import Field
 from packdata.remote.files import fetch_all
+from packdata.units import plural
+
+#: the nouns :meth:`Source.ignore` counts, one of each
+SINGULAR = {"files": "file", "entries": "entry"}
 
 BLOCK = 256  # items per worker task, unless a source groups them otherwise
 SHOWN = 5  # names listed when reporting what was left out
@@ -88,17 +92,20 @@ class Source(ABC):
         labels file), are noted as ignored (:meth:`ignore`)."""
         others: list[str] = []
         files = list_files(self.root, suffixes, others)
-        self.ignore(f"files that are not {self.kind} inputs ({', '.join(suffixes)})",
+        self.ignore(f"files of another kind than {self.kind} (suffix not {', '.join(suffixes)})",
                     [f for f in others if used is None or self.root / f != used])
         return files
 
     def ignore(self, why: str, names: list[str]) -> None:
-        """Record inputs left out for reason ``why`` (the latest listing's, once per reason):
-        :func:`packdata.convert` puts a count and the first names in the manifest's
-        ``source.ignored``, and they are announced as an InputWarning."""
+        """Record inputs left out for reason ``why`` (its first word a plural noun: "files …",
+        "entries …"; the latest listing's, once per reason): :func:`packdata.convert` puts a
+        count and the first names in the manifest's ``source.ignored``, and they are announced
+        as an InputWarning."""
         ignored = self.__dict__.setdefault("ignored", {})
         if names and ignored.get(why) != names:
-            warnings.warn(f"{self.root}: ignored {len(names)} {why}: {shown(names)}",
+            noun, _, rest = why.partition(" ")
+            counted = plural(len(names), SINGULAR.get(noun, noun), noun)
+            warnings.warn(f"{self.root}: ignored {counted} {rest}: {shown(names)}",
                           InputWarning, stacklevel=3)
         ignored[why] = names
 

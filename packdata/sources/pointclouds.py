@@ -68,8 +68,8 @@ OPTIONS = (
            "chosen so that about N voxels are occupied)."),
     Option("variants", int, 1, "Presamples stored per cloud, K; one is served per epoch."),
     Option("seed", int, 0, "Sampling seed."),
-    Option("fields", str, "xyz", "Comma-separated fields, xyz always first: xyz,intensity,"
-           "classification,rgb or any column name."),
+    Option("fields", str, "xyz", "Comma-separated fields, xyz always first, then any of "
+           "intensity, classification, rgb or other column names (e.g. xyz,intensity)."),
     Option("normalize", str, "none", "Centre each cloud, or centre and scale it into the unit "
            "sphere.", NORMALIZE),
     Option("dtype", str, "float32", "Stored float type (float16 halves storage; float32 keeps "

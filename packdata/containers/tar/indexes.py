@@ -50,14 +50,18 @@ def write_idx(target: Path, member_keys: Sequence[str], columns: Sequence[Column
     target.write_text(f"{IDX_VERSION} {len(names)}\n" + body + ("\n" if names else ""))
 
 
-def write_wids_index(dataset: str | Path, shards: list[dict[str, Any]]) -> Path:
+def write_wids_index(dataset: str | Path, shards: list[dict[str, Any]],
+                     sizes: Sequence[int] | None = None) -> Path:
     """The wids shard list of ``shards`` (name and record count each), as JSON in ``dataset``.
     It has no ``name``: the folder is written under a temporary name and may be renamed later,
-    so wids names the dataset from its shard list."""
+    so wids names the dataset from its shard list. ``sizes``: the shards' sizes in bytes, when
+    they are not files in ``dataset`` (a dataset in object storage)."""
     dataset = Path(dataset)
+    if sizes is None:
+        sizes = [(dataset / s["name"]).stat().st_size for s in shards]
     spec = {"__kind__": "wids-shard-index-v1", "wids_version": 1,
-            "shardlist": [{"url": s["name"], "nsamples": s["count"],
-                           "filesize": (dataset / s["name"]).stat().st_size} for s in shards]}
+            "shardlist": [{"url": s["name"], "nsamples": s["count"], "filesize": size}
+                          for s, size in zip(shards, sizes, strict=True)]}
     target = dataset / WIDS_INDEX
     target.write_text(json.dumps(spec, indent=1) + "\n")
     return target

@@ -33,6 +33,9 @@ class TarReader(Reader):
     #: whether all shards may be mapped back to back up front (:meth:`_joined_map`); readers
     #: that fetch shards on demand say no
     JOINS_SHARDS: ClassVar[bool] = True
+    #: bytes left of each truncated shard, when reads of the records before the cut are allowed
+    #: (:meth:`allow_truncated_shards`); None: a truncated shard fails every read of it
+    _cut: dict[int, int] | None = None
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -71,7 +74,9 @@ class TarReader(Reader):
             if not path.is_file():
                 raise DatasetError(f"{path}: shard missing; the dataset is incomplete")
             mapped = map_file(path)
-            if len(mapped) < self._shard_end[shard]:
+            if len(mapped) < self._shard_end[shard] and self._cut is not None:
+                self._cut[shard] = len(mapped)
+            elif len(mapped) < self._shard_end[shard]:
                 raise DatasetError(
                     f"{path}: shard truncated ({len(mapped)} bytes, the index needs "
                     f"{self._shard_end[shard]}); the dataset is damaged"
@@ -96,6 +101,40 @@ class TarReader(Reader):
                 )
             self._views[name, shard] = view
         return self._views[name, shard]
+
+    def allow_truncated_shards(self) -> None:
+        """Read the records that lie wholly before the end of a truncated shard (``packdata
+        verify``: they are intact); reading one past the cut raises a DatasetError naming it."""
+        self._cut = {}
+        self.JOINS_SHARDS = False  # type: ignore[misc]  # joined maps assume whole shards
+        self._joined = False
+
+    def truncated(self) -> dict[str, tuple[int, int]]:
+        """Shards found truncated so far (with :meth:`allow_truncated_shards`): name → (bytes
+        there, bytes the index needs)."""
+        return {self.shard_names[s]: (n, int(self._shard_end[s]))
+                for s, n in sorted((self._cut or {}).items())}
+
+    def _check_cut(self, idx: np.ndarray) -> None:
+        """Raise for the first of records ``idx`` whose bytes run past a truncated shard."""
+        for name in self.manifest.fields:
+            if f"{name}.values" in self.index:
+                continue  # kept in the index, not in a shard
+            shards = self.index[f"{name}.shard"][idx]
+            for s in np.unique(shards).tolist():
+                self._map(s)
+            if not self._cut:
+                return
+            ends = self.index[f"{name}.offset"][idx] + self.index[f"{name}.nbytes"][idx]
+            cuts = np.array([self._cut.get(s, np.iinfo(np.int64).max) for s in shards.tolist()],
+                            dtype=np.int64)
+            past = np.flatnonzero(ends > cuts)
+            if len(past):
+                j = int(past[0])
+                raise DatasetError(
+                    f"{self.path / self.shard_names[int(shards[j])]}: shard truncated "
+                    f"({int(cuts[j])} bytes); record {int(idx[j])} lies past the cut (it "
+                    f"needs {int(ends[j])}); the dataset is damaged")
 
     def _joined_map(self) -> tuple[np.ndarray, np.ndarray] | None:
         """All shards mapped back to back (see :mod:`packdata.containers.joined`), once each
@@ -174,6 +213,8 @@ class TarReader(Reader):
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         idx = self.check_indices(indices)
+        if self._cut is not None:
+            self._check_cut(idx)
         select = select or {}
         batch: Batch = {}
         for name, field in self.manifest.fields.items():

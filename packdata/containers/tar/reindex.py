@@ -13,12 +13,16 @@ from packdata.containers.tar.members import member_key, member_suffix
 from packdata.containers.tar.reader import TarReader
 
 
-def write_reader_indexes(dataset: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+def write_reader_indexes(dataset: str | Path, out_dir: str | Path | None = None,
+                         reader: TarReader | None = None) -> list[Path]:
     """Write the DALI ``.idx`` files and the wids JSON of a tar dataset made by an older packdata
     (from its ``index.npz``: no shard is scanned). Returns the files written. With ``out_dir``,
-    only the DALI indexes, there (a dataset that may not be written to)."""
+    only the DALI indexes, there (a dataset that may not be written to). ``reader``: the
+    dataset's, already open (one at a URL: then ``out_dir`` is where the files are made)."""
     dataset = Path(dataset)
-    reader = TarReader(dataset)  # checks manifest and index (a DatasetError names the problem)
+    opened = reader is None
+    if reader is None:  # checks manifest and index (a DatasetError names the problem)
+        reader = TarReader(dataset)
     try:
         manifest, index = reader.manifest, reader.index
         shards = manifest.extra["shards"]
@@ -34,7 +38,8 @@ def write_reader_indexes(dataset: str | Path, out_dir: str | Path | None = None)
                             index[f"{name}.nbytes"].tolist()))
         shard_of = index[f"{next(iter(manifest.fields))}.shard"]
     finally:
-        reader.close()
+        if opened:
+            reader.close()
     written = []
     for s, shard in enumerate(shards):
         rows = np.nonzero(shard_of == s)[0]
