@@ -19,6 +19,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 from torch.utils.data import DataLoader
 
@@ -69,7 +70,7 @@ def main() -> None:
             rows[workers].append(timed(loader, args.epochs, pids[workers]))
         print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
     ratios = [b["samples_per_s"] / a["samples_per_s"] for a, b in zip(rows[0], rows[2])]
-    report = {"dataset": str(args.dataset), "batch_size": BATCH, "rounds": args.rounds,
+    report = {"dataset": Path(args.dataset).name, "batch_size": BATCH, "rounds": args.rounds,
               "cpus": os.cpu_count(), "load_average": os.getloadavg(),
               "workers_2_vs_0_median_of_rounds": statistics.median(ratios),
               "ratio_range": [min(ratios), max(ratios)]}

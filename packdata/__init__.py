@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 _HOMES = {
     "StepTimer": "packdata.bench.timer",
     "PackCollate": "packdata.collate", "PadCollate": "packdata.collate",
-    "ConvertResult": "packdata.conversion", "convert": "packdata.conversion",
+    "ConvertResult": "packdata.conversion.job", "convert": "packdata.conversion.dispatch",
     "HDF5Dataset": "packdata.dataset", "LMDBDataset": "packdata.dataset",
     "PackedDataset": "packdata.dataset", "TarDataset": "packdata.dataset",
     "open": "packdata.dataset",
@@ -41,7 +41,8 @@ _RENAMED = {"open": "open_dataset"}  # the package's front door
 if TYPE_CHECKING:
     from packdata.bench.timer import StepTimer
     from packdata.collate import PackCollate, PadCollate
-    from packdata.conversion import ConvertResult, convert
+    from packdata.conversion.dispatch import convert
+    from packdata.conversion.job import ConvertResult
     from packdata.dataset import HDF5Dataset, LMDBDataset, PackedDataset, TarDataset
     from packdata.dataset import open_dataset as open  # noqa: A004
     from packdata.device import DeviceLoader

@@ -28,13 +28,11 @@ from packdata.dataset import PackedDataset, Transform
 from packdata.errors import ArgumentError, ResumeError
 from packdata.remote.storage import CACHE_LIMIT, Storage
 from packdata.sampling import ddp_rank_world, per_rank
-from packdata.streamloader import StreamingLoader
+from packdata.streamloader import Plan, StreamingLoader
 from packdata.urls import is_url
 
 Span = tuple[int, int]  # sample indices [start, stop)
 
-
-Plan = list[tuple[int, int]]  # what one reader streams: (role, samples of it already delivered)
 
 
 class StreamEpochs:

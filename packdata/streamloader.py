@@ -5,23 +5,25 @@ batches taken fix each worker's position in its stream (see :mod:`packdata.strea
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch.utils.data import DataLoader
 
 from packdata.errors import ArgumentError
 
-if TYPE_CHECKING:
-    from packdata.streaming import Plan, StreamingDataset
+Plan = list[tuple[int, int]]  # what one reader streams: (role, samples of it already delivered)
 
 
 class StreamingLoader:
     """Batches of a :class:`StreamingDataset` through a DataLoader (``num_workers`` workers),
     owning the epoch and the position: :meth:`state_dict` mid-epoch, :meth:`load_state_dict` on
     a rebuilt one serves exactly the rest, also at another ``num_workers`` (then in another
-    order: each worker batches its own stream). Iterate it once per epoch."""
+    order: each worker batches its own stream). Iterate it once per epoch.
 
-    def __init__(self, stream: StreamingDataset, batch_size: int, *, num_workers: int = 0,
+    ``stream`` is the :class:`~packdata.streaming.StreamingDataset` (which builds this loader
+    with its ``loader()``: this module does not import it, so the two do not import each other)."""
+
+    def __init__(self, stream: Any, batch_size: int, *, num_workers: int = 0,
                  drop_last: bool = False, **dataloader_options: Any) -> None:
         if dataloader_options.get("in_order", True) is not True:
             raise ArgumentError("in_order=False takes batches in the order workers finish them: "

@@ -290,3 +290,12 @@ def test_bench_md_gpu_table_is_the_table_the_code_uses():
     assert set(shown) == set(GPUS)
     for name, peaks in GPUS.items():
         assert shown[name] == {h: peaks.get(h) for h in header[1:5]}, name
+
+
+def test_results_name_no_machine_paths():
+    """Results say how to reproduce them in the repository's terms (paths relative to it or to
+    ../shared), never a folder of the machine that ran them."""
+    machine = re.compile(r'["= ]/(?:work|tmp|root|home|Users|mnt)/[^" ]*')
+    found = {p.name: m.group(0) for p in sorted((ROOT / "bench" / "results").glob("*.json"))
+             if (m := machine.search(p.read_text()))}
+    assert found == {}

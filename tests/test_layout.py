@@ -45,31 +45,18 @@ def _floor(module: str) -> int:
     return next(i for i, names in enumerate(FLOORS) if top in names)
 
 
-def _runtime_nodes(tree: ast.AST):
-    """Every node but those under ``if TYPE_CHECKING:`` (imports for type hints only)."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        yield node
-        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
-            stack.extend(node.orelse)
-            continue
-        stack.extend(ast.iter_child_nodes(node))
-
-
 def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
-    """Every packdata module each module imports at run time, at module level or inside
-    functions."""
+    """Every packdata module each module imports, at module level, inside functions or for type
+    hints only (a circle there is still a circle between the modules' concerns)."""
     edges: dict[str, set[str]] = {}
     for name, path in modules.items():
         targets = set()
-        for node in _runtime_nodes(ast.parse(path.read_text())):
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                # `from package import submodule` imports the submodule, not the package's names
-                subs = [f"{node.module}.{a.name}" for a in node.names]
-                names = [s for s in subs if s in modules] or [node.module]
+                # `from package import submodule` runs the package's __init__ and the submodule
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
             else:
                 continue
             for target in names:

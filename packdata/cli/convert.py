@@ -171,7 +171,7 @@ def _run_convert(src: str, dst: str, kind: Enum | None, options: dict[str, Any],
                  on_error: Enum,
                  overwrite: bool, engine: Enum | None, scheduler: str | None,
                  part_size: int | None, resume: bool):
-    from packdata.conversion import convert as run_convert
+    from packdata.conversion.dispatch import convert as run_convert
     from packdata.sources import open_source
 
     source = open_source(src, kind.value if kind else None, **options)

@@ -4,9 +4,7 @@
   here (:mod:`.local`), in parts (:mod:`.parts`, on :mod:`.engines`: processes or Dask) or
   towards object storage (:mod:`.upload`);
 - :mod:`.pool`: the one process pool; every output is committed by :mod:`packdata.atomic`.
+
+This package imports nothing itself, so that its modules import one another directly, never
+through it (``packdata.convert`` and ``packdata.ConvertResult`` are the public names).
 """
-
-from packdata.conversion.dispatch import convert
-from packdata.conversion.job import ConvertResult
-
-__all__ = ["ConvertResult", "convert"]

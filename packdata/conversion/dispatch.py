@@ -6,9 +6,12 @@ from pathlib import Path
 from typing import Any
 
 from packdata.containers.base import ShardClosed
-from packdata.conversion import local, parts, upload
 from packdata.conversion.job import ConvertResult, Job, settle
 from packdata.conversion.local import Progress
+from packdata.conversion.local import write as write_here
+from packdata.conversion.parts import Parts
+from packdata.conversion.parts import write as write_parts
+from packdata.conversion.upload import convert_to_url
 from packdata.remote.storage import Storage
 from packdata.sources.base import Source
 from packdata.urls import is_url
@@ -45,18 +48,18 @@ def convert(
     independent tasks (see :mod:`packdata.conversion.parts`; ``resume`` keeps the parts an
     interrupted run finished).
     """
-    in_parts = parts.Parts.asked(engine, client, scheduler, part_size, resume)
+    in_parts = Parts.asked(engine, client, scheduler, part_size, resume)
     if in_parts is not None and not is_url(dst):  # before any input is listed
         in_parts.check_destination(dst, container)
 
     def write(job: Job, on_shard_closed: ShardClosed | None = None) -> ConvertResult:
         if in_parts is not None:
-            return parts.write(job, in_parts, workers=workers, progress=progress)
-        return local.write(job, workers=workers, progress=progress,
+            return write_parts(job, in_parts, workers=workers, progress=progress)
+        return write_here(job, workers=workers, progress=progress,
                            on_shard_closed=on_shard_closed)
 
     if is_url(dst):  # object storage: built locally, shards uploaded as they close
-        return upload.convert_to_url(
+        return convert_to_url(
             source, str(dst), write=write, container=container,
             container_options=container_options, on_error=on_error, overwrite=overwrite,
             resume=resume, storage=Storage(storage_options or {}))
