@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import zipfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -15,6 +16,7 @@ import numpy as np
 from packdata.errors import ArgumentError, DatasetError
 from packdata.manifest import Field, Manifest
 from packdata.options import Option
+from packdata.recordmeta import from_arrays, map_npz
 
 Batch = dict[str, "np.ndarray | list[np.ndarray]"]
 #: per fixed field, the one entry of its first axis to read for each requested record
@@ -130,6 +132,18 @@ def map_file(path: Path) -> np.ndarray:
 def same_destination(dst: Path, options: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
     """A container's ``destination`` where the output is exactly the path given."""
     return dst, options
+
+
+def attach_record_file(manifest: Manifest, where: Path) -> None:
+    """Attach the record keys and checksums a format-2 dataset keeps in the ``.npz`` at
+    ``where`` (mapped in place, never loaded) to its ``manifest``; a DatasetError naming the
+    file if it cannot be read."""
+    try:
+        arrays = map_npz(where, map_file(where))
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise DatasetError(f"{where}: the record keys and checksums cannot be read "
+                           f"({type(exc).__name__}); the dataset is damaged") from None
+    manifest.attach(*from_arrays(arrays, manifest.count, where))
 
 
 def disk_size(path: Path) -> int:

@@ -18,7 +18,6 @@ LMDB values live in a memory map, so reads copy nothing until the batch is assem
 from __future__ import annotations
 
 import os
-import zipfile
 from array import array
 from pathlib import Path
 from typing import Any
@@ -33,13 +32,13 @@ from packdata.containers.base import (
     ShardClosed,
     Writer,
     apply_select,
-    map_file,
+    attach_record_file,
     same_destination,
 )
 from packdata.containers.lmdbmap import OFFSETS_KEY, RecordMap, record_key, record_offsets
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest, check_manifest
-from packdata.recordmeta import arrays_of, from_arrays, map_npz
+from packdata.recordmeta import arrays_of
 
 NAME = "lmdb"
 NEW_SUFFIX = ".lmdb"
@@ -173,13 +172,7 @@ class LMDBReader(Reader):
                 raise DatasetError(f"{self.path}: LMDB has no packdata manifest")
             self.manifest = Manifest.from_json(raw, str(self.path))
             if self.manifest.version >= 2:
-                where = self.path / RECORDS
-                try:
-                    arrays = map_npz(where, map_file(where))
-                except (OSError, ValueError, zipfile.BadZipFile) as exc:
-                    raise DatasetError(f"{where}: the record keys and checksums cannot be read "
-                                       f"({type(exc).__name__}); the dataset is damaged") from None
-                self.manifest.attach(*from_arrays(arrays, self.manifest.count, where))
+                attach_record_file(self.manifest, self.path / RECORDS)
             check_manifest(self.manifest, self.path)
             self._lengths = {
                 n: _lengths(txn, self.path, n, self.manifest.count)

@@ -17,16 +17,14 @@ batched read per part touched, placed into the output with one mask each.
 
 from __future__ import annotations
 
-import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from packdata import containers
-from packdata.containers.base import Batch, Reader, Select, map_file
+from packdata.containers.base import Batch, Reader, Select, attach_record_file
 from packdata.errors import DatasetError
 from packdata.manifest import Manifest
-from packdata.recordmeta import from_arrays, map_npz
 
 NAME = "sharded"
 SUFFIXES: tuple[str, ...] = ()  # never chosen by suffix: a conversion into parts asks for it
@@ -48,13 +46,7 @@ class ShardedReader(Reader):
             raise DatasetError(f"{self.path}: no {MANIFEST}; not a packdata sharded dataset")
         self.manifest = Manifest.from_json((self.path / MANIFEST).read_text(), str(self.path))
         if self.manifest.version >= 2:
-            where = self.path / RECORDS
-            try:
-                arrays = map_npz(where, map_file(where))
-            except (OSError, ValueError, zipfile.BadZipFile) as exc:
-                raise DatasetError(f"{where}: the record keys and checksums cannot be read "
-                                   f"({type(exc).__name__}); the dataset is damaged") from None
-            self.manifest.attach(*from_arrays(arrays, self.manifest.count, where))
+            attach_record_file(self.manifest, self.path / RECORDS)
         parts = self.manifest.extra.get("parts")
         if self.manifest.container != NAME or not isinstance(parts, list):
             raise DatasetError(f"{self.path}/{MANIFEST}: not the manifest of a sharded dataset")
