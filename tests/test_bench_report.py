@@ -93,11 +93,13 @@ def test_tables_fit_80_columns_without_cutting_numbers(result):
     for row in wide["sweep"]["rows"]:
         row["rates"] = [1_234_567.0, 2_345_678.0]
         row["samples_per_s"] = 1_804_123.4
+    # the marks follow the measured sweep, which noise may order either way: fix the winner
+    wide["sweep"]["best"], wide["sweep"]["tied"] = 0, []
     console = Console(record=True, width=80)
     print_report(wide, console)
     text = console.export_text()
     assert "…" not in text
     assert max(len(line) for line in text.splitlines()) <= 80
     assert "1,804,123" in text and "11,070×" in text and "1.23M–2.35M" in text
-    assert re.search(r"★ +w0 ", text) or re.search(r"≈ +w0 ", text)
+    assert re.search(r"★ +w0 ", text)
     assert "loader: wN num_workers, pfN prefetch_factor" in text
