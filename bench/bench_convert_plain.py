@@ -17,26 +17,22 @@ decode is the same in both rows) and the cumulative seconds of its stages are re
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import json
 import os
 import pstats
 import statistics
-import sys
 import tempfile
-import time
 from multiprocessing import get_context
 from pathlib import Path
 
 import lmdb
 import numpy as np
+from _shared import CIFAR_PNG, parser, seconds, write_results
+from bench_containers import build_folder
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_containers import build_folder  # noqa: E402
-
-import packdata  # noqa: E402
+import packdata
 
 #: (label, file suffix, function) of the stages reported from the profile
 STAGES = [
@@ -58,21 +54,17 @@ def _decode(path: Path) -> bytes:
         return np.asarray(im.convert("RGB")).tobytes()
 
 
-def plain_lmdb(files: list[Path], labels: dict[str, int], dst: Path) -> float:
-    start = time.perf_counter()
+def plain_lmdb(files: list[Path], labels: dict[str, int], dst: Path) -> None:
     env = lmdb.open(str(dst), map_size=1 << 32, lock=False)
     with get_context("fork").Pool(2) as pool, env.begin(write=True) as txn:
         for i, (path, pixels) in enumerate(zip(files, pool.imap(_decode, files, chunksize=64))):
             txn.put(b"%08d" % i, pixels + bytes([labels[path.name]]))
     env.sync()
     env.close()
-    return time.perf_counter() - start
 
 
-def ours(folder: Path, dst: Path) -> float:
-    start = time.perf_counter()
+def ours(folder: Path, dst: Path) -> None:
     packdata.convert(packdata.open_source(folder), dst, workers=2)
-    return time.perf_counter() - start
 
 
 def stages(profile: cProfile.Profile) -> dict[str, float]:
@@ -85,12 +77,8 @@ def stages(profile: cProfile.Profile) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=Path("../shared/data/cifar10/test-png"))
-    parser.add_argument("--count", type=int, default=10_000)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", type=Path, default=Path("bench/results/convert_plain.json"))
-    args = parser.parse_args()
+    args = parser(__doc__, data=CIFAR_PNG, count=10_000, rounds=3,
+                  results="convert_plain.json").parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-convert-plain-") as tmp:
         work = Path(tmp)
         folder = build_folder(args.data, work / "src", args.count)
@@ -98,8 +86,8 @@ def main() -> None:
         files = sorted(folder.glob("*.png"))
         rounds = []
         for r in range(args.rounds):
-            a = plain_lmdb(files, labels, work / f"plain{r}.lmdb")
-            b = ours(folder, work / f"ours{r}.lmdb")
+            a = seconds(lambda r=r: plain_lmdb(files, labels, work / f"plain{r}.lmdb"))
+            b = seconds(lambda r=r: ours(folder, work / f"ours{r}.lmdb"))
             rounds.append({"plain_lmdb_s": a, "packdata_s": b, "ratio": b / a})
             print(f"round {r}: plain LMDB {a:.2f} s, packdata {b:.2f} s ({b / a:.2f}x)")
         profile = cProfile.Profile()
@@ -112,12 +100,11 @@ def main() -> None:
               "ratio_of_medians": statistics.median(r["packdata_s"] for r in rounds)
               / statistics.median(r["plain_lmdb_s"] for r in rounds),
               "profile_seconds": split}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2))
+    write_results(args.json, report)
     print(f"ratio of medians {report['ratio_of_medians']:.2f}x\n| stage (profiled run) | s |\n"
           "|---|---:|")
-    for label, seconds in split.items():
-        print(f"| {label} | {seconds:.3f} |")
+    for label, spent in split.items():
+        print(f"| {label} | {spent:.3f} |")
 
 
 if __name__ == "__main__":

@@ -13,38 +13,26 @@ batch's indices sorted: bench_containers' SortedGather), and for each container 
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
+from _shared import CIFAR_PNG, command_line, drain, interleaved, parser, seconds, write_results
+from bench_containers import TARGETS, SortedGather, build_folder
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_containers import TARGETS, SortedGather, build_folder  # noqa: E402
-
-import packdata  # noqa: E402
+import packdata
 
 
-def open_and_epoch(path: Path, verify: str) -> float:
-    start = time.perf_counter()
+def open_and_epoch(path: Path, verify: str) -> packdata.PackedDataset:
     ds = packdata.open(path, verify=verify)
-    for _ in packdata.loader(ds, 256, num_workers=0):
-        pass
-    return time.perf_counter() - start
+    drain(packdata.loader(ds, 256, num_workers=0))
+    return ds
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=Path("../shared/data/cifar10/test-png"))
-    parser.add_argument("--count", type=int, default=20_000)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--json", type=Path, default=Path("bench/results/first_epoch.json"))
-    args = parser.parse_args()
+    args = parser(__doc__, data=CIFAR_PNG, count=20_000, rounds=5,
+                  results="first_epoch.json").parse_args()
     with tempfile.TemporaryDirectory(prefix="packdata-bench-") as tmp:
         folder = build_folder(args.data, Path(tmp) / "png", args.count)
         source = packdata.open_source(folder)
@@ -54,22 +42,15 @@ def main() -> None:
         images = np.ascontiguousarray(ds.reader.read(np.arange(len(ds)))["image"])
         labels = np.arange(len(ds), dtype=np.int64)
         limit = SortedGather(images, labels)
-        ratios: dict[str, list[float]] = {f"{c} {v}": [] for c in paths for v in ("full", "off")}
-        for _ in range(args.rounds):
-            start = time.perf_counter()
-            for _batch in limit:
-                pass
-            ram = time.perf_counter() - start
-            for name in ratios:
-                container, verify = name.split()
-                ratios[name].append(ram / open_and_epoch(paths[container], verify))
+        runs = {f"{c} {v}": lambda c=c, v=v: seconds(lambda: open_and_epoch(paths[c], v))
+                for c in paths for v in ("full", "off")}
+        times = interleaved(args.rounds, {"limit": lambda: seconds(lambda: drain(limit)), **runs})
+        ratios = {name: [ram / t for ram, t in zip(times["limit"], times[name])] for name in runs}
         rows = {name: {"ratio": statistics.median(r), "per_round": r} for name, r in ratios.items()}
         for name, row in rows.items():
             print(f"{name:10s} open + first epoch / in-RAM limit: {row['ratio']:.2f}", flush=True)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({
-        "command": "python bench/bench_first_epoch.py " + " ".join(sys.argv[1:]),
-        "count": args.count, "rounds": args.rounds, "rows": rows}, indent=2))
+    write_results(args.json, {"command": command_line(), "count": args.count,
+                              "rounds": args.rounds, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -13,14 +13,12 @@ not the training process's alone.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
+from _shared import interleaved, parser, ratio_of_rounds, write_results
 from torch.utils.data import DataLoader
 
 import packdata
@@ -51,12 +49,11 @@ def timed(loader: DataLoader, epochs: int, workers: list[int]) -> dict[str, floa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("dataset")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--epochs", type=int, default=20, help="per loader and round")
-    parser.add_argument("--json", help="write the results here")
-    args = parser.parse_args()
+    p = parser(__doc__, rounds=5)
+    p.add_argument("dataset")
+    p.add_argument("--epochs", type=int, default=20, help="per loader and round")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args()
     ds = packdata.open(args.dataset)
     loaders = {0: DataLoader(ds, batch_size=BATCH, shuffle=True),
                2: DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=2,
@@ -64,16 +61,14 @@ def main() -> None:
     for _batch in loaders[2]:  # start the workers
         pass
     pids = {0: [], 2: [w.pid for w in loaders[2]._iterator._workers]}
-    rows: dict[int, list[dict[str, float]]] = {0: [], 2: []}
-    for r in range(args.rounds):
-        for workers, loader in loaders.items():
-            rows[workers].append(timed(loader, args.epochs, pids[workers]))
-        print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
-    ratios = [b["samples_per_s"] / a["samples_per_s"] for a, b in zip(rows[0], rows[2])]
+    rows = interleaved(args.rounds, {
+        workers: lambda loader=loader, workers=workers: timed(loader, args.epochs, pids[workers])
+        for workers, loader in loaders.items()})
+    ratio, (low, high) = ratio_of_rounds([b["samples_per_s"] for b in rows[2]],
+                                         [a["samples_per_s"] for a in rows[0]])
     report = {"dataset": Path(args.dataset).name, "batch_size": BATCH, "rounds": args.rounds,
               "cpus": os.cpu_count(), "load_average": os.getloadavg(),
-              "workers_2_vs_0_median_of_rounds": statistics.median(ratios),
-              "ratio_range": [min(ratios), max(ratios)]}
+              "workers_2_vs_0_median_of_rounds": ratio, "ratio_range": [low, high]}
     for workers, runs in rows.items():
         report[f"num_workers={workers}"] = {k: statistics.median(run[k] for run in runs)
                                             for k in runs[0]}
@@ -81,11 +76,9 @@ def main() -> None:
         print(f"num_workers={workers}: {row['samples_per_s']:,.0f} samples/s, CPU per batch "
               f"{row['training_process_cpu_ms_per_batch']:.3f} ms here + "
               f"{row['workers_cpu_ms_per_batch']:.3f} ms in workers")
-    print(f"num_workers=2 / num_workers=0: {report['workers_2_vs_0_median_of_rounds']:.2f} "
-          f"({min(ratios):.2f}–{max(ratios):.2f})")
+    print(f"num_workers=2 / num_workers=0: {ratio:.2f} ({low:.2f}–{high:.2f})")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+        write_results(args.json, report)
 
 
 if __name__ == "__main__":

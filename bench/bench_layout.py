@@ -11,11 +11,9 @@ median of the per-round ratios, since absolute rates move with the machine's loa
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import sys
 
+from _shared import interleaved, parser, ratio_of_rounds, write_results
 from torch.utils.data import DataLoader
 
 import packdata
@@ -29,37 +27,35 @@ LOADERS = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("dataset")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=0.5, help="per loader and round")
-    parser.add_argument("--json", help="write the results here")
-    args = parser.parse_args()
+    p = parser(__doc__, rounds=5)
+    p.add_argument("dataset")
+    p.add_argument("--seconds", type=float, default=0.5, help="per loader and round")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args()
     layouts = {"contiguous": packdata.open(args.dataset),
                "channels_last": packdata.open(args.dataset, channels_last=True)}
-    rates: dict[tuple[str, str], list[float]] = {}
-    for r in range(args.rounds):
-        for name, make in LOADERS.items():
-            for layout, ds in layouts.items():
-                loader = make(ds)
-                rates.setdefault((name, layout), []).append(
-                    sample_rate(lambda loader=loader: loader, min_seconds=args.seconds))
-        print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
+
+    def rate(make, ds) -> float:
+        loader = make(ds)
+        return sample_rate(lambda: loader, min_seconds=args.seconds)
+
+    rates = interleaved(args.rounds, {
+        (name, layout): lambda make=make, ds=ds: rate(make, ds)
+        for name, make in LOADERS.items() for layout, ds in layouts.items()})
     rows = []
     for name in LOADERS:
-        ratios = [a / b for a, b in zip(rates[(name, "contiguous")], rates[(name, "channels_last")])]
+        ratio, (low, high) = ratio_of_rounds(rates[(name, "contiguous")],
+                                             rates[(name, "channels_last")])
         rows.append({"loader": name, "rounds": args.rounds,
                      "contiguous_samples_per_s": statistics.median(rates[(name, "contiguous")]),
                      "channels_last_samples_per_s": statistics.median(rates[(name, "channels_last")]),
-                     "contiguous_vs_channels_last": statistics.median(ratios),
-                     "ratio_range": [min(ratios), max(ratios)]})
+                     "contiguous_vs_channels_last": ratio, "ratio_range": [low, high]})
         row = rows[-1]
         print(f"{name}: contiguous {row['contiguous_samples_per_s']:,.0f}/s, channels-last "
-              f"{row['channels_last_samples_per_s']:,.0f}/s, ratio {row['contiguous_vs_channels_last']:.2f} "
-              f"({min(ratios):.2f}–{max(ratios):.2f})")
+              f"{row['channels_last_samples_per_s']:,.0f}/s, ratio {ratio:.2f} "
+              f"({low:.2f}–{high:.2f})")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+        write_results(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,6 @@ bounds) around a loader and a step that do nothing, minus a bare loop around the
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -25,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from _shared import CIFAR_PNG, parser, write_results
 from bench_containers import build_folder
 
 import packdata
@@ -110,12 +109,8 @@ def machinery_us(batch, steps: int = 20_000) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=Path("../shared/data/cifar10/test-png"))
-    parser.add_argument("--count", type=int, default=10_000)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--json", type=Path, default=Path("bench/results/bench_overhead.json"))
-    args = parser.parse_args()
+    args = parser(__doc__, data=CIFAR_PNG, count=10_000, rounds=5,
+                  results="bench_overhead.json").parse_args()
 
     with tempfile.TemporaryDirectory(prefix="packdata-overhead-") as tmp:
         folder = build_folder(args.data, Path(tmp) / "png", args.count)
@@ -154,8 +149,7 @@ def main() -> None:
     report["machinery_us_per_step"] = cost
     print(f"real-loop machinery: {cost:.1f} µs per step = {cost / io_step_us:.2%} of an I/O step "
           f"(batch 256), {cost / train_step_us:.3%} of a training step (batch 64)")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2))
+    write_results(args.json, report)
 
 
 if __name__ == "__main__":

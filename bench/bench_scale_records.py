@@ -13,7 +13,6 @@ already imported by a first open, as in a DataLoader worker).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -21,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from _shared import command_line, parser, write_results
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
          "lambda", "mu"]
@@ -65,11 +66,10 @@ def peak_mib(args: list[str]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--counts", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
-    parser.add_argument("--containers", nargs="+", default=list(TARGETS))
-    parser.add_argument("--json", type=Path, default=Path("bench/results/scale_records.json"))
-    args = parser.parse_args()
+    p = parser(__doc__, results="scale_records.json")
+    p.add_argument("--counts", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    p.add_argument("--containers", nargs="+", default=list(TARGETS))
+    args = p.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="packdata-scale-") as tmp:
         for count in args.counts:
@@ -87,10 +87,7 @@ def main() -> None:
                     row[f"open_2_reads_rss_mib_{mode}"] = got["rss_added_mib"]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({
-        "command": "python bench/bench_scale_records.py " + " ".join(sys.argv[1:]),
-        "rows": rows}, indent=2))
+    write_results(args.json, {"command": command_line(), "rows": rows})
 
 
 if __name__ == "__main__":

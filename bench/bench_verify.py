@@ -15,19 +15,15 @@ test per batch). Also times opening with "full" (8 records checked) against "off
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _shared import CIFAR_PNG, command_line, interleaved, parser, write_results
+from bench_containers import build_folder
 
-from bench_containers import build_folder  # noqa: E402
-
-import packdata  # noqa: E402
+import packdata
 
 BATCH = 256
 TARGETS = {"lmdb": "d.lmdb", "hdf5": "d.h5", "tar": "d-tar"}
@@ -73,10 +69,8 @@ def epochs_seconds(path: Path, level: str, epochs: int, collate) -> list[float]:
 def bench_one(name: str, path: Path, rounds: int, epochs: int) -> dict:
     """Default (every record checked, "full") against "off", interleaved round by round."""
     collate = packdata.PadCollate() if name.startswith("text") else None
-    times: dict[str, list[list[float]]] = {"off": [], "full": []}
-    for _ in range(rounds):
-        for level in times:
-            times[level].append(epochs_seconds(path, level, epochs, collate))
+    times = interleaved(rounds, {level: lambda level=level: epochs_seconds(path, level, epochs, collate)
+                                 for level in ("off", "full")}, progress=False)
     n = len(packdata.open(path, verify="off"))
 
     def ratio(pick) -> float:  # speed of checked reads over unchecked ones, median of rounds
@@ -100,14 +94,10 @@ def bench_one(name: str, path: Path, rounds: int, epochs: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=Path("../shared/data/cifar10/test-png"))
-    parser.add_argument("--count", type=int, default=20_000)
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--only", nargs="*", default=None, help="e.g. cifar-hdf5 text-lmdb")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--json", type=Path, default=Path("bench/results/verify.json"))
-    args = parser.parse_args()
+    p = parser(__doc__, data=CIFAR_PNG, count=20_000, rounds=5, results="verify.json")
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--only", nargs="*", default=None, help="e.g. cifar-hdf5 text-lmdb")
+    args = p.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="packdata-bench-") as tmp:
         folder = build_folder(args.data, Path(tmp) / "png", args.count)
@@ -125,10 +115,8 @@ def main() -> None:
                     container_options=options if container == "tar" else None).path
         for name, path in sets.items():
             rows.append(bench_one(name, path, args.rounds, args.epochs))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({
-        "command": "python bench/bench_verify.py " + " ".join(sys.argv[1:]),
-        "batch_size": BATCH, "rounds": args.rounds, "rows": rows}, indent=2))
+    write_results(args.json, {"command": command_line(), "batch_size": BATCH,
+                              "rounds": args.rounds, "rows": rows})
 
 
 if __name__ == "__main__":

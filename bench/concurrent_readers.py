@@ -12,22 +12,18 @@ differ, processes that failed.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from _shared import command_line, parser, write_results
+from fuzz_readers import build_datasets, digest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from fuzz_readers import build_datasets, digest  # noqa: E402
-
-from packdata import containers  # noqa: E402
+from packdata import containers
 
 
 def read_all(path: Path, digests: list[str], passes: int, seed: int) -> tuple[int, int]:
@@ -52,11 +48,11 @@ def read_all(path: Path, digests: list[str], passes: int, seed: int) -> tuple[in
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--processes", type=int, default=8)
-    parser.add_argument("--passes", type=int, default=20)
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    p = parser(__doc__)
+    p.add_argument("--processes", type=int, default=8)
+    p.add_argument("--passes", type=int, default=20)
+    p.add_argument("--json", type=Path)
+    args = p.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, path in build_datasets(Path(tmp)).items():
@@ -91,10 +87,7 @@ def main() -> None:
                              "seconds": round(time.perf_counter() - start, 1)}
             print(name, json.dumps(results[name]), flush=True)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
-            "command": "python bench/concurrent_readers.py " + " ".join(sys.argv[1:]),
-            "datasets": results}, indent=2))
+        write_results(args.json, {"command": command_line(), "datasets": results})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,86 @@
+"""What the bench scripts share: their common flags, timing a call, interleaved rounds with
+same-run ratios, and the results file.
+
+Run a script as ``python bench/NAME.py`` (Python puts bench/ first on the import path, so
+``from _shared import ...`` finds this module).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+K = TypeVar("K")
+T = TypeVar("T")
+
+#: the real CIFAR-10 test images most benches read, relative to the repository root
+CIFAR_PNG = Path("../shared/data/cifar10/test-png")
+
+
+def parser(doc: str | None, *, data: Path | None = None, count: int | None = None,
+           rounds: int | None = None, results: str | None = None) -> argparse.ArgumentParser:
+    """A parser described by the first line of ``doc``, with the flags most benches take, each
+    only where its default is given: ``--data``, ``--count``, ``--rounds`` and ``--json``
+    (``results``: the file's name under bench/results/)."""
+    p = argparse.ArgumentParser(description=(doc or "").splitlines()[0] if doc else None)
+    if data is not None:
+        p.add_argument("--data", type=Path, default=data)
+    if count is not None:
+        p.add_argument("--count", type=int, default=count)
+    if rounds is not None:
+        p.add_argument("--rounds", type=int, default=rounds)
+    if results is not None:
+        p.add_argument("--json", type=Path, default=Path("bench/results") / results)
+    return p
+
+
+def drain(batches: Iterable[Any]) -> None:
+    """Iterate ``batches`` to the end in a plain Python loop, as a training loop would."""
+    for _ in batches:
+        pass
+
+
+def seconds(run: Callable[[], Any]) -> float:
+    """Wall-clock seconds of one call of ``run`` (what it returns is let go after the clock
+    stops: return a dataset to leave its closing out of the time)."""
+    start = time.perf_counter()
+    kept = run()  # noqa: F841
+    return time.perf_counter() - start
+
+
+def interleaved(rounds: int, runs: Mapping[K, Callable[[], T]], *,
+                progress: bool = True) -> dict[K, list[T]]:
+    """Call every run once per round, in order, ``rounds`` times, so that drifts in the
+    machine's load hit each alike: the results of each run, one per round."""
+    out: dict[K, list[T]] = {key: [] for key in runs}
+    for r in range(rounds):
+        for key, run in runs.items():
+            out[key].append(run())
+        if progress:
+            print(f"round {r + 1}/{rounds}", file=sys.stderr)
+    return out
+
+
+def ratio_of_rounds(a: Sequence[float], b: Sequence[float]) -> tuple[float, list[float]]:
+    """The median of the per-round ratios ``a[r] / b[r]`` and their range [min, max]: rounds
+    run side by side, so each ratio is free of the load both sides shared."""
+    ratios = [x / y for x, y in zip(a, b, strict=True)]
+    return statistics.median(ratios), [min(ratios), max(ratios)]
+
+
+def command_line() -> str:
+    """The command that ran this script, as a results file records it."""
+    return " ".join(["python", f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]])
+
+
+def write_results(path: Path | str, doc: Any, indent: int = 2) -> None:
+    """Write ``doc`` as JSON to ``path``, making its folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=indent))
