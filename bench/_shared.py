@@ -23,20 +23,23 @@ T = TypeVar("T")
 CIFAR_PNG = Path("../shared/data/cifar10/test-png")
 
 
-def parser(doc: str | None, *, data: Path | None = None, count: int | None = None,
-           rounds: int | None = None, results: str | None = None) -> argparse.ArgumentParser:
-    """A parser described by the first line of ``doc``, with the flags most benches take, each
-    only where its default is given: ``--data``, ``--count``, ``--rounds`` and ``--json``
-    (``results``: the file's name under bench/results/)."""
-    p = argparse.ArgumentParser(description=(doc or "").splitlines()[0] if doc else None)
+def parser(doc: str | None, *, dataset: bool = False, data: Path | None = None,
+           count: int | None = None, rounds: int | None = None,
+           results: str | None = None) -> argparse.ArgumentParser:
+    """A parser described by the first line of ``doc``, with the flags most benches take: a
+    ``dataset`` argument where asked for, ``--data``, ``--count`` and ``--rounds`` where their
+    default is given, and always ``--json`` (by default bench/results/``results``, or none)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    if dataset:
+        p.add_argument("dataset")
     if data is not None:
         p.add_argument("--data", type=Path, default=data)
     if count is not None:
         p.add_argument("--count", type=int, default=count)
     if rounds is not None:
         p.add_argument("--rounds", type=int, default=rounds)
-    if results is not None:
-        p.add_argument("--json", type=Path, default=Path("bench/results") / results)
+    p.add_argument("--json", type=Path, default=Path("bench/results") / results if results else None,
+                   help="write the results here")
     return p
 
 

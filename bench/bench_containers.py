@@ -19,7 +19,6 @@ move with the machine's load. Loaders are built once, so worker processes persis
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _shared import CIFAR_PNG, parser, write_results
 from torch.utils.data import DataLoader
 
 import packdata
@@ -91,13 +91,9 @@ def peak_rss_mib() -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=Path("../shared/data/cifar10/test-png"))
-    parser.add_argument("--count", type=int, default=50_000)
-    parser.add_argument("--seconds", type=float, default=1.0)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--json", type=Path, default=Path("bench/results/containers.json"))
-    args = parser.parse_args()
+    p = parser(__doc__, data=CIFAR_PNG, count=50_000, rounds=5, results="containers.json")
+    p.add_argument("--seconds", type=float, default=1.0)
+    args = p.parse_args()
 
     rows = []
     converted: dict[str, dict] = {}
@@ -163,8 +159,7 @@ def main() -> None:
         row.setdefault("vs_ram_median_of_rounds", row["samples_per_s"] / ram)
     report = {"count": args.count, "batch_size": BATCH, "cpus": os.cpu_count(),
               "time": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2))
+    write_results(args.json, report)
     print("| loader | workers | samples/s | × per-file (best) | × RAM | × packdata.loader w=0 "
           "| × same w=0 |")
     print("|---|---:|---:|---:|---:|---:|---:|")

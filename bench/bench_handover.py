@@ -49,10 +49,8 @@ def timed(loader: DataLoader, epochs: int, workers: list[int]) -> dict[str, floa
 
 
 def main() -> None:
-    p = parser(__doc__, rounds=5)
-    p.add_argument("dataset")
+    p = parser(__doc__, dataset=True, rounds=5)
     p.add_argument("--epochs", type=int, default=20, help="per loader and round")
-    p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     ds = packdata.open(args.dataset)
     loaders = {0: DataLoader(ds, batch_size=BATCH, shuffle=True),

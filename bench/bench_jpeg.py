@@ -23,7 +23,6 @@ user + system time of this process and every process under it (DataLoader worker
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -35,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _shared import parser, write_results
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
@@ -159,12 +159,9 @@ def subset(src: Path, count: int, out: Path) -> tuple[list[Path], list[int]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("src", type=Path, help="class folders of JPEGs (tools/make_imagenet_like.py)")
-    parser.add_argument("--count", type=int, default=5000)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", type=Path, default=Path("bench/results/jpeg.json"))
-    args = parser.parse_args()
+    p = parser(__doc__, count=5000, rounds=3, results="jpeg.json")
+    p.add_argument("src", type=Path, help="class folders of JPEGs (tools/make_imagenet_like.py)")
+    args = p.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="bench-jpeg-") as tmp:
         work = Path(tmp)
@@ -214,8 +211,7 @@ def main() -> None:
                 print(f"| {name} | {row['images_per_s']:,.0f} | {row['x_baseline']:.2f} | "
                       f"{row['cpu_s_per_1000']:.2f} |")
     report["load_average_at_end"] = os.getloadavg()
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2))
+    write_results(args.json, report)
     print(json.dumps(conversions))
 
 

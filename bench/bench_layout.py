@@ -27,10 +27,8 @@ LOADERS = {
 
 
 def main() -> None:
-    p = parser(__doc__, rounds=5)
-    p.add_argument("dataset")
+    p = parser(__doc__, dataset=True, rounds=5)
     p.add_argument("--seconds", type=float, default=0.5, help="per loader and round")
-    p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     layouts = {"contiguous": packdata.open(args.dataset),
                "channels_last": packdata.open(args.dataset, channels_last=True)}

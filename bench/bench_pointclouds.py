@@ -16,8 +16,6 @@
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import platform
 import statistics
@@ -29,6 +27,7 @@ from pathlib import Path
 import laspy
 import numpy as np
 import torch
+from _shared import parser, write_results
 from torch.utils.data import DataLoader, Dataset
 
 import packdata
@@ -149,19 +148,17 @@ def bench_fps(args) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    parser.add_argument("--clouds", type=int, default=320)
-    parser.add_argument("--points", type=int, default=4096)
-    parser.add_argument("--variants", type=int, default=4)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--raw-repeats", type=int, default=2)
-    parser.add_argument("--packed-repeats", type=int, default=5)
-    parser.add_argument("--fps-repeats", type=int, default=3)
-    parser.add_argument("--skip-fps", action="store_true")
-    parser.add_argument("--skip-epochs", action="store_true")
-    parser.add_argument("--json", type=Path, default=Path("bench/results/pointclouds.json"))
-    args = parser.parse_args()
+    p = parser(__doc__, data=DEFAULT_DATA, results="pointclouds.json")
+    p.add_argument("--clouds", type=int, default=320)
+    p.add_argument("--points", type=int, default=4096)
+    p.add_argument("--variants", type=int, default=4)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--raw-repeats", type=int, default=2)
+    p.add_argument("--packed-repeats", type=int, default=5)
+    p.add_argument("--fps-repeats", type=int, default=3)
+    p.add_argument("--skip-fps", action="store_true")
+    p.add_argument("--skip-epochs", action="store_true")
+    args = p.parse_args()
     epochs = None
     if not args.skip_epochs:
         with tempfile.TemporaryDirectory(prefix="packdata-bench-") as tmp:
@@ -170,8 +167,7 @@ def main() -> None:
     out = {"machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                        "python": sys.version.split()[0], "device": "cpu"},
            "epochs": epochs, "fps": fps}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(out, indent=2))
+    write_results(args.json, out)
 
     if epochs:
         print_epochs(epochs)

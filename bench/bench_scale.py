@@ -24,7 +24,6 @@ Ratios are within one round (the machine is shared); the tables give medians.
 
 from __future__ import annotations
 
-import argparse
 import json
 import socket
 import statistics
@@ -34,8 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_containers import build_folder  # noqa: E402
+from _shared import CIFAR_PNG, parser, write_results
+from bench_containers import build_folder
 
 
 def convert_rates(folder: Path, tmp: Path, rounds: int) -> dict:
@@ -222,14 +221,11 @@ def remote_rates(folder: Path, tmp: Path, rounds: int, files: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=Path("../shared/data/cifar10/test-png"))
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", type=Path, default=Path("bench/results/scale.json"))
-    parser.add_argument("--remote-files", type=int, default=2000)
-    parser.add_argument("--only", choices=["convert", "stream", "remote"],
-                        help="Run one half (the other's results are kept in --json).")
-    args = parser.parse_args()
+    p = parser(__doc__, data=CIFAR_PNG, rounds=3, results="scale.json")
+    p.add_argument("--remote-files", type=int, default=2000)
+    p.add_argument("--only", choices=["convert", "stream", "remote"],
+                   help="Run one half (the other's results are kept in --json).")
+    args = p.parse_args()
     results = json.loads(args.json.read_text()) if args.only and args.json.is_file() else {}
     with tempfile.TemporaryDirectory(prefix="packdata-bench-") as tmp:
         folder = build_folder(args.data, Path(tmp) / "png", 10_000)
@@ -239,8 +235,7 @@ def main() -> None:
             results["stream"] = stream_rates(folder, Path(tmp), args.rounds)
         if args.only in (None, "remote"):
             results["remote"] = remote_rates(folder, Path(tmp), args.rounds, args.remote_files)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2))
+    write_results(args.json, results)
     med = statistics.median
     c, s = results["convert"], results["stream"]
     print("| conversion (10,000 PNGs → tar) | files/s (median) |")

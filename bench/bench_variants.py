@@ -9,17 +9,15 @@ from every container, in the same run. Prints clouds/s and the ratio.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import platform
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from _shared import command_line, parser, write_results
 
 import packdata
 from packdata import sources
@@ -36,11 +34,9 @@ def best_rate(fn, batches, repeats: int = 5) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=Path("../shared/data/lidar/trees"))
-    parser.add_argument("--clouds", type=int, default=160)
-    parser.add_argument("--json", type=Path, default=Path("bench/results/variants.json"))
-    args = parser.parse_args()
+    p = parser(__doc__, data=Path("../shared/data/lidar/trees"), results="variants.json")
+    p.add_argument("--clouds", type=int, default=160)
+    args = p.parse_args()
     rows = []
     kind = sources.get("pointcloud")
     with tempfile.TemporaryDirectory(prefix="packdata-bench-") as tmp:
@@ -48,7 +44,7 @@ def main() -> None:
         folder.mkdir()
         files = sorted(args.data.glob("*.la[sz]"))
         if not files:
-            parser.error(f"{args.data}: no .las or .laz files in this folder")
+            p.error(f"{args.data}: no .las or .laz files in this folder")
         for i in range(args.clouds):
             shutil.copy(files[i % len(files)], folder / f"{i:04d}_{files[i % len(files)].name}")
         source = packdata.open_source(folder, points=4096, variants=4, sampling="random")
@@ -72,12 +68,10 @@ def main() -> None:
             print(f"| {ds.manifest.container} | {full:,.0f} | {sel:,.0f} | {sel / full:.2f}× |")
             rows.append({"container": ds.manifest.container, "all_k_clouds_per_s": full,
                          "selected_clouds_per_s": sel, "ratio": sel / full})
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({
-        "command": "python bench/bench_variants.py " + " ".join(sys.argv[1:]),
-        "clouds": args.clouds, "variants": 4, "points": 4096, "batch": 32,
-        "cores": os.cpu_count(), "load_average_at_end": list(os.getloadavg()),
-        "python": platform.python_version(), "rows": rows}, indent=2))
+    write_results(args.json, {
+        "command": command_line(), "clouds": args.clouds, "variants": 4, "points": 4096,
+        "batch": 32, "cores": os.cpu_count(), "load_average_at_end": list(os.getloadavg()),
+        "python": platform.python_version(), "rows": rows})
 
 
 if __name__ == "__main__":

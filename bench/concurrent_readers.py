@@ -51,7 +51,6 @@ def main() -> None:
     p = parser(__doc__)
     p.add_argument("--processes", type=int, default=8)
     p.add_argument("--passes", type=int, default=20)
-    p.add_argument("--json", type=Path)
     args = p.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
