@@ -6,7 +6,8 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable
 from enum import Enum
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -72,6 +73,11 @@ app = typer.Typer(
     cls=Commands,
 )
 console = Console(stderr=True, soft_wrap=True)
+
+#: ``--json FILE``: a command that reports also writes its results there
+JsonFile = Annotated[Path | None, typer.Option("--json", help="Also write the results as JSON.")]
+#: ``--json``: a command prints JSON instead of its text
+JsonPrint = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 
 
 def choices(name: str, values: Iterable[str]) -> type[Enum]:

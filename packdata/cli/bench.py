@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape  # help is Rich markup: "[plot]" would be taken for a tag
 
-from packdata.cli.app import Command, app, console, fail
+from packdata.cli.app import Command, JsonFile, app, console, fail
 from packdata.errors import PackdataError
 
 
@@ -20,7 +20,7 @@ def demo(
     count: Annotated[int, typer.Option(help="Images in the demo folder.")] = 10_000,
     workdir: Annotated[Path | None, typer.Option(
         help="Keep the demo's files here (default: a temporary directory).")] = None,
-    as_json: Annotated[Path | None, typer.Option("--json", help="Also write results as JSON.")] = None,
+    as_json: JsonFile = None,
     seconds: Annotated[float, typer.Option(help="Minimum timing per loader.")] = 1.0,
 ) -> None:
     """Convert a real CIFAR-10 sample shipped with packdata into every container and compare
@@ -87,7 +87,7 @@ def bench(
     compare: Annotated[bool, typer.Option(
         help="Image folder only: convert it into every container (in a temporary directory) "
         "and measure each beside the folder.")] = False,
-    as_json: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON.")] = None,
+    as_json: JsonFile = None,
     plot: Annotated[Path | None, typer.Option(
         help=escape('Write a PNG chart (needs matplotlib: pip install "packdata[plot]").'))
     ] = None,

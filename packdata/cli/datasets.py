@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from packdata.cli.app import Command, app, console, fail
+from packdata.cli.app import Command, JsonPrint, app, console, fail
 from packdata.errors import PackdataError
 
 # a str, not a Path: Path("s3://bucket/ds") is "s3:/bucket/ds"
@@ -23,7 +23,7 @@ def inspect(
     dataset: Annotated[str, typer.Argument(help=DATASET_HELP)],
     preview: Annotated[Path | None, typer.Option(
         help="Write a PNG grid of the first samples (image datasets).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    as_json: JsonPrint = False,
 ) -> None:
     """Show what a dataset holds: count, fields, classes, size on disk, how it was made."""
     from packdata.describe import describe
@@ -83,7 +83,7 @@ def verify(
         "options the manifest recorded).")] = None,
     deep: Annotated[bool, typer.Option(
         help="Also read each record alone and decode stored images.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+    as_json: JsonPrint = False,
 ) -> None:
     """Check a dataset: manifest, record count, every record's shape and checksum; exits 1 when
     anything is wrong, listing the bad records by key."""
