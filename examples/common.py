@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import sys
@@ -25,6 +24,7 @@ import torch
 from torch.utils.data import Sampler
 
 import packdata
+from packdata.bench.report import json_safe
 from packdata.device import resolve_device
 from packdata.errors import PackdataError
 from packdata.sources import detect_kind
@@ -234,20 +234,9 @@ def finish(example: str, args: argparse.Namespace, device: torch.device,
     }
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(_finite(doc), indent=1) + "\n")
+        args.json.write_text(json.dumps(json_safe(doc), indent=1) + "\n")
         print(f"\nwrote {args.json}")
     return doc
-
-
-def _finite(x: Any) -> Any:
-    """NaN → null, so the JSON is valid for every reader."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
 
 
 def run_main(main: Callable[[list[str] | None], dict[str, Any]], argv: list[str] | None) -> int:

@@ -78,19 +78,20 @@ def schema_errors(doc: dict[str, Any]) -> list[str]:
     return errors
 
 
-def _plain(obj: Any) -> Any:
-    """NaN and infinity become null: JSON has no such numbers."""
+def json_safe(obj: Any) -> Any:
+    """``obj`` with NaN and infinity as None (null): JSON has no such numbers, and readers
+    other than Python's refuse them."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
+        return {k: json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
+        return [json_safe(v) for v in obj]
     return obj
 
 
 def write_json(result: dict[str, Any], path: str | Path) -> None:
-    Path(path).write_text(json.dumps(_plain(result), indent=2) + "\n")
+    Path(path).write_text(json.dumps(json_safe(result), indent=2) + "\n")
 
 
 def _rate(x: float) -> str:
