@@ -3,10 +3,13 @@ conversions into every container."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -46,6 +49,27 @@ def fifo_folder(folder: Path, png_folder: Path, count: int = 4) -> Path:
         (folder / f"img_{i:04d}.png").symlink_to(pngs[i % len(pngs)])
     os.mkfifo(folder / "zz_blocks.png")
     return folder
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """The script at ``path`` (bench/, examples/) imported as module ``name``, registered in
+    sys.modules so that what it defines pickles into child processes."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op torch thread for the test: on 2 shared cores torch's second mostly spins."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

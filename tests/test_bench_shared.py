@@ -3,17 +3,15 @@ ratios, the results file."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
 
-spec = importlib.util.spec_from_file_location(
-    "_shared", Path(__file__).resolve().parents[1] / "bench" / "_shared.py")
-shared = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(shared)
+from tests.conftest import load_script
+
+shared = load_script(Path(__file__).resolve().parents[1] / "bench" / "_shared.py", "_shared")
 
 
 def test_interleaved_runs_every_run_once_per_round_in_order(capsys):

@@ -4,7 +4,6 @@ table and the JSON are written, and a dataset of the wrong kind is refused namin
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import shutil
 import sys
@@ -15,26 +14,17 @@ import torch
 
 import packdata
 from packdata.errors import PackdataError
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 CIFAR = ROOT / "packdata" / "demo_data" / "cifar10"
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on 2 shared cores torch's second thread mostly spins."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def example(name: str):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", ROOT / "examples" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "examples" / f"{name}.py", f"example_{name}")
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ naming the dataset. The long run with counts is bench/fuzz_readers.py (same harn
 from __future__ import annotations
 
 import faulthandler
-import importlib.util
 import os
 import random
 import shutil
@@ -17,11 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-HARNESS = Path(__file__).resolve().parents[1] / "bench" / "fuzz_readers.py"
-spec = importlib.util.spec_from_file_location("fuzz_readers", HARNESS)
-fuzz = importlib.util.module_from_spec(spec)
-sys.modules["fuzz_readers"] = fuzz
-spec.loader.exec_module(fuzz)
+from tests.conftest import load_script
+
+fuzz = load_script(Path(__file__).resolve().parents[1] / "bench" / "fuzz_readers.py", "fuzz_readers")
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="forks with Linux rlimits")
 

@@ -4,7 +4,6 @@ leftovers a rerun does not clean up and report. The long run is bench/kill_conve
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import subprocess
 import sys
@@ -14,12 +13,9 @@ from pathlib import Path
 import pytest
 
 from packdata.sources.images import ImageSource
+from tests.conftest import load_script
 
-HARNESS = Path(__file__).resolve().parents[1] / "bench" / "kill_conversions.py"
-spec = importlib.util.spec_from_file_location("kill_conversions", HARNESS)
-kill = importlib.util.module_from_spec(spec)
-sys.modules["kill_conversions"] = kill
-spec.loader.exec_module(kill)
+kill = load_script(Path(__file__).resolve().parents[1] / "bench" / "kill_conversions.py", "kill_conversions")
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Linux process groups and /proc")
 
