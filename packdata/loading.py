@@ -35,7 +35,7 @@ def default_num_workers(dataset: PackedDataset) -> int:
     reading it), all cores (at most 8) when records need per-sample decoding (``keep``-encoded
     images) or the dataset has a per-sample ``transform``; 0 with a batched decode stage
     (``decode=``), which decodes in a thread pool of this process."""
-    if getattr(dataset, "decode", None) is not None:
+    if dataset.decode is not None:
         return 0
     return min(available_cores(), 8) if _per_sample_work(dataset) else 0
 
@@ -91,6 +91,8 @@ class Loader:
         self._dataloader_options = dataloader_options or {}
         self._dataloader: DataLoader | None = None
         self._pool: ThreadPoolExecutor | None = None  # kept across epochs if persistent_workers
+        self._delivered_count: int | None = None  # batches of the running epoch delivered so far
+        self._start_state: dict[str, Any] = {}  # the batch sampler's state at the epoch's start
 
     @property
     def dataloader(self) -> DataLoader | None:
@@ -118,7 +120,7 @@ class Loader:
     def __iter__(self) -> Iterator[Any]:
         # the sampler owns the epoch: the dataset (e.g. point-cloud variants) follows it
         epoch = getattr(self.batch_sampler, "next_epoch", None)
-        if epoch is not None and hasattr(self.dataset, "set_epoch"):
+        if epoch is not None:
             self.dataset.set_epoch(epoch)
         # the state at this epoch's start (read before the sampler begins it)
         self._start_state = getattr(self.batch_sampler, "state_dict", dict)()
@@ -143,7 +145,7 @@ class Loader:
         a checkpoint; :meth:`load_state_dict` on a rebuilt loader serves exactly the rest."""
         from packdata.resume import loader_state
 
-        delivered = getattr(self, "_delivered_count", None)
+        delivered = self._delivered_count
         return loader_state(self, delivered, self._start_state if delivered == 0 else None)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

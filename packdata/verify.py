@@ -62,8 +62,7 @@ def verify(path: str | Path, source: Any = None, deep: bool = False,
             reader = open_dataset(path, verify="off").reader
         else:
             reader = containers.for_existing(path).READER(Path(path))
-        if hasattr(reader, "allow_truncated_shards"):  # the records before a cut are intact
-            reader.allow_truncated_shards()
+        reader.allow_truncated_shards()  # the records before a cut are intact
     except (PackdataError, OSError) as exc:
         report.problems.append(str(exc))
         return report
@@ -84,7 +83,7 @@ def verify(path: str | Path, source: Any = None, deep: bool = False,
             elif deep and (alone := _read_alone(reader, i, path)) is not None \
                     and not _same(alone, record):
                 report.add_bad(i, key, "reads differently alone than in a batch")
-    for shard, (there, needed) in getattr(reader, "truncated", dict)().items():
+    for shard, (there, needed) in reader.truncated().items():
         report.problems.append(f"{shard}: truncated ({there:,} bytes, the index needs "
                                f"{needed:,}): the records past the cut are lost")
     if source is not None:

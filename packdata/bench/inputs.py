@@ -62,6 +62,12 @@ class BenchInput:
     def count(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
+    @property
+    def encoded(self) -> bool:
+        """Whether records hold file bytes, decoded at every load (a folder holds no records)."""
+        return self.format != FOLDER and any(
+            f.codec for f in self.dataset.manifest.fields.values())  # type: ignore[attr-defined]
+
     def loader(self, batch_size: int, options: LoaderOptions, seed: int = 0) -> DataLoader:
         """Shuffled batches: packdata's batched loader, or a stock DataLoader over the files."""
         kwargs = options.dataloader_kwargs()

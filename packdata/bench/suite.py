@@ -58,11 +58,6 @@ def environment(device: torch.device) -> dict[str, Any]:
     }
 
 
-def _encoded(inp: BenchInput) -> bool:
-    manifest = getattr(inp.dataset, "manifest", None)
-    return manifest is not None and any(f.codec for f in manifest.fields.values())
-
-
 def loader_options(settings: BenchSettings, device: torch.device) -> LoaderOptions:
     """The loader the three measurements use: ``settings.workers`` workers, and on CUDA pinned
     memory with non-blocking copies (the setting a GPU user should start from)."""
@@ -88,7 +83,7 @@ def bench_input(inp: BenchInput, trainer: Trainer, train: dict[str, Any],
     trainer.restore(state)
     facts = Facts(io_rate=io["samples_per_s"], train_rate=train["samples_per_s"],
                   loop_rate=loop["samples_per_s"], load_share=loop["load_share"],
-                  device=trainer.device.type, format=inp.format, encoded=_encoded(inp),
+                  device=trainer.device.type, format=inp.format, encoded=inp.encoded,
                   num_workers=options.num_workers, cores=available_cores(),
                   pin_memory=options.pin_memory, batch_size=settings.batch_size,
                   amp=settings.amp, augmented=augment is not None)

@@ -89,6 +89,15 @@ class Reader(ABC):
         """Where the coming reads begin (sample indices, in reading order). A reader that fetches
         ahead (object storage) plans its fetches by them; a local one has nothing to do."""
 
+    def allow_truncated_shards(self) -> None:  # noqa: B027 - optional hook
+        """Read the records that lie wholly before the end of a truncated shard (``packdata
+        verify``: they are intact). A container without shards has nothing to allow."""
+
+    def truncated(self) -> dict[str, tuple[int, int]]:
+        """Shards found truncated so far (with :meth:`allow_truncated_shards`): name → (bytes
+        there, bytes the index needs). None in a container without shards."""
+        return {}
+
     def check_indices(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """``indices`` as int64, negative ones counted from the end; IndexError if out of range."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
