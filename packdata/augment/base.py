@@ -14,10 +14,19 @@ from typing import Any, ClassVar
 import torch
 import torch.utils.data
 
-from packdata.errors import AugmentInputError
+from packdata.errors import AugmentInputError, require
 
 Params = dict[str, torch.Tensor]
 BACKENDS = ("auto", "torch", "kornia")
+
+
+def kornia_augmentation() -> Any:
+    """``kornia.augmentation``, imported where the kornia backend runs, or MissingExtraError
+    naming the extra to install."""
+    require("kornia", "gpu", "backend='kornia'")
+    import kornia.augmentation
+
+    return kornia.augmentation
 
 
 def check_images(x: Any, where: str, channels: tuple[int, ...] = (1, 3)) -> None:

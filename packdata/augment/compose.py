@@ -18,6 +18,7 @@ from packdata.augment.base import (
     BatchAugment,
     DeviceGenerators,
     check_images,
+    kornia_augmentation,
     to_float,
 )
 from packdata.augment.ops import (
@@ -29,7 +30,6 @@ from packdata.augment.ops import (
     RandomCrop,
     RandomHorizontalFlip,
 )
-from packdata.errors import require
 
 
 def kornia_available() -> bool:
@@ -57,7 +57,7 @@ def resolve_backend(backend: str, device: torch.device | str | None = None) -> s
         chosen = AUTO_BACKEND.get(kind, "torch")
         return chosen if chosen != "kornia" or kornia_available() else "torch"
     if backend == "kornia":
-        require("kornia", "gpu", "backend='kornia'")
+        kornia_augmentation()
     return backend
 
 

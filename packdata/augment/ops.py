@@ -22,6 +22,7 @@ from packdata.augment.base import (
     BatchAugment,
     Params,
     factor_range,
+    kornia_augmentation,
     uniform,
 )
 
@@ -96,8 +97,7 @@ class RandomCrop(BatchAugment):
         return torch.from_numpy(out.reshape(n, h, w, c)).permute(0, 3, 1, 2)
 
     def kornia_module(self) -> torch.nn.Module:
-        import kornia.augmentation as K
-
+        K = kornia_augmentation()
         return K.RandomCrop(self.size, padding=self.padding, fill=self.fill, p=self.p)
 
     def scaled(self, factor: float) -> RandomCrop:
@@ -131,8 +131,7 @@ class RandomHorizontalFlip(BatchAugment):
         return torch.where(flip[:, None, None, None], x.flip(-1), x)
 
     def kornia_module(self) -> torch.nn.Module:
-        import kornia.augmentation as K
-
+        K = kornia_augmentation()
         return K.RandomHorizontalFlip(p=self.p)
 
 
@@ -163,8 +162,7 @@ class Normalize(BatchAugment):
         return out.mul_(scale / std).sub_(mean / std)
 
     def kornia_module(self) -> torch.nn.Module:
-        import kornia.augmentation as K
-
+        K = kornia_augmentation()
         return K.Normalize(mean=torch.tensor(self.mean), std=torch.tensor(self.std))
 
 
@@ -244,8 +242,7 @@ class ColorJitter(BatchAugment):
         return out.clamp_(0, 1).view(n, c, h, w)
 
     def kornia_module(self) -> torch.nn.Module:
-        import kornia.augmentation as K
-
+        K = kornia_augmentation()
         return K.ColorJitter(self.brightness, self.contrast, self.saturation, self.hue, p=self.p)
 
 
@@ -286,8 +283,7 @@ class RandomErasing(BatchAugment):
         return x.masked_fill(mask, self.value)
 
     def kornia_module(self) -> torch.nn.Module:
-        import kornia.augmentation as K
-
+        K = kornia_augmentation()
         return K.RandomErasing(self.scale, self.ratio, value=self.value, p=self.p)
 
     def scaled(self, factor: float) -> RandomErasing:
