@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -113,12 +112,8 @@ def packdata_loaders(ds: packdata.PackedDataset, args: Any, device: torch.device
 
 
 def convert(args: Any, workdir: Path) -> tuple[packdata.PackedDataset, float | None]:
-    dst = workdir / "cifar.h5"
-    if dst.exists():
-        return packdata.open(dst), None
-    start = time.perf_counter()
-    packdata.convert(packdata.open_source(args.data, kind="image", labels=args.labels), dst)
-    return packdata.open(dst), time.perf_counter() - start
+    return common.convert_once(workdir / "cifar.h5", lambda: packdata.open_source(
+        args.data, kind="image", labels=args.labels))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -78,6 +78,16 @@ def check_kind(path: Path, expected: str, what: str) -> None:
         raise ExampleError(f"{path}: expected {what}, found {found} data ({listing} files)")
 
 
+def convert_once(dst: Path, source: Callable[[], Any]) -> tuple[packdata.PackedDataset, float | None]:
+    """``dst`` opened, converted from ``source()`` first unless a previous run left it (in
+    ``--workdir``): the dataset and the conversion's seconds (None when reused)."""
+    if dst.exists():
+        return packdata.open(dst), None
+    start = time.perf_counter()
+    packdata.convert(source(), dst)
+    return packdata.open(dst), time.perf_counter() - start
+
+
 def split_indices(count: int, every: int = 10) -> tuple[np.ndarray, np.ndarray]:
     """Deterministic train/test split of sorted samples: every ``every``-th sample is test."""
     idx = np.arange(count)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -69,15 +68,11 @@ class RawCloudDataset(Dataset):
 
 
 def convert(args: Any, workdir: Path) -> tuple[packdata.PackedDataset, float | None]:
-    dst = workdir / f"clouds-{args.points}x{args.variants}.h5"
-    if dst.exists():
-        return packdata.open(dst), None
-    start = time.perf_counter()
-    source = packdata.open_source(args.data, kind="pointcloud", points=args.points,
-                                  sampling=args.sampling, variants=args.variants, seed=args.seed,
-                                  normalize="unit_sphere")
-    packdata.convert(source, dst)
-    return packdata.open(dst), time.perf_counter() - start
+    return common.convert_once(
+        workdir / f"clouds-{args.points}x{args.variants}.h5",
+        lambda: packdata.open_source(args.data, kind="pointcloud", points=args.points,
+                                     sampling=args.sampling, variants=args.variants,
+                                     seed=args.seed, normalize="unit_sphere"))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -135,15 +134,11 @@ class BucketSubset(torch.utils.data.Sampler[list[int]]):
 
 
 def convert(args: Any, workdir: Path) -> tuple[packdata.PackedDataset, float | None]:
-    dst = workdir / f"lines-{args.max_length}.h5"
-    if dst.exists():
-        return packdata.open(dst), None
-    start = time.perf_counter()
-    source = packdata.open_source(args.data, kind="text", tokenizer=args.tokenizer,
-                                  per_line=True, add_bos=True, add_eos=True,
-                                  max_length=args.max_length)
-    packdata.convert(source, dst)
-    return packdata.open(dst), time.perf_counter() - start
+    return common.convert_once(
+        workdir / f"lines-{args.max_length}.h5",
+        lambda: packdata.open_source(args.data, kind="text", tokenizer=args.tokenizer,
+                                     per_line=True, add_bos=True, add_eos=True,
+                                     max_length=args.max_length))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
