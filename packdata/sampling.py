@@ -34,25 +34,19 @@ def per_rank(count: int, world_size: int, drop_last: bool) -> int:
     return count // world_size if drop_last else -(-count // world_size)
 
 
-class SharedEpoch:
-    """An epoch number that DataLoader workers see change.
+class SharedState:
+    """Integers (``_state``) in memory shared with the DataLoader workers this object is handed
+    to, so that what the training process writes later reaches persistent workers. Plain
+    pickling (``copy.deepcopy``, sending elsewhere) copies them."""
 
-    It lives in shared memory, so :meth:`set` in the training process reaches persistent workers.
-    Plain pickling (``copy.deepcopy``, sending elsewhere) copies it.
-    """
+    def __init__(self, size: int) -> None:
+        self._state = sharedctypes.RawArray("q", size)
 
-    def __init__(self, epoch: int = 0) -> None:
-        self._state = sharedctypes.RawArray("q", 1)
-        self._state[0] = epoch
+    def __getitem__(self, i: int) -> int:
+        return self._state[i]
 
-    def set(self, epoch: int) -> None:
-        """Every process's next reads are of ``epoch``."""
-        self._state[0] = epoch
-
-    @property
-    def value(self) -> int:
-        """The epoch last :meth:`set`."""
-        return self._state[0]
+    def __setitem__(self, i: int, value: int) -> None:
+        self._state[i] = value
 
     def __getstate__(self) -> dict[str, Any]:
         if mp.context.get_spawning_popen() is not None:  # handed to a new worker: share
@@ -64,6 +58,23 @@ class SharedEpoch:
             self._state = state["shared"]
         else:
             self._state = sharedctypes.RawArray("q", state["copy"])
+
+
+class SharedEpoch(SharedState):
+    """An epoch number that DataLoader workers see change (:class:`SharedState`)."""
+
+    def __init__(self, epoch: int = 0) -> None:
+        super().__init__(1)
+        self._state[0] = epoch
+
+    def set(self, epoch: int) -> None:
+        """Every process's next reads are of ``epoch``."""
+        self._state[0] = epoch
+
+    @property
+    def value(self) -> int:
+        """The epoch last :meth:`set`."""
+        return self._state[0]
 
 
 Plan = list[tuple[int, int]]  # an epoch's finished segments: (world size, batches each rank took)

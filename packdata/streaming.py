@@ -15,9 +15,7 @@ fixes each worker's position because a DataLoader takes batches from its workers
 
 from __future__ import annotations
 
-import multiprocessing as mp
 from collections.abc import Iterator
-from multiprocessing import sharedctypes
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from packdata.dataset import PackedDataset, Transform
 from packdata.errors import ArgumentError, ResumeError
 from packdata.remote.storage import CACHE_LIMIT, Storage
-from packdata.sampling import ddp_rank_world, per_rank
+from packdata.sampling import SharedState, ddp_rank_world, per_rank
 from packdata.streamloader import Plan, StreamingLoader
 from packdata.urls import is_url
 
@@ -35,7 +33,7 @@ Span = tuple[int, int]  # sample indices [start, stop)
 
 
 
-class StreamEpochs:
+class StreamEpochs(SharedState):
     """The epoch a stream's next iteration runs: the epoch set, plus the epochs completed since.
 
     An epoch is complete once each of its readers (this process, or each DataLoader worker) has
@@ -47,7 +45,7 @@ class StreamEpochs:
     SLOTS = 256  # readers: this process or up to 256 DataLoader workers (ids wrap round)
 
     def __init__(self) -> None:
-        self._state = sharedctypes.RawArray("q", 1 + self.SLOTS)  # [0]: the epoch set
+        super().__init__(1 + self.SLOTS)  # [0]: the epoch set
 
     def set(self, epoch: int) -> None:
         """The next iteration runs ``epoch`` (and forgets which epochs were completed)."""
@@ -70,15 +68,6 @@ class StreamEpochs:
     def finish(self, epoch: int, reader: int, readers: int) -> None:
         """Reader ``reader`` of ``readers`` ran its part of ``epoch`` to the end."""
         self._state[1 + reader % self.SLOTS] = ((epoch + 1) << 16) | min(readers, self.SLOTS)
-
-    def __getstate__(self) -> dict[str, Any]:
-        if mp.context.get_spawning_popen() is not None:  # handed to a new worker: share
-            return {"shared": self._state}
-        return {"copy": list(self._state)}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self._state = state["shared"] if "shared" in state else sharedctypes.RawArray(
-            "q", state["copy"])
 
 
 class StreamingDataset(IterableDataset):
@@ -125,7 +114,7 @@ class StreamingDataset(IterableDataset):
         self._resume: dict[str, Any] | None = None  # a loaded mid-epoch state, not yet begun
         self._running: dict[str, Any] | None = None  # the state of an iteration in this process
         # worker streams begun and not finished (shared with DataLoader workers)
-        self._in_workers = sharedctypes.RawArray("q", 1)
+        self._in_workers = SharedState(1)
         shards = self.dataset.manifest.extra.get("shards")
         if shards:
             bounds = np.cumsum([0] + [s["count"] for s in shards]).tolist()
@@ -142,17 +131,6 @@ class StreamingDataset(IterableDataset):
         self._epoch.set(epoch)
         self._in_workers[0] = 0
         self._running = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        if mp.context.get_spawning_popen() is None:  # a plain copy, not a new worker: copy
-            state["_in_workers"] = list(self._in_workers)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        if isinstance(state["_in_workers"], list):
-            state["_in_workers"] = sharedctypes.RawArray("q", state["_in_workers"])
-        self.__dict__.update(state)
 
     def loader(self, batch_size: int, *, num_workers: int = 0, drop_last: bool = False,
                **dataloader_options: Any) -> StreamingLoader:
