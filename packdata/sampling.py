@@ -28,6 +28,17 @@ def ddp_rank_world() -> tuple[int, int]:
     return 0, 1
 
 
+def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """``rank`` and ``world_size`` as given, each defaulting to the process group's (see
+    :func:`ddp_rank_world`); ArgumentError when the rank is outside the world."""
+    default_rank, default_world = ddp_rank_world()
+    rank = default_rank if rank is None else rank
+    world_size = default_world if world_size is None else world_size
+    if not 0 <= rank < world_size:
+        raise ArgumentError(f"rank {rank} is outside world size {world_size}")
+    return rank, world_size
+
+
 def per_rank(count: int, world_size: int, drop_last: bool) -> int:
     """Samples each of ``world_size`` ranks gets of ``count``: all of them, the last few wrapped
     round to make equal shares, or with ``drop_last`` the remainder left out."""
@@ -91,11 +102,7 @@ class _SeededSampler(Sampler[list[int]]):
     """
 
     def __init__(self, seed: int, rank: int | None, world_size: int | None) -> None:
-        default_rank, default_world = ddp_rank_world()
-        self.rank = default_rank if rank is None else rank
-        self.world_size = default_world if world_size is None else world_size
-        if not 0 <= self.rank < self.world_size:
-            raise ArgumentError(f"rank {self.rank} is outside world size {self.world_size}")
+        self.rank, self.world_size = rank_and_world(rank, world_size)
         self.seed = seed
         self.epoch = 0
         self._next_epoch = 0

@@ -23,9 +23,9 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packdata.dataset import PackedDataset, Transform
-from packdata.errors import ArgumentError, ResumeError
+from packdata.errors import ResumeError
 from packdata.remote.storage import CACHE_LIMIT, Storage
-from packdata.sampling import SharedState, ddp_rank_world, per_rank
+from packdata.sampling import SharedState, per_rank, rank_and_world
 from packdata.streamloader import Plan, StreamingLoader
 from packdata.urls import is_url
 
@@ -105,11 +105,7 @@ class StreamingDataset(IterableDataset):
         self.dataset = PackedDataset(path, transform=transform, storage=storage, verify=verify)
         self.shuffle_buffer, self.seed, self.chunk = shuffle_buffer, seed, chunk
         self.drop_last = drop_last
-        default_rank, default_world = ddp_rank_world()
-        self.rank = default_rank if rank is None else rank
-        self.world_size = default_world if world_size is None else world_size
-        if not 0 <= self.rank < self.world_size:
-            raise ArgumentError(f"rank {self.rank} is outside world size {self.world_size}")
+        self.rank, self.world_size = rank_and_world(rank, world_size)
         self._epoch = StreamEpochs()
         self._resume: dict[str, Any] | None = None  # a loaded mid-epoch state, not yet begun
         self._running: dict[str, Any] | None = None  # the state of an iteration in this process
