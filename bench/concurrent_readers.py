@@ -12,7 +12,6 @@ differ, processes that failed.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 from _shared import command_line, parser, write_results
-from fuzz_readers import build_datasets, digest
+from fuzz_readers import build_datasets, digest, record_digest
 
 from packdata import containers
 
@@ -37,13 +36,8 @@ def read_all(path: Path, digests: list[str], passes: int, seed: int) -> tuple[in
             idx = order[a : a + 16]
             batch = reader.read(idx)
             for j, i in enumerate(idx.tolist()):
-                h = hashlib.sha1()
-                for name in reader.manifest.fields:
-                    value = np.ascontiguousarray(batch[name][j])
-                    h.update(f"{name}{value.dtype.str}{value.shape}".encode())
-                    h.update(value.tobytes())
                 read += 1
-                wrong += h.hexdigest() != digests[i]
+                wrong += record_digest(batch, reader.manifest.fields, j) != digests[i]
     return read, wrong
 
 

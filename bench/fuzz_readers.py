@@ -92,18 +92,22 @@ def digest(path: Path) -> list[str]:
     return record_digests(reader, reader.manifest.count)
 
 
+def record_digest(batch, fields, j: int) -> str:
+    """The hash of record ``j`` of a read ``batch``: every field's name, dtype, shape and bytes."""
+    h = hashlib.sha1()
+    for name in fields:
+        value = np.ascontiguousarray(batch[name][j])
+        h.update(f"{name}{value.dtype.str}{value.shape}".encode())
+        h.update(value.tobytes())
+    return h.hexdigest()
+
+
 def record_digests(reader, count: int) -> list[str]:
     out = []
     for a in range(0, count, 16):
         idx = np.arange(a, min(count, a + 16))
         batch = reader.read(idx)
-        for j in range(len(idx)):
-            h = hashlib.sha1()
-            for name in reader.manifest.fields:
-                value = np.ascontiguousarray(batch[name][j])
-                h.update(f"{name}{value.dtype.str}{value.shape}".encode())
-                h.update(value.tobytes())
-            out.append(h.hexdigest())
+        out.extend(record_digest(batch, reader.manifest.fields, j) for j in range(len(idx)))
     return out
 
 
