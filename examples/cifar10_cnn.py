@@ -21,7 +21,6 @@ The model is the tutorial's CNN (two conv-pool stages, three fully connected lay
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -131,9 +130,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     train_idx, test_idx = common.split_indices(count)
     extra: dict[str, Any] = {"train_samples": len(train_idx), "test_samples": len(test_idx)}
 
-    with tempfile.TemporaryDirectory() as tmp:
-        workdir = args.workdir or Path(tmp)
-        workdir.mkdir(parents=True, exist_ok=True)
+    with common.workdir_of(args) as workdir:
         runs = {}
         for name in common.loaders_of(args.loader):
             if name == "baseline":

@@ -9,10 +9,12 @@ moving it to the device) is the data-loading time, the rest is the training step
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -76,6 +78,17 @@ def check_kind(path: Path, expected: str, what: str) -> None:
             suffixes[f.suffix.lower() or "(none)"] = suffixes.get(f.suffix.lower() or "(none)", 0) + 1
         listing = ", ".join(f"{n} {s}" for s, n in sorted(suffixes.items(), key=lambda x: -x[1])[:4])
         raise ExampleError(f"{path}: expected {what}, found {found} data ({listing} files)")
+
+
+@contextlib.contextmanager
+def workdir_of(args: argparse.Namespace) -> Iterator[Path]:
+    """``--workdir`` (made if missing, kept), or a temporary directory removed at the end."""
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        yield args.workdir
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        yield Path(tmp)
 
 
 def convert_once(dst: Path, source: Callable[[], Any]) -> tuple[packdata.PackedDataset, float | None]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -97,9 +96,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     extra: dict[str, Any] = {"classes": source.classes, "train_samples": len(train_idx),
                              "test_samples": len(test_idx)}
 
-    with tempfile.TemporaryDirectory() as tmp:
-        workdir = args.workdir or Path(tmp)
-        workdir.mkdir(parents=True, exist_ok=True)
+    with common.workdir_of(args) as workdir:
         runs = {}
         for name in common.loaders_of(args.loader):
             ds = sampler = None

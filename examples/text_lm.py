@@ -21,7 +21,6 @@ loss per real token, real tokens per second and the share of pad positions.
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -161,9 +160,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results: dict[str, list[dict[str, Any]]] = {}
     extra: dict[str, Any] = {"lines": len(lines), "vocab_size": tokenizer.vocab_size}
 
-    with tempfile.TemporaryDirectory() as tmp:
-        workdir = args.workdir or Path(tmp)
-        workdir.mkdir(parents=True, exist_ok=True)
+    with common.workdir_of(args) as workdir:
         runs = {}
         for name in common.loaders_of(args.loader):
             sampler = None
