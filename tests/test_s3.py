@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import packdata
-from packdata import streaming
+from packdata import sampling
 from packdata.errors import ArgumentError, DatasetError, PackdataError
 
 moto_server = pytest.importorskip("moto.server")
@@ -94,7 +94,7 @@ def test_ddp_ranks_and_workers_see_every_sample_once(remote, s3, packed, tmp_pat
     which = {local[i][0].numpy().tobytes(): i for i in range(len(local))}
     seen: Counter = Counter()
     for rank in range(2):
-        monkeypatch.setattr(streaming, "ddp_rank_world", lambda rank=rank: (rank, 2))
+        monkeypatch.setattr(sampling, "ddp_rank_world", lambda rank=rank: (rank, 2))
         stream = packdata.StreamingDataset(remote, storage_options=s3, shuffle_buffer=16,
                                            cache_dir=tmp_path / "cache")
         stream.set_epoch(1)
