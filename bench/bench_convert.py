@@ -17,8 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_containers import TARGETS, build_folder  # noqa: E402
+from _shared import CIFAR_PNG, parser, write_results
+from bench_containers import TARGETS, build_folder
 
 
 def child(folder: str, dst: str) -> None:
@@ -33,12 +33,10 @@ def child(folder: str, dst: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=Path("../shared/data/cifar10/test-png"))
-    parser.add_argument("--counts", type=int, nargs="+", default=[10_000, 50_000])
-    parser.add_argument("--json", type=Path, default=Path("bench/results/convert.json"))
-    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    p = parser(__doc__, data=CIFAR_PNG, results="convert.json")
+    p.add_argument("--counts", type=int, nargs="+", default=[10_000, 50_000])
+    p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = p.parse_args()
     if args.child:
         child(*args.child)
         return
@@ -52,8 +50,7 @@ def main() -> None:
                                      check=True, capture_output=True, text=True).stdout
                 rows.append({"count": count, "container": container, **json.loads(out)})
                 print(rows[-1], file=sys.stderr)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(rows, indent=2))
+    write_results(args.json, rows)
     print("| images | container | seconds | images/s | peak RSS main (MiB) | peak RSS worker (MiB) |")
     print("|---:|---|---:|---:|---:|---:|")
     for r in rows:

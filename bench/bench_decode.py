@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from _shared import parser, write_results
+
 DATA = Path("../shared/data/cifar10")
 
 
@@ -62,14 +64,11 @@ def measure(data: Path, count: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--python", action="append", default=None,
-                        help="an interpreter to measure (repeat); default: this one")
-    parser.add_argument("--data", type=Path, default=DATA)
-    parser.add_argument("--count", type=int, default=2000)
-    parser.add_argument("--json", type=Path, default=Path("bench/results/decode.json"))
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    p = parser(__doc__, data=DATA, count=2000, results="decode.json")
+    p.add_argument("--python", action="append", default=None,
+                   help="an interpreter to measure (repeat); default: this one")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
     if args.child:
         print(json.dumps(measure(args.data, args.count)))
         return
@@ -79,8 +78,7 @@ def main() -> None:
                               "--count", str(args.count)], check=True, capture_output=True,
                              text=True).stdout
         results.append(json.loads(out))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2))
+    write_results(args.json, results)
     keys = ["png_32", "jpeg_32", "jpeg_512_resize_224"]
     print("| Pillow | " + " | ".join(f"{k} img/s (× first)" for k in keys) + " |")
     print("|---|" + "---:|" * len(keys))

@@ -13,12 +13,12 @@ the sweep alone, and whether the sweep found a winner beyond the spread or a tie
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 import time
 from pathlib import Path
 
+from _shared import CIFAR_PNG, parser
 from bench_containers import build_folder
 from rich.console import Console
 
@@ -29,12 +29,9 @@ from packdata.bench.suite import run_bench
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=Path("../shared/data/cifar10/test-png"))
-    parser.add_argument("--count", type=int, default=50_000)
-    parser.add_argument("--workdir", type=Path, help="keep (and reuse) the folder and LMDB here")
-    parser.add_argument("--json", type=Path, default=Path("bench/results/bench_sweep.json"))
-    args = parser.parse_args()
+    p = parser(__doc__, data=CIFAR_PNG, count=50_000, results="bench_sweep.json")
+    p.add_argument("--workdir", type=Path, help="keep (and reuse) the folder and LMDB here")
+    args = p.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="packdata-bench-") as tmp:
         root = args.workdir or Path(tmp)
