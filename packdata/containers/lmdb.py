@@ -35,6 +35,7 @@ from packdata.containers.base import (
     attach_record_file,
     same_destination,
 )
+from packdata.containers.lmdbcheck import check_tree
 from packdata.containers.lmdbmap import OFFSETS_KEY, RecordMap, record_key, record_offsets
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest, check_manifest
@@ -114,6 +115,10 @@ class LMDBWriter(Writer):
 _envs: dict[tuple[int, int], tuple[int, tuple[int, int], lmdb.Environment, str]] = {}
 
 
+#: the files whose B-tree :func:`check_tree` found sound: (device, inode), (size, mtime)
+_checked: set[tuple[tuple[int, int], tuple[int, int]]] = set()
+
+
 def _close_stale_envs() -> None:
     """Close the environments whose ``data.mdb`` is no longer at their path."""
     for key, (_, _, env, where) in list(_envs.items()):
@@ -151,6 +156,13 @@ def shared_env(path: Path) -> lmdb.Environment:
         env.close()
         raise DatasetError(f"{path}: truncated (data.mdb holds {st.st_size} bytes, its pages need "
                            f"{needed}); the dataset is damaged")
+    if (key, version) not in _checked:  # once per file version: the result survives fork
+        try:
+            check_tree(path, env.info()["last_pgno"], env.info()["last_txnid"])
+        except DatasetError:
+            env.close()
+            raise
+        _checked.add((key, version))
     _envs[key] = (pid, version, env, str(path))
     return env
 
