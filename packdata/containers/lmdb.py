@@ -39,7 +39,6 @@ from packdata.containers.lmdbcheck import check_tree
 from packdata.containers.lmdbmap import OFFSETS_KEY, RecordMap, record_key, record_offsets
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest, check_manifest
-from packdata.recordmeta import arrays_of
 
 NAME = "lmdb"
 NEW_SUFFIX = ".lmdb"
@@ -94,7 +93,7 @@ class LMDBWriter(Writer):
             self.txn.put(OFFSETS_KEY, memoryview(offsets).cast("B"))
         for n in self.variable:
             self.txn.put(lengths_key(n), np.asarray(self.rows[n], dtype="<i8").tobytes())
-        np.savez(self.path / RECORDS, **arrays_of(manifest.keys, manifest.checksums))
+        np.savez(self.path / RECORDS, **manifest.record_arrays())
         self.txn.put(MANIFEST_KEY, manifest.to_json().encode())
         self.txn.commit()
         self.env.sync(True)
@@ -184,7 +183,7 @@ class LMDBReader(Reader):
                 raise DatasetError(f"{self.path}: LMDB has no packdata manifest")
             self.manifest = Manifest.from_json(raw, str(self.path))
             if self.manifest.version >= 2:
-                attach_record_file(self.manifest, self.path / RECORDS)
+                attach_record_file(self.manifest, self.path / RECORDS)  # checks the header
             check_manifest(self.manifest, self.path)
             self._lengths = {
                 n: _lengths(txn, self.path, n, self.manifest.count)
