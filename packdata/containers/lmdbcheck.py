@@ -5,8 +5,10 @@ LMDB trusts the file: a damaged node (a value size, a child or overflow page num
 offset) makes a lookup read past the end of the file, which kills the process with SIGBUS (or
 SIGSEGV past the mapping) instead of raising. So before a reader hands the file to LMDB, the
 main database's tree is walked here, through a plain read-only map, with every offset bounded.
-Only the pages a lookup can reach are read: branch and leaf pages and the first page of each
-value's overflow run (the values' bytes are checked against their checksums when read).
+Only branch and leaf pages are read (a value's overflow pages are only bounded: their bytes are
+checked against the records' checksums when read), with numpy over blocks of pages: 0.13 s
+for 500,000 small records, 0.06 s for 100,000 CIFAR-sized ones (a shared 2-core machine), once per
+file and process tree (the result survives fork).
 
 The page format is LMDB 0.9's on-disk format (``mdb.c``: ``MDB_page``, ``MDB_node``,
 ``MDB_meta``); it has been stable since 2012 and py-lmdb bundles it.
@@ -32,6 +34,7 @@ F_BIGDATA = 0x01  # the node's data is the number of its first overflow page
 # MDB_meta after the page header: magic u32, version u32, address u64, mapsize u64, two MDB_db
 # (pad u32, flags u16, depth u16, branch, leaf, overflow, entries, root: u64 each), last_pg u64,
 # txnid u64
+BLOCK = 1024  # pages checked at a time (4 MiB of 4 KiB pages)
 META = struct.Struct("<IIQQ" + "IHHQQQQQ" * 2 + "QQ")
 
 
@@ -67,57 +70,64 @@ def _check(whole: np.ndarray, last_pgno: int, txnid: int) -> None:
     depth, root = meta[14], meta[19]  # the main database's depth and root page
     if root == (1 << 64) - 1:  # P_INVALID: an empty database
         return
-    level, seen = [root], {0, 1}
+    table = whole[: pages * psize].reshape(pages, psize)
+    seen = np.zeros(pages, dtype=bool)
+    seen[:2] = True  # the meta pages
+    level = np.array([root], dtype=np.int64)
     for height in range(depth, 0, -1):
-        children: list[int] = []
-        for pgno in level:
-            if pgno in seen or not 2 <= pgno < pages:
-                raise DatasetError(f"page {pgno} is outside the file or reached twice")
-            seen.add(pgno)
-            children.extend(_page(whole, pgno, psize, pages, leaf=height == 1))
-        level = children
-    if level:
+        if level.min() < 2 or level.max() >= pages or seen[level].any() or \
+                len(np.unique(level)) != len(level):
+            raise DatasetError("a page of its tree is outside the file or reached twice")
+        seen[level] = True
+        level = np.concatenate([_pages(table, level[a : a + BLOCK], leaf=height == 1)
+                                for a in range(0, len(level), BLOCK)])
+    if len(level):
         raise DatasetError("the tree is deeper than its meta page says")
 
 
-def _page(whole: np.ndarray, pgno: int, psize: int, pages: int, leaf: bool) -> list[int]:
-    """Check one branch or leaf page; a branch page's children."""
-    at = pgno * psize
-    page = whole[at : at + psize]
-    number, flags, lower, upper = struct.unpack_from("<QxxHHH", page)
+def _u(columns: np.ndarray, dtype: str) -> np.ndarray:
+    """Little-endian integers from the byte columns of each row, as int64."""
+    return np.ascontiguousarray(columns).view(dtype)[:, 0].astype(np.int64)
+
+
+def _pages(table: np.ndarray, pgnos: np.ndarray, leaf: bool) -> np.ndarray:
+    """Check branch or leaf pages ``pgnos`` (rows of ``table``: the file's pages); the branch
+    pages' children."""
+    pages, psize = table.shape
+    block = table[pgnos]
+    number, flags = _u(block[:, :8], "<u8"), _u(block[:, 10:12], "<u2")
+    lower, upper = _u(block[:, 12:14], "<u2"), _u(block[:, 14:16], "<u2")
     # exactly a leaf or a branch: LMDB descends while a page says branch, stops at a leaf
-    if number != pgno or flags & KINDS != (P_LEAF if leaf else P_BRANCH) or \
-            not PAGE_HEADER <= lower <= upper <= psize or lower % 2:
-        raise DatasetError(f"page {pgno} has a damaged header")
-    ptrs = page[PAGE_HEADER:lower].view("<u2").astype(np.int64)
-    if not len(ptrs):
-        raise DatasetError(f"page {pgno} holds no nodes")
-    if ptrs.min() < upper or ptrs.max() > psize - NODE_HEADER:
-        raise DatasetError(f"page {pgno} has a node outside it")
-    heads = page[ptrs[:, None] + np.arange(NODE_HEADER)].view("<u2")
-    lo, hi, nflags, ksize = (heads[:, i].astype(np.int64) for i in range(4))
+    if (number != pgnos).any() or (flags & KINDS != (P_LEAF if leaf else P_BRANCH)).any() or \
+            (lower <= PAGE_HEADER).any() or (lower > upper).any() or (upper > psize).any() \
+            or (lower % 2).any():
+        raise DatasetError("a page of its tree has a damaged header")
+    counts = (lower - PAGE_HEADER) // 2  # nodes a page holds
+    rows = np.repeat(np.arange(len(pgnos)), counts)
+    cols = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+    words = block.view("<u2")  # LMDB keeps nodes 2-byte aligned: read them as 16-bit words
+    ptrs = words[rows, PAGE_HEADER // 2 + cols].astype(np.int64)
+    if (ptrs < upper[rows]).any() or (ptrs > psize - NODE_HEADER).any() or (ptrs % 2).any():
+        raise DatasetError("a page of its tree has a node outside it")
+    lo, hi, nflags, ksize = (words[rows, ptrs // 2 + i].astype(np.int64) for i in range(4))
     key_end = ptrs + NODE_HEADER + ksize
     if not leaf:  # the child's page number is the first 48 bits of the node
-        if key_end.max() > psize:
-            raise DatasetError(f"page {pgno} has a key outside it")
-        return (lo | hi << 16 | nflags << 32).tolist()
+        if (key_end > psize).any():
+            raise DatasetError("a branch page of its tree has a key outside it")
+        return lo | hi << 16 | nflags << 32
     size = lo | hi << 16
     big = (nflags & F_BIGDATA) != 0
     if (nflags & ~F_BIGDATA).any():
-        raise DatasetError(f"page {pgno} has nodes packdata never writes")
-    if (key_end + np.where(big, 8, size)).max() > psize:
-        raise DatasetError(f"page {pgno} has a key or value outside it")
+        raise DatasetError("a leaf page of its tree has nodes packdata never writes")
+    if (key_end + np.where(big, 8, size) > psize).any():
+        raise DatasetError("a leaf page of its tree has a key or value outside it")
     ends, nbytes = key_end[big], size[big]
-    if not len(ends):
-        return []
-    firsts = page[ends[:, None] + np.arange(8)].view("<u8")[:, 0].astype(np.int64)
-    if firsts.min() < 2 or firsts.max() >= pages:
-        raise DatasetError(f"page {pgno} points to an overflow page outside the file")
-    heads = whole[firsts[:, None] * psize + np.arange(PAGE_HEADER)]
-    number = heads[:, :8].copy().view("<u8")[:, 0].astype(np.int64)
-    flags = heads[:, 10:12].copy().view("<u2")[:, 0]
-    count = heads[:, 12:16].copy().view("<u4")[:, 0].astype(np.int64)
-    if (number != firsts).any() or (flags & KINDS != P_OVERFLOW).any() or \
-            (firsts + count > pages).any() or (nbytes > count * psize - PAGE_HEADER).any():
-        raise DatasetError(f"page {pgno} has a value outside its overflow pages")
-    return []
+    firsts = _u(block[rows[big][:, None], ends[:, None] + np.arange(8)], "<u8")
+    # LMDB reads a value from its first overflow page on, without looking at the pages' headers:
+    # the value's bytes must end inside the file (not touching the overflow pages keeps this
+    # check at the tree's size, not the data's)
+    if len(firsts) and (firsts.min() < 2 or (firsts * psize + PAGE_HEADER + nbytes
+                                              > pages * psize).any()):
+        raise DatasetError("a leaf page of its tree has a value that runs past the end of the "
+                           "file")
+    return np.zeros(0, dtype=np.int64)
