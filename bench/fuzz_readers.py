@@ -55,6 +55,7 @@ TARGETS = {"lmdb": "d.lmdb", "hdf5": "d.h5", "tar": "d-tar"}
 MEMORY_HEADROOM = 1 << 30  # address space a child may add to what it has after imports
 TIMEOUT_S = 20.0
 FAILURES = ("silent_wrong", "crash", "hang", "memory", "unnamed_error", "foreign_error")
+OUTCOMES = ("same", "named_error", *FAILURES)  # each counted in the results, zeros too
 
 
 def cifar_folder(out: Path, count: int = 60) -> Path:
@@ -337,7 +338,8 @@ def main() -> None:
                         examples.setdefault(f"{r['level']} {r['outcome']}", []).append(r)
             results[name] = {"records": len(digests), "mutants": args.mutants,
                              "seconds": round(time.time() - began, 1),
-                             "outcomes": {lv: dict(c) for lv, c in counts.items()},
+                             "outcomes": {lv: {o: c[o] for o in OUTCOMES}
+                                          for lv, c in counts.items()},
                              "failure_examples": {k: v[:3] for k, v in examples.items()}}
             print(name, json.dumps(results[name]["outcomes"]), flush=True)
         read.close()
