@@ -8,8 +8,9 @@ tuple) per sample, which the default collate turns back into the batch read, wit
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -20,7 +21,7 @@ from torch.utils.data import Dataset
 from packdata import containers, sources
 from packdata.containers.base import Reader
 from packdata.containers.integrity import ChecksummedReader, at_open
-from packdata.errors import ArgumentError, ArgumentTypeError, DatasetError
+from packdata.errors import ArgumentError, ArgumentTypeError, DatasetError, PackdataError
 from packdata.manifest import Manifest
 from packdata.recordmeta import Keys
 from packdata.remote.storage import CACHE_LIMIT, Storage
@@ -79,7 +80,10 @@ class PackedDataset(Dataset):
         self.batch_transform = batch_transform
         self.decode = decode
         self.channels_last = channels_last
-        kind = sources.get(self.manifest.kind)
+        try:
+            kind = sources.get(self.manifest.kind)
+        except PackdataError as exc:  # an edited manifest, or one of a newer packdata
+            raise DatasetError(f"{self.path}: {exc}") from None
         if decode is not None and not kind.DECODES:
             raise DatasetError(f"{self.path}: decode= applies to image datasets, not "
                                f"{self.manifest.kind}")
@@ -172,13 +176,41 @@ class PackedDataset(Dataset):
 
     def _read(self, indices: np.ndarray) -> tuple:
         kind = sources.get(self.manifest.kind)  # a module: looked up, not kept (not picklable)
-        batch = self.reader.read(  # select: e.g. one of K stored variants per record
-            indices, kind.select(self.manifest, indices, self.epoch) if kind.select else None
-        )
+        with self._samples_of(kind):  # select: e.g. one of K stored variants per record
+            select = kind.select(self.manifest, indices, self.epoch) if kind.select else None
+        if select:
+            self._check_select(select)
+        batch = self.reader.read(indices, select)
         extra: dict[str, Any] = {"decode": self.decode} if self.decode is not None else {}
         if self.channels_last:
             extra["channels_last"] = True
-        return kind.to_torch(batch, self.manifest, indices=indices, epoch=self.epoch, **extra)
+        with self._samples_of(kind):
+            return kind.to_torch(batch, self.manifest, indices=indices, epoch=self.epoch, **extra)
+
+    @contextlib.contextmanager
+    def _samples_of(self, kind: Any) -> Iterator[None]:
+        """Samples made from records by the kind's code: where the manifest's facts (fields,
+        options) do not fit the records, its errors name the dataset."""
+        try:
+            yield
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError, ZeroDivisionError) as exc:
+            if isinstance(exc, PackdataError):
+                raise
+            raise DatasetError(
+                f"{self.path}: its {kind.KIND} samples cannot be made from its records "
+                f"({type(exc).__name__}: {exc}); the manifest does not fit the records (edited?) "
+                "or the dataset is damaged") from None
+
+    def _check_select(self, select: dict[str, np.ndarray]) -> None:
+        """The entries the kind selects exist in the stored records (e.g. variant k of K)."""
+        for name, rows in select.items():
+            field = self.manifest.fields.get(name)
+            stored = field.shape[0] if field is not None and field.shape else 0
+            if len(rows) and (field is None or field.variable or rows.min() < 0
+                              or rows.max() >= stored):
+                raise DatasetError(
+                    f"{self.path}: the manifest asks for entry {int(rows.max())} of '{name}', "
+                    f"which stores {stored}; the manifest was edited or the dataset is damaged")
 
     def _transformed(self, batch: tuple, j: int) -> tuple:
         sample = tuple(part[j] for part in batch)

@@ -15,13 +15,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from packdata.errors import ArgumentError, DatasetError
-from packdata.recordmeta import Keys
+from packdata.recordmeta import Keys, arrays_of
 
 FORMAT_VERSION = 2  # 2: XXH3-64 record checksums; 1 (CRC-32) is still read
 READABLE_VERSIONS = (1, 2)
 PER_RECORD = ("keys", "checksums")  # in the container as arrays, not in the JSON (version 2)
+#: the record arrays' entry holding the checksum of the manifest JSON (stored apart from it)
+HEADER_HASH = "manifest_hash"
+
+
+def header_hash(text: str | bytes) -> np.ndarray:
+    """The checksum of a manifest's JSON as stored: XXH3-64 of its bytes, one uint64."""
+    raw = text.encode() if isinstance(text, str) else bytes(text)
+    return np.array([xxhash.xxh3_64_intdigest(raw)], dtype="<u8")
 
 
 @dataclass(frozen=True)
@@ -101,6 +110,9 @@ class Manifest:
     skipped: list[dict[str, str]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)  # kind-specific facts (e.g. per-cloud counts)
     version: int = FORMAT_VERSION
+    #: the JSON this manifest was read from, as stored (None for one made in memory); not a
+    #: dataclass field (unannotated), so never part of the JSON or of comparisons
+    stored = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.keys, Keys):  # given as a list: held as arrays all the same
@@ -114,6 +126,26 @@ class Manifest:
         d = {f.name: getattr(self, f.name) for f in dataclass_fields(self) if f.name not in PER_RECORD}
         d["fields"] = {k: f.to_dict() for k, f in self.fields.items()}
         return json.dumps({"packdata": d}, separators=(",", ":"), allow_nan=False)  # strict JSON
+
+    def record_arrays(self) -> dict[str, np.ndarray]:
+        """The arrays a container stores beside this manifest's JSON: the record keys and
+        checksums, and the checksum of the JSON itself (:meth:`check_header`)."""
+        return {**arrays_of(self.keys, self.checksums), HEADER_HASH: header_hash(self.to_json())}
+
+    def check_header(self, stored_hash: np.ndarray | None, where: str | Path) -> None:
+        """Refuse a manifest that is not the JSON written at conversion: its checksum, stored
+        apart from it with the record arrays, must match. A manifest edited by hand could
+        otherwise make the records read as other dtypes, shapes or fields without any error.
+        Datasets written before the checksum was stored (``stored_hash`` None) are read as
+        before (their facts are checked against the data where the readers can)."""
+        if stored_hash is None or self.stored is None:
+            return
+        if stored_hash.shape != (1,) or stored_hash.dtype != np.dtype("<u8") or \
+                int(stored_hash[0]) != int(header_hash(self.stored)[0]):
+            raise DatasetError(
+                f"{where}: the manifest does not match its checksum (it was edited, or the "
+                "dataset is damaged); packdata reads a manifest only as conversion wrote it: "
+                "restore the original manifest or convert the dataset again")
 
     def attach(self, keys: Keys, checksums: np.ndarray) -> None:
         """The per-record arrays a container stores beside a version-2 manifest."""
@@ -134,6 +166,8 @@ class Manifest:
             d = json.loads(text)["packdata"]
         except (ValueError, KeyError, TypeError) as exc:
             raise DatasetError(f"{where}: the manifest is not packdata JSON ({exc})") from exc
+        if not isinstance(d, dict):
+            raise DatasetError(f"{where}: the manifest is not packdata JSON (no object)")
         if d.get("version") not in READABLE_VERSIONS:
             raise DatasetError(
                 f"{where}: manifest version {d.get('version')!r}; this packdata reads versions "
@@ -147,10 +181,12 @@ class Manifest:
             if d["version"] == 1:  # the lists themselves; version 2 attaches arrays
                 d["keys"] = Keys.from_list(d.get("keys", []))
                 d["checksums"] = np.array(d.get("checksums", []), dtype="<u8")
-            return cls(**d)
+            made = cls(**d)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # an edited manifest
             raise DatasetError(f"{where}: the manifest is damaged ({type(exc).__name__}: {exc})"
                                ) from None
+        made.stored = text.encode() if isinstance(text, str) else bytes(text)
+        return made
 
     @property
     def fixed_fields(self) -> dict[str, Field]:

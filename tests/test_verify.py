@@ -152,6 +152,20 @@ def edit_manifest(container, copy, edit) -> None:
             txn.put(b"__manifest__", json.dumps(d).encode())
 
 
+def without_header_hash(container, path) -> None:
+    """Remove the manifest's checksum from the record arrays, as datasets of format version 2
+    written before it was stored had none: their manifests' facts are checked against the data."""
+    if container == "hdf5":
+        with h5py.File(path, "r+") as f:
+            del f["__records__/manifest_hash"]
+        return
+    npz = path / ("index.npz" if container == "tar" else "records.npz")
+    with np.load(npz) as z:
+        kept = {k: z[k] for k in z.files if not k.endswith("manifest_hash")}
+    assert len(kept) < len(z.files)
+    np.savez(npz, **kept)
+
+
 EDITS = {
     "object dtype": lambda m: m["fields"]["image"].update(dtype="O"),
     "wider dtype": lambda m: m["fields"]["image"].update(dtype="uint16"),
@@ -167,12 +181,21 @@ EDITS = {
 
 @pytest.mark.parametrize("edit", list(EDITS))
 def test_edited_manifest_is_refused_at_open(tmp_path, packed, container, edit):
+    """Refused by the manifest's checksum; and where there is none (datasets written before it
+    was stored), by the facts checked against the data."""
     src = packed[container]
     copy = tmp_path / src.name
     (shutil.copytree if src.is_dir() else shutil.copy)(src, copy)
     edit_manifest(container, copy, EDITS[edit])
     with pytest.raises(packdata.DatasetError, match=copy.name):
         packdata.open(copy, verify="off")  # the structural checks run whatever verify says
+    if edit not in ("per-record lists added", "version 1 without its lists", "fields missing"):
+        with pytest.raises(packdata.DatasetError, match="does not match its checksum"):
+            packdata.open(copy, verify="off")
+    if edit != "version 1 without its lists":
+        without_header_hash(container, copy)
+        with pytest.raises(packdata.DatasetError, match=copy.name):
+            packdata.open(copy, verify="off")
 
 
 def as_version_1(container, path, original) -> None:
@@ -221,6 +244,9 @@ def test_version_1_datasets_still_open_and_are_checked(tmp_path, packed, contain
 def test_tar_shard_name_outside_the_dataset_is_refused(tmp_path, packed):
     copy = shutil.copytree(packed["tar"], tmp_path / "t")
     edit_manifest("tar", copy, lambda m: m["extra"]["shards"][0].update(name="../../x.tar"))
+    with pytest.raises(packdata.DatasetError, match="does not match its checksum"):
+        packdata.open(copy)
+    without_header_hash("tar", copy)
     with pytest.raises(packdata.DatasetError, match="shard list is damaged"):
         packdata.open(copy)
 

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from packdata.errors import ArgumentError, DatasetError
-from packdata.manifest import Field, Manifest
+from packdata.manifest import HEADER_HASH, Field, Manifest
 from packdata.options import Option
 from packdata.recordmeta import from_arrays, map_npz
 
@@ -145,13 +145,14 @@ def same_destination(dst: Path, options: dict[str, Any]) -> tuple[Path, dict[str
 
 def attach_record_file(manifest: Manifest, where: Path) -> None:
     """Attach the record keys and checksums a format-2 dataset keeps in the ``.npz`` at
-    ``where`` (mapped in place, never loaded) to its ``manifest``; a DatasetError naming the
-    file if it cannot be read."""
+    ``where`` (mapped in place, never loaded) to its ``manifest``, once the manifest's JSON
+    matched the checksum stored there; a DatasetError naming the file if it cannot be read."""
     try:
         arrays = map_npz(where, map_file(where))
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise DatasetError(f"{where}: the record keys and checksums cannot be read "
                            f"({type(exc).__name__}); the dataset is damaged") from None
+    manifest.check_header(arrays.get(HEADER_HASH), where)
     manifest.attach(*from_arrays(arrays, manifest.count, where))
 
 

@@ -24,8 +24,8 @@ import numpy as np
 from packdata.containers.base import Batch, Reader, Select, ShardClosed, Writer, map_file, same_destination
 from packdata.containers.spool import Spool
 from packdata.errors import DatasetError, PackdataError
-from packdata.manifest import Field, Manifest, check_manifest
-from packdata.recordmeta import DTYPES, arrays_of, from_arrays
+from packdata.manifest import HEADER_HASH, Field, Manifest, check_manifest
+from packdata.recordmeta import DTYPES, from_arrays
 
 NAME = "hdf5"
 NEW_SUFFIX = ".h5"
@@ -74,7 +74,7 @@ class HDF5Writer(Writer):
                     ds[start : start + len(rows)] = rows
                     start += len(rows)
                 spool.remove()
-            for name, array in arrays_of(manifest.keys, manifest.checksums).items():
+            for name, array in manifest.record_arrays().items():
                 ds = f.create_dataset(f"{RECORDS}/{name}", shape=array.shape, dtype=array.dtype)
                 for a in range(0, len(array), BLOCK):  # block by block: memory stays flat
                     ds[a : a + BLOCK] = array[a : a + BLOCK]
@@ -107,6 +107,8 @@ class HDF5Reader(Reader):
                 raise DatasetError(f"{self.path}: HDF5 file has no packdata manifest")
             self.manifest = Manifest.from_json(f[MANIFEST][()], str(self.path))
             if self.manifest.version >= 2:
+                self.manifest.check_header(
+                    _mapped(f, whole, self.path, f"{RECORDS}/{HEADER_HASH}"), self.path)
                 self.manifest.attach(*from_arrays(
                     {n: _mapped(f, whole, self.path, f"{RECORDS}/{n}") for n in DTYPES},
                     self.manifest.count, self.path))

@@ -35,10 +35,10 @@ from packdata.containers.base import (
     attach_record_file,
     same_destination,
 )
+from packdata.containers.lmdbcheck import check_tree
 from packdata.containers.lmdbmap import OFFSETS_KEY, RecordMap, record_key, record_offsets
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest, check_manifest
-from packdata.recordmeta import arrays_of
 
 NAME = "lmdb"
 NEW_SUFFIX = ".lmdb"
@@ -93,7 +93,7 @@ class LMDBWriter(Writer):
             self.txn.put(OFFSETS_KEY, memoryview(offsets).cast("B"))
         for n in self.variable:
             self.txn.put(lengths_key(n), np.asarray(self.rows[n], dtype="<i8").tobytes())
-        np.savez(self.path / RECORDS, **arrays_of(manifest.keys, manifest.checksums))
+        np.savez(self.path / RECORDS, **manifest.record_arrays())
         self.txn.put(MANIFEST_KEY, manifest.to_json().encode())
         self.txn.commit()
         self.env.sync(True)
@@ -112,6 +112,10 @@ class LMDBWriter(Writer):
 # longer at their path (deleted, replaced) are closed before another environment opens: LMDB
 # also refuses files whose device and inode numbers an open environment's deleted files had.
 _envs: dict[tuple[int, int], tuple[int, tuple[int, int], lmdb.Environment, str]] = {}
+
+
+#: the files whose B-tree :func:`check_tree` found sound: (device, inode), (size, mtime)
+_checked: set[tuple[tuple[int, int], tuple[int, int]]] = set()
 
 
 def _close_stale_envs() -> None:
@@ -151,6 +155,13 @@ def shared_env(path: Path) -> lmdb.Environment:
         env.close()
         raise DatasetError(f"{path}: truncated (data.mdb holds {st.st_size} bytes, its pages need "
                            f"{needed}); the dataset is damaged")
+    if (key, version) not in _checked:  # once per file version: the result survives fork
+        try:
+            check_tree(path, env.info()["last_pgno"], env.info()["last_txnid"])
+        except DatasetError:
+            env.close()
+            raise
+        _checked.add((key, version))
     _envs[key] = (pid, version, env, str(path))
     return env
 
@@ -172,7 +183,7 @@ class LMDBReader(Reader):
                 raise DatasetError(f"{self.path}: LMDB has no packdata manifest")
             self.manifest = Manifest.from_json(raw, str(self.path))
             if self.manifest.version >= 2:
-                attach_record_file(self.manifest, self.path / RECORDS)
+                attach_record_file(self.manifest, self.path / RECORDS)  # checks the header
             check_manifest(self.manifest, self.path)
             self._lengths = {
                 n: _lengths(txn, self.path, n, self.manifest.count)

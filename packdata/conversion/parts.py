@@ -30,7 +30,7 @@ from packdata.conversion.job import ConvertResult, Job
 from packdata.errors import PackdataError
 from packdata.interrupts import term_as_interrupt
 from packdata.manifest import Manifest
-from packdata.recordmeta import Keys, MetaSpool, arrays_of
+from packdata.recordmeta import Keys, MetaSpool
 from packdata.sources.base import Source
 from packdata.units import available_cores
 
@@ -161,7 +161,7 @@ def write(job: Job, parts: Parts, *, workers: int | None = None, progress: Any =
     if job.container.NAME == "tar":  # tar parts join into one plain tar dataset
         manifest = _join_tar(work, paths, manifest, job.options)
     else:
-        np.savez(work / sharded.RECORDS, **arrays_of(manifest.keys, manifest.checksums))
+        np.savez(work / sharded.RECORDS, **manifest.record_arrays())
     (work / RECIPE).unlink()
     (work / sharded.MANIFEST).write_text(manifest.to_json())  # last: now it is a dataset
     atomic.publish(work, job.dst)
@@ -229,17 +229,18 @@ def _join_tar(work: Path, paths: list[Path], manifest: Manifest,
             if idx_path(path, shard["name"]).is_file():  # offsets within the shard: still valid
                 atomic.link_file(idx_path(path, shard["name"]), idx_path(work, name))
             shards.append({"name": name, "count": shard["count"]})
-    records = {f"{RECORDS}.{k}": v for k, v in arrays_of(manifest.keys, manifest.checksums).items()}
+    manifest.container = "tar"
+    manifest.options = {k: v for k, v in manifest.options.items() if k != "part_container"}
+    manifest.extra = {k: v for k, v in manifest.extra.items() if k != "parts"}
+    manifest.extra["shards"] = shards
+    # after the manifest's last change: the arrays hold its JSON's checksum
+    records = {f"{RECORDS}.{k}": v for k, v in manifest.record_arrays().items()}
     np.savez(work / tar.INDEX, **{k: np.concatenate(v) for k, v in columns.items()}, **records)
     write_wids_index(work, shards)
     for path in paths:  # manifests first: a part half deleted is no longer taken as finished
         (path / tar.MANIFEST).unlink()
     for path in paths:
         shutil.rmtree(path)
-    manifest.container = "tar"
-    manifest.options = {k: v for k, v in manifest.options.items() if k != "part_container"}
-    manifest.extra = {k: v for k, v in manifest.extra.items() if k != "parts"}
-    manifest.extra["shards"] = shards
     return manifest
 
 

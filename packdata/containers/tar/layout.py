@@ -19,7 +19,7 @@ import numpy as np
 
 from packdata.containers.base import map_file
 from packdata.errors import DatasetError
-from packdata.manifest import Manifest
+from packdata.manifest import HEADER_HASH, Manifest
 from packdata.recordmeta import from_arrays, map_npz
 
 MANIFEST = "manifest.json"
@@ -59,6 +59,7 @@ def load_index(path: Path, manifest: Manifest) -> dict[str, np.ndarray]:
               for part in ("shard", "offset", "nbytes")]
     if manifest.version >= 2:
         prefix = f"{RECORDS}."
+        manifest.check_header(index.get(prefix + HEADER_HASH), path)
         manifest.attach(*from_arrays({k[len(prefix):]: v for k, v in index.items()
                                       if k.startswith(prefix)}, manifest.count, path))
     for key in wanted:

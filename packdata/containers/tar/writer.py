@@ -18,7 +18,6 @@ from packdata.containers.tar.members import member_suffix, npy_header, ustar_hea
 from packdata.errors import PackdataError
 from packdata.manifest import Field, Manifest
 from packdata.options import Option
-from packdata.recordmeta import arrays_of
 from packdata.units import parse_count_or_bytes
 
 
@@ -126,10 +125,10 @@ class TarWriter(Writer):
         }
         for name, vals in self.values.items():
             arrays[f"{name}.values"] = np.asarray(vals, dtype=self.fields[name].np_dtype)
-        for name, values in arrays_of(manifest.keys, manifest.checksums).items():
+        manifest.extra["shards"] = self.shards  # first: the arrays hold the JSON's checksum
+        for name, values in manifest.record_arrays().items():
             arrays[f"{RECORDS}.{name}"] = values
         np.savez(self.path / INDEX, **arrays)
-        manifest.extra["shards"] = self.shards
         write_wids_index(self.path, self.shards)
         (self.path / MANIFEST).write_text(manifest.to_json())  # last: what makes it a dataset
 
