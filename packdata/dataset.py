@@ -69,26 +69,32 @@ class PackedDataset(Dataset):
         if self.container is not None and self.container_name != self.container:
             raise DatasetError(f"{self.path}: a {self.container_name} dataset, not {self.container}; "
                                "packdata.open(path) opens any container")
-        reader = self._open_reader()
         self.verify = verify  # "full" (every record read checked), "sample" (here) or "off"
-        # object storage: every fetched shard (or ranged record) is checked against the
-        # manifest's checksums as it arrives, whatever the level
-        at_open(reader, self.path, "off" if self.storage else verify).close()
-        self.manifest: Manifest = reader.manifest  # handles must not cross a fork
         self.transform = transform
         self.batch_transform = batch_transform
         self.decode = decode
         self.channels_last = channels_last
-        kind = sources.get(self.manifest.kind)
-        if decode is not None and not kind.DECODES:
-            raise DatasetError(f"{self.path}: decode= applies to image datasets, not "
-                               f"{self.manifest.kind}")
-        if channels_last and not kind.CHANNELS_LAST:
-            raise DatasetError(f"{self.path}: channels_last= applies to image datasets, not "
-                               f"{self.manifest.kind}")
+        reader = self._open_reader()
+        try:
+            self.manifest: Manifest = reader.manifest
+            kind = sources.get(self.manifest.kind)
+            if decode is not None and not kind.DECODES:
+                raise DatasetError(f"{self.path}: decode= applies to image datasets, not "
+                                   f"{self.manifest.kind}")
+            if channels_last and not kind.CHANNELS_LAST:
+                raise DatasetError(f"{self.path}: channels_last= applies to image datasets, not "
+                                   f"{self.manifest.kind}")
+            # object storage: every fetched shard (or ranged record) is checked against the
+            # manifest's checksums as it arrives, whatever the level. The reader opened here
+            # serves this process's reads (opening another would double the cost of a fresh
+            # open); a process forked or unpickled from this one opens its own (``reader``)
+            self._reader: Reader | None = at_open(reader, self.path,
+                                                  "off" if self.storage else verify)
+        except BaseException:
+            reader.close()
+            raise
+        self._pid = os.getpid()
         self._epoch = SharedEpoch()
-        self._reader: Reader | None = None
-        self._pid = -1
 
     @property
     def reader(self) -> Reader:
