@@ -27,6 +27,7 @@ from packdata.remote.storage import CACHE_LIMIT, Storage
 from packdata.remote.tar_reader import RemoteTarReader
 from packdata.rows import rows_of
 from packdata.sampling import SharedEpoch
+from packdata.transfer import worker_arrays
 from packdata.urls import is_url
 
 Transform = Callable[[Any], Any]
@@ -178,13 +179,26 @@ class PackedDataset(Dataset):
 
     def _read(self, indices: np.ndarray) -> tuple:
         kind = sources.get(self.manifest.kind)  # a module: looked up, not kept (not picklable)
-        batch = self.reader.read(  # select: e.g. one of K stored variants per record
-            indices, kind.select(self.manifest, indices, self.epoch) if kind.select else None
-        )
+        # select: e.g. one of K stored variants per record
+        select = kind.select(self.manifest, indices, self.epoch) if kind.select else None
+        out = self._slot_arrays(len(indices)) if select is None else None
+        batch = self.reader.read(indices, select) if out is None else \
+            self.reader.read_into(indices, out)
         extra: dict[str, Any] = {"decode": self.decode} if self.decode is not None else {}
         if self.channels_last:
             extra["channels_last"] = True
         return kind.to_torch(batch, self.manifest, indices=indices, epoch=self.epoch, **extra)
+
+    def _slot_arrays(self, n: int) -> dict[str, np.ndarray] | None:
+        """In a DataLoader worker, where the batch is handed over as read (fixed fields, no
+        decode stage, transform or channels-last copy), arrays in a shared-memory slot to read
+        it into: it then leaves the worker without a copy (:func:`packdata.transfer.worker_arrays`)."""
+        m = self.manifest
+        if (not n or m.variable_fields or self.decode is not None or self.channels_last
+                or self.transform is not None or self.batch_transform is not None):
+            return None
+        arrays = worker_arrays([((n, *f.shape), f.np_dtype) for f in m.fields.values()])
+        return None if arrays is None else dict(zip(m.fields, arrays))
 
     def _transformed(self, batch: tuple, j: int) -> tuple:
         sample = tuple(part[j] for part in batch)

@@ -45,11 +45,12 @@ def mismatch(where: str | Path, reader: Reader, index: int) -> DatasetError:
 
 
 def read_checked(reader: Reader, idx: np.ndarray, where: str | Path,
-                 select: Select | None = None) -> Batch:
-    """``reader.read``, with any failure that is not packdata's turned into a DatasetError
-    naming the dataset (a damaged file makes numpy or a backend raise its own errors)."""
+                 select: Select | None = None, out: dict[str, np.ndarray] | None = None) -> Batch:
+    """``reader.read`` (``reader.read_into``, given ``out``), with any failure that is not
+    packdata's turned into a DatasetError naming the dataset (a damaged file makes numpy or a
+    backend raise its own errors)."""
     try:
-        return reader.read(idx, select)
+        return reader.read(idx, select) if out is None else reader.read_into(idx, out)
     except (PackdataError, IndexError):
         raise
     except Exception as exc:
@@ -111,6 +112,22 @@ class ChecksummedReader(Reader):
         if not unchecked.any():
             return read_checked(self.inner, idx, self.where, select)
         batch = read_checked(self.inner, idx, self.where)
+        self._check(idx, unchecked, batch)
+        return apply_select(batch, select)
+
+    def read_into(self, indices: np.ndarray, out: dict[str, np.ndarray]) -> Batch:
+        if not self.remaining:
+            return read_checked(self.inner, indices, self.where, out=out)
+        idx = self.inner.check_indices(indices)
+        batch = read_checked(self.inner, idx, self.where, out=out)
+        unchecked = self._unchecked(idx)
+        if unchecked.any():  # hashed where they were gathered (e.g. the slot they leave by)
+            self._check(idx, unchecked, batch)
+        return batch
+
+    def _check(self, idx: np.ndarray, unchecked: np.ndarray, batch: Batch) -> None:
+        """Check the records of ``batch`` (records ``idx``) that are ``unchecked``, then mark
+        them; a DatasetError naming the first that fails."""
         if unchecked.all():  # the usual case (a first epoch): the batch as read is hashed
             bad = bad_checksums(self.inner, idx, batch)
             fresh = idx
@@ -123,7 +140,6 @@ class ChecksummedReader(Reader):
         if bad:
             raise mismatch(self.where, self.inner, bad[0])
         self._mark(fresh)
-        return apply_select(batch, select)
 
     def lengths(self, name: str) -> np.ndarray:
         return self.inner.lengths(name)
