@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from packdata import containers, sources
 from packdata.containers.base import Reader
@@ -194,8 +194,9 @@ class PackedDataset(Dataset):
         decode stage, transform or channels-last copy), arrays in a shared-memory slot to read
         it into: it then leaves the worker without a copy (:func:`packdata.transfer.worker_arrays`)."""
         m = self.manifest
-        if (not n or m.variable_fields or self.decode is not None or self.channels_last
-                or self.transform is not None or self.batch_transform is not None):
+        if (not n or get_worker_info() is None or self.decode is not None or self.channels_last
+                or self.transform is not None or self.batch_transform is not None
+                or m.variable_fields):
             return None
         arrays = worker_arrays([((n, *f.shape), f.np_dtype) for f in m.fields.values()])
         return None if arrays is None else dict(zip(m.fields, arrays))

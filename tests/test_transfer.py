@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data._utils.collate import default_collate
 
 import packdata
+import packdata.dataset
 from packdata import transfer
 
 
@@ -157,7 +158,12 @@ def test_a_batch_gathered_into_a_slot_leaves_without_a_copy(packed, container, m
     """In a worker (pretended here), the collated batch's tensors are the slot's bytes the
     reader gathered into, marked with their places in it; arrays gathered into a slot and
     dropped without being sent free it again."""
-    monkeypatch.setattr(transfer, "get_worker_info", lambda: object())
+    def in_worker(yes: bool) -> None:
+        for module in (transfer, packdata.dataset):
+            monkeypatch.setattr(module, "get_worker_info", (lambda: object()) if yes else
+                                (lambda: None))
+
+    in_worker(True)
     monkeypatch.setattr(transfer, "_RING", None)
     ds = packdata.open(packed[container])
     try:
@@ -166,10 +172,10 @@ def test_a_batch_gathered_into_a_slot_leaves_without_a_copy(packed, container, m
         assert type(images) is transfer.SlotTensor and slot.lease.sent
         assert images.data_ptr() == slot.address + offset  # in the slot: nothing was copied
         assert labels._packdata_slot[0] is slot
-        monkeypatch.setattr(transfer, "get_worker_info", lambda: None)
+        in_worker(False)
         expected = ds[[7, 2, 30, 11]]
         assert torch.equal(images, expected[0]) and torch.equal(labels, expected[1])
-        monkeypatch.setattr(transfer, "get_worker_info", lambda: object())
+        in_worker(True)
         ring = transfer._ring()
         arrays = transfer.worker_arrays([((4, 3), np.dtype(np.int64))])
         index = ring.holding([torch.from_numpy(arrays[0])]).index
