@@ -6,6 +6,12 @@ speed (about 26 µs for a 786 KB batch of CIFAR records, against ~185 µs for CR
 enough to check every record a read returns. Datasets of format version 1 carry CRC-32
 checksums; :func:`algorithm_of` names the one a manifest's version uses.
 
+Why XXH3 and not a vectorised sum: a numpy position-weighted sum over each record's 64-bit
+words (one call for a whole batch) hashes no faster (38 µs against 40 µs of CPU for 256 CIFAR
+records, measured in one run), and would save only the copy that puts a record's fields side
+by side (~28 µs) where they are stored apart, at the cost of a weaker check (changes in two
+words can cancel out) and a second algorithm to keep for datasets already written.
+
 :func:`batch_checksums` computes a whole batch's and :func:`rows_checksums` those of records
 laid out as the rows of one table (one native call per record, driven from C);
 :func:`chunks_checksum` a record whose bytes arrive as separate buffers.
