@@ -33,6 +33,7 @@ from packdata.containers.base import (
     Writer,
     apply_select,
     attach_record_file,
+    gather_rows,
     same_destination,
 )
 from packdata.containers.lmdbcheck import check_tree
@@ -249,6 +250,19 @@ class LMDBReader(Reader):
                 return {name: located.column(a, b)[offsets].view(field.np_dtype).reshape(
                             len(idx), *field.shape) for name, field, a, b in self.columns}
         return self._lookup(idx)
+
+    def read_into(self, indices: np.ndarray, out: dict[str, np.ndarray]) -> Batch:
+        whole = set(out) == set(self.manifest.fixed_fields) and not self.manifest.variable_fields
+        try:
+            located = self._located() if whole else None
+            if located is None:
+                return super().read_into(indices, out)
+            offsets = located.locate(self.check_indices(indices))
+        except lmdb.Error as exc:
+            raise DatasetError(f"{self.path}: LMDB cannot be read ({type(exc).__name__}: {exc}); "
+                               "the dataset is damaged") from None
+        return {name: gather_rows(located.column(a, b), offsets, out[name])
+                for name, _, a, b in self.columns}
 
     def _lookup(self, idx: np.ndarray) -> Batch:
         """Records ``idx`` (checked) looked up key by key."""
