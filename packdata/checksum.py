@@ -7,7 +7,8 @@ enough to check every record a read returns. Datasets of format version 1 carry 
 checksums; :func:`algorithm_of` names the one a manifest's version uses.
 
 :func:`batch_checksums` computes a whole batch's (one native call per record over slices of
-one buffer); :func:`chunks_checksum` a record whose bytes arrive as separate buffers.
+one buffer), :func:`rows_checksums` those of records already laid out as the rows of one table;
+:func:`chunks_checksum` a record whose bytes arrive as separate buffers.
 """
 
 from __future__ import annotations
@@ -71,8 +72,15 @@ def batch_checksums(batch: Mapping[str, Any], fields: Mapping[str, Any], n: int,
         return np.fromiter((chunks_checksum((part[j] for part in parts), algorithm)
                             for j in range(n)), dtype=np.uint64, count=n)
     columns = [np.ascontiguousarray(batch[name]).reshape(n, -1).view(np.uint8) for name in fields]
-    table = columns[0] if len(columns) == 1 else np.concatenate(columns, axis=1)
-    width = table.shape[1]
+    return rows_checksums(columns[0] if len(columns) == 1 else np.concatenate(columns, axis=1),
+                          algorithm)
+
+
+def rows_checksums(table: np.ndarray, algorithm: str = XXH3) -> np.ndarray:
+    """Each row's checksum (uint64) of a (records, bytes) uint8 ``table`` whose row ``j`` is
+    record ``j``'s fields' bytes in manifest order: one native call per row."""
+    n = len(table)
+    width = table.shape[1] if table.ndim == 2 else 0
     flat = memoryview(np.ascontiguousarray(table)).cast("B")
     if algorithm == XXH3:
         digest = xxhash.xxh3_64_intdigest

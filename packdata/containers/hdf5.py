@@ -15,13 +15,23 @@ so a batch is one numpy gather from a memory map, with no HDF5 call per sample.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 
-from packdata.containers.base import Batch, Reader, Select, ShardClosed, Writer, map_file, same_destination
+from packdata.containers.base import (
+    Batch,
+    Reader,
+    Select,
+    ShardClosed,
+    Writer,
+    columns_of,
+    map_file,
+    same_destination,
+)
 from packdata.containers.spool import Spool
 from packdata.errors import DatasetError, PackdataError
 from packdata.manifest import Field, Manifest, check_manifest
@@ -54,6 +64,11 @@ class HDF5Writer(Writer):
         for name, spool in self.spools.items():
             spool.append(record[name])
         self.count += 1
+
+    def append_rows(self, keys: Sequence[str], rows: np.ndarray) -> None:
+        for name, column in columns_of(rows, self.fields).items():  # one write per field
+            self.spools[name].append(column)
+        self.count += len(rows)
 
     def finish(self, manifest: Manifest) -> None:
         with h5py.File(self.path, "w", track_order=True) as f:

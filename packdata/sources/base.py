@@ -52,6 +52,8 @@ class Source(ABC):
     classes: list[str] | None = None
     #: inputs left out by reason, set while listing (see :meth:`ignore`); absent until then
     ignored: dict[str, list[str]]
+    #: whether :meth:`observe` does anything (conversion then hands it every record)
+    OBSERVES: ClassVar[bool] = False
 
     @abstractmethod
     def items(self) -> list[Item]:
