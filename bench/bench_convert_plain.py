@@ -19,6 +19,10 @@ timed from the folder's name to the closed output:
   workers=2)``: kind detection, listing, labels, the header scan, per-record checks and
   checksums, the manifest and the atomic commit included.
 
+Each row also records its CPU seconds, of the timing process and its workers together: on a
+machine shared with other work, wall time follows the CPU share a row gets, while CPU seconds
+say whether both rows do the same work.
+
 Then one more packdata LMDB conversion runs with its stages timed (wall seconds, and CPU seconds
 of the converting process's main thread), beside the CPU seconds of its worker processes; no
 profiler runs, so the stages cost what they cost in the rounds.
@@ -63,31 +67,35 @@ def _decode(path: Path) -> bytes:
         return np.asarray(im.convert("RGB")).transpose(2, 0, 1).tobytes()
 
 
-def _decoded(folder: Path):
+def _inputs(folder: Path) -> tuple[list[Path], dict[str, int]]:
+    """The folder's PNGs, sorted, and their labels."""
+    return sorted(folder.glob("*.png")), json.loads((folder / "labels.json").read_text())["labels"]
+
+
+def _decoded(files: list[Path], labels: dict[str, int]):
     """(file, label, C×H×W pixel bytes) of every PNG, decoded by 2 forked processes."""
-    files = sorted(folder.glob("*.png"))
-    labels = json.loads((folder / "labels.json").read_text())["labels"]
     with get_context("fork").Pool(2) as pool:
         for path, pixels in zip(files, pool.imap(_decode, files, chunksize=64)):
             yield path, labels[path.name], pixels
 
 
 def plain_lmdb(folder: Path, dst: Path) -> None:
+    files, labels = _inputs(folder)
     env = lmdb.open(str(dst), map_size=1 << 36, lock=False)
     with env.begin(write=True) as txn:
-        for i, (_, label, pixels) in enumerate(_decoded(folder)):
+        for i, (_, label, pixels) in enumerate(_decoded(files, labels)):
             txn.put(b"%010d" % i, pixels + np.int64(label).tobytes())
     env.sync()
     env.close()
 
 
 def plain_hdf5(folder: Path, dst: Path) -> None:
-    count = sum(1 for _ in folder.glob("*.png"))
+    files, labels_of = _inputs(folder)
     with h5py.File(dst, "w") as f:
-        images = f.create_dataset("image", (count, 3, 32, 32), dtype=np.uint8)
-        labels = f.create_dataset("label", (count,), dtype=np.int64)
+        images = f.create_dataset("image", (len(files), 3, 32, 32), dtype=np.uint8)
+        labels = f.create_dataset("label", (len(files),), dtype=np.int64)
         chunk, label_chunk, start = [], [], 0
-        for _, label, pixels in _decoded(folder):
+        for _, label, pixels in _decoded(files, labels_of):
             chunk.append(pixels)
             label_chunk.append(label)
             if len(chunk) == CHUNK:
@@ -101,9 +109,10 @@ def plain_hdf5(folder: Path, dst: Path) -> None:
 
 
 def plain_tar(folder: Path, dst: Path) -> None:
+    files, labels = _inputs(folder)
     dst.mkdir()
     with tarfile.open(dst / "data.tar", "w") as tar:
-        for path, label, pixels in _decoded(folder):
+        for path, label, pixels in _decoded(files, labels):
             for suffix, payload in (("image", pixels), ("cls", str(label).encode())):
                 info = tarfile.TarInfo(f"{path.stem}.{suffix}")
                 info.size = len(payload)
@@ -117,10 +126,17 @@ def ours(folder: Path, dst: Path) -> None:
     packdata.convert(packdata.open_source(folder), dst, workers=2)
 
 
-def timed(fn, *args) -> float:
-    start = time.perf_counter()
+def cpu_seconds() -> float:
+    """CPU seconds of this process and of its finished child processes (the workers)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def timed(fn, *args) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (all processes) of ``fn(*args)``."""
+    start, cpu = time.perf_counter(), cpu_seconds()
     fn(*args)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, cpu_seconds() - cpu
 
 
 #: (stage, object, attribute) of the converting process's stages timed in the profiled run
@@ -191,9 +207,11 @@ def main() -> None:
         for r in range(args.rounds):
             row = {}
             for container, name in CONTAINERS.items():
-                plain = timed(PLAIN[container], folder, work / f"plain{r}-{name}")
-                packed = timed(ours, folder, work / f"ours{r}-{name}")
-                row[container] = {"plain_s": plain, "packdata_s": packed, "ratio": packed / plain}
+                plain, plain_cpu = timed(PLAIN[container], folder, work / f"plain{r}-{name}")
+                packed, packed_cpu = timed(ours, folder, work / f"ours{r}-{name}")
+                row[container] = {"plain_s": plain, "packdata_s": packed, "ratio": packed / plain,
+                                  "plain_cpu_s": plain_cpu, "packdata_cpu_s": packed_cpu,
+                                  "cpu_ratio": packed_cpu / plain_cpu}
             rounds.append(row)
             print(f"round {r}: " + ", ".join(
                 f"{c} plain {v['plain_s']:.2f} s, packdata {v['packdata_s']:.2f} s "
@@ -206,16 +224,19 @@ def main() -> None:
             "plain_s_median": statistics.median(r[container]["plain_s"] for r in rounds),
             "packdata_s_median": statistics.median(r[container]["packdata_s"] for r in rounds),
             "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
-            "ratio_max": max(ratios)}
+            "ratio_max": max(ratios),
+            "cpu_ratio_median": statistics.median(r[container]["cpu_ratio"] for r in rounds)}
     report = {"count": args.count, "workers": 2, "cores": len(os.sched_getaffinity(0)),
               "load_average": os.getloadavg(), "rounds": rounds, "summary": summary,
               "profile_lmdb": stages}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2))
-    print("| container | plain s | packdata s | ratio (median, min–max) |\n|---|---:|---:|---:|")
+    print("| container | plain s | packdata s | ratio (median, min–max) | CPU ratio |\n"
+          "|---|---:|---:|---:|---:|")
     for container, s in summary.items():
         print(f"| {container} | {s['plain_s_median']:.2f} | {s['packdata_s_median']:.2f} | "
-              f"{s['ratio_median']:.2f} ({s['ratio_min']:.2f}–{s['ratio_max']:.2f}) |")
+              f"{s['ratio_median']:.2f} ({s['ratio_min']:.2f}–{s['ratio_max']:.2f}) | "
+              f"{s['cpu_ratio_median']:.2f} |")
     print("\n| stage (packdata LMDB, timed run) | wall s | main-thread CPU s |\n|---|---:|---:|")
     for label, v in stages.items():
         wall, cpu = v["wall_s"], v["main_thread_cpu_s"]
