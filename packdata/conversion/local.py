@@ -109,7 +109,8 @@ class _Records:
             return
         for key, record in pairs:
             self.writer.append(key, record)  # type: ignore[union-attr]
-            self.job.source.observe(record)
+            if self.job.source.OBSERVES:
+                self.job.source.observe(record)
             self.meta.append(key, record_checksum(record, self.fields))  # type: ignore[union-attr]
 
     def _checked(self, pairs: list[tuple[str, dict]], item: Item) -> list | SampleError:

@@ -113,7 +113,9 @@ class Source(ABC):
 
     def observe(self, record: dict[str, np.ndarray]) -> None:  # noqa: B027 - optional hook
         """Called in the converting process with each stored record, in order (``load`` runs in
-        workers, whose state is lost): a place to count facts for the manifest."""
+        workers, whose state is lost): a place to count facts for the manifest. Only where the
+        source declares ``OBSERVES = True`` (a block of records is then taken apart for it;
+        otherwise it is stored as it arrived)."""
 
 
 #: what a failure while loading one input never is: the user's or the interpreter's own stop.
