@@ -56,6 +56,11 @@ class Writer(ABC):
     def append(self, key: str, record: dict[str, np.ndarray]) -> None:
         """Store one record (every field of ``fields``, already checked)."""
 
+    def expect(self, count: int) -> None:  # noqa: B027 - optional hook
+        """How many records to expect, before the first is appended: conversion's count of
+        inputs, a hint (skipped inputs, or inputs that make several records, make it wrong). A
+        writer may lay out its storage for it; whatever arrives is stored all the same."""
+
     def append_rows(self, keys: Sequence[str], rows: np.ndarray) -> None:
         """Store records ``keys`` given as the rows of one uint8 table, row ``j`` record
         ``keys[j]``'s fields' bytes in ``fields`` order (every field fixed-size, already

@@ -50,6 +50,7 @@ def write(job: Job, *, workers: int | None = None, progress: Progress | None = N
             records.abort()
             if _is_write_error(exc):
                 reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                reason = " ".join(str(reason).split())  # libhdf5's messages span lines
                 raise PackdataError(f"{job.dst}: cannot write the output ({reason}); nothing was "
                                     "left behind") from None
             raise
@@ -93,6 +94,7 @@ class _Records:
         self.fields, self.first = fields, first
         self.writer = self.job.container.WRITER(self.path, self.fields, self.job.options,
                                                 self.on_shard_closed)
+        self.writer.expect(len(self.job.items))
         # keys and checksums stream to files: memory stays flat in the record count
         self.meta = MetaSpool(self.path.with_name(f"{self.path.name}.records"))
 

@@ -97,10 +97,13 @@ class ContainerSuite:
         with pytest.raises(IndexError, match="index 23 out of range"):
             reader.read(np.array([23]))
 
-    def test_rows_store_what_records_do(self, tmp_path):
+    @pytest.mark.parametrize("expected", [None, 30, 45, 12], ids=["none", "exact", "more",
+                                                                 "fewer"])
+    def test_rows_store_what_records_do(self, tmp_path, expected):
         """Records handed over as rows of one table (conversion's blocks) are stored as
         ``append`` stores them, mixed with single records, across shards; the table's checksums
-        are the records'."""
+        are the records'. The count the writer is told to expect (conversion's inputs) is a hint:
+        exact, too many (skipped inputs) or too few, the records read back the same."""
         records = make_records(FIXED, 30)
         table = np.stack([np.concatenate([np.ascontiguousarray(r[n]).reshape(-1).view(np.uint8)
                                           for n in FIXED]) for r in records])
@@ -109,6 +112,8 @@ class ContainerSuite:
         keys = [f"dir/sample {i}" for i in range(len(records))]
         path = tmp_path / self.target
         writer = containers.get(self.name).WRITER(path, FIXED, self.options(7))
+        if expected is not None:
+            writer.expect(expected)
         writer.append(keys[0], records[0])
         writer.append_rows(keys[1:25], table[1:25])
         writer.append(keys[25], records[25])
