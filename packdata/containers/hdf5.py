@@ -15,7 +15,10 @@ so a batch is one numpy gather from a memory map, with no HDF5 call per sample.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import os
+import re
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +72,11 @@ class HDF5Writer(Writer):
     def expect(self, count: int) -> None:
         if count <= 0 or self.count or any(f.variable for f in self.fields.values()):
             return
-        self.file = h5py.File(self.path, "w", track_order=True)
-        self.datasets = {name: self.file.create_dataset(name, shape=(count, *f.shape),
-                                                        dtype=f.np_dtype)
-                         for name, f in self.fields.items()}
+        with _plain_errors():
+            self.file = h5py.File(self.path, "w", track_order=True)
+            self.datasets = {name: self.file.create_dataset(name, shape=(count, *f.shape),
+                                                            dtype=f.np_dtype)
+                             for name, f in self.fields.items()}
 
     def _in_place(self, n: int) -> bool:
         """Whether ``n`` more records fit the datasets made by :meth:`expect`; if they would
@@ -96,8 +100,9 @@ class HDF5Writer(Writer):
 
     def append(self, key: str, record: dict[str, np.ndarray]) -> None:
         if self._in_place(1):
-            for name, ds in self.datasets.items():
-                ds[self.count] = record[name]
+            with _plain_errors():
+                for name, ds in self.datasets.items():
+                    ds[self.count] = record[name]
         else:
             for name, spool in self.spools.items():
                 spool.append(record[name])
@@ -107,7 +112,8 @@ class HDF5Writer(Writer):
         in_place = self._in_place(len(rows))
         for name, column in columns_of(rows, self.fields).items():  # one write per field
             if in_place:
-                self.datasets[name][self.count : self.count + len(rows)] = column
+                with _plain_errors():
+                    self.datasets[name][self.count : self.count + len(rows)] = column
             else:
                 self.spools[name].append(column)
         self.count += len(rows)
@@ -118,7 +124,7 @@ class HDF5Writer(Writer):
         if self.file is not None:
             for spool in self.spools.values():
                 spool.remove()
-            with self.file as f:
+            with _plain_errors(), self.file as f:
                 _finish_file(f, manifest)
             return
         with h5py.File(self.path, "w", track_order=True) as f:
@@ -146,6 +152,20 @@ class HDF5Writer(Writer):
             self.file.close()
         for spool in self.spools.values():
             spool.remove()
+
+
+@contextlib.contextmanager
+def _plain_errors() -> Iterator[None]:
+    """libhdf5's failure to write as the system's error it reports (its message spans lines,
+    with a time and a buffer address)."""
+    try:
+        yield
+    except OSError as exc:
+        found = re.search(r"errno = (\d+)", str(exc))
+        code = exc.errno or (int(found.group(1)) if found else None)
+        if code is None:
+            raise
+        raise OSError(code, os.strerror(code)) from None
 
 
 def _finish_file(f: h5py.File, manifest: Manifest) -> None:
