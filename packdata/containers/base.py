@@ -57,6 +57,19 @@ class Writer(ABC):
     def append(self, key: str, record: dict[str, np.ndarray]) -> None:
         """Store one record (every field of ``fields``, already checked)."""
 
+    def expect(self, count: int) -> None:  # noqa: B027 - optional hook
+        """How many records to expect, before the first is appended: conversion's count of
+        inputs, a hint (skipped inputs, or inputs that make several records, make it wrong). A
+        writer may lay out its storage for it; whatever arrives is stored all the same."""
+
+    def append_rows(self, keys: Sequence[str], rows: np.ndarray) -> None:
+        """Store records ``keys`` given as the rows of one uint8 table, row ``j`` record
+        ``keys[j]``'s fields' bytes in ``fields`` order (every field fixed-size, already
+        checked): how conversion hands over a block of records at once. Record by record here;
+        a container that can store rows as they are overrides it."""
+        for key, record in zip(keys, records_of(rows, self.fields)):
+            self.append(key, record)
+
     @abstractmethod
     def finish(self, manifest: Manifest) -> None:
         """Flush, store the manifest and close: the output is complete after this returns."""
@@ -128,6 +141,23 @@ class Reader(ABC):
             variable = list(self.manifest.variable_fields) or "none"
             raise DatasetError(f"'{name}' is not a variable-length field (those are: {variable})")
         return field
+
+
+def columns_of(rows: np.ndarray, fields: dict[str, Field]) -> dict[str, np.ndarray]:
+    """Each field of a table of records' bytes (see :meth:`Writer.append_rows`) as a view of
+    the table, shaped (records, *field shape)."""
+    columns, start = {}, 0
+    for name, field in fields.items():
+        column = rows[:, start : start + field.nbytes]
+        columns[name] = column.view(field.np_dtype).reshape(len(rows), *field.shape)
+        start += field.nbytes
+    return columns
+
+
+def records_of(rows: np.ndarray, fields: dict[str, Field]) -> list[dict[str, np.ndarray]]:
+    """The records of a table of records' bytes, as dicts of views of the table."""
+    columns = columns_of(rows, fields)
+    return [{name: column[j] for name, column in columns.items()} for j in range(len(rows))]
 
 
 def apply_select(batch: Batch, select: Select | None) -> Batch:

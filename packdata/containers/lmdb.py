@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,23 @@ class LMDBWriter(Writer):
         self.txn.put(record_key(self.count), value, append=True)
         self.count += 1
         self.pending += len(value)
+        if self.pending >= COMMIT_BYTES:
+            self.txn.commit()
+            self.txn = self.env.begin(write=True)
+            self.pending = 0
+
+    def append_rows(self, keys: Sequence[str], rows: np.ndarray) -> None:
+        if self.variable:  # rows hold fixed fields only: never the case, but stay correct
+            return super().append_rows(keys, rows)
+        # a row is exactly this layout's value (fixed fields' bytes in order): put as it lies
+        width = rows.shape[1]
+        flat = memoryview(np.ascontiguousarray(rows)).cast("B")
+        first = self.count
+        self.txn.cursor().putmulti(
+            [(record_key(first + j), flat[j * width : (j + 1) * width]) for j in range(len(rows))],
+            append=True)
+        self.count += len(rows)
+        self.pending += rows.nbytes
         if self.pending >= COMMIT_BYTES:
             self.txn.commit()
             self.txn = self.env.begin(write=True)
