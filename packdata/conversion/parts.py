@@ -54,12 +54,21 @@ def work_dir(dst: Path) -> Path:
 def make_recipe(job: Job, part_size: int) -> dict[str, Any]:
     """Everything that decides which records each part holds, as plain JSON."""
     described = job.source.describe()
-    keys = "\n".join(item.key for item in job.items).encode()
     recipe = {"container": job.container.NAME, "container_options": job.options,
               "part_size": part_size, "on_error": job.on_error, "kind": job.source.kind,
-              "inputs": len(job.items), "inputs_crc32": zlib.crc32(keys),
+              "inputs": len(job.items), "inputs_crc32": _keys_crc32(job),
               "source": described.get("source", {}), "options": described.get("options", {})}
     return json.loads(json.dumps(recipe, default=str))
+
+
+def _keys_crc32(job: Job, block: int = 1 << 16) -> int:
+    """The CRC-32 of every input's key, newline-separated, computed block by block (the keys of
+    millions of inputs are never one string)."""
+    crc, items = 0, job.items
+    for a in range(0, len(items), block):
+        text = "\n".join(items[i].key for i in range(a, min(a + block, len(items))))
+        crc = zlib.crc32((text if a == 0 else "\n" + text).encode(), crc)
+    return crc
 
 
 def _check_recipe(old: dict[str, Any], new: dict[str, Any], where: Path) -> None:
@@ -228,7 +237,7 @@ def _join_tar(work: Path, paths: list[Path], manifest: Manifest,
             atomic.link_file(path / shard["name"], work / name)
             if idx_path(path, shard["name"]).is_file():  # offsets within the shard: still valid
                 atomic.link_file(idx_path(path, shard["name"]), idx_path(work, name))
-            shards.append({"name": name, "count": shard["count"]})
+            shards.append({"name": name, **{k: v for k, v in shard.items() if k != "name"}})
     records = {f"{RECORDS}.{k}": v for k, v in arrays_of(manifest.keys, manifest.checksums).items()}
     np.savez(work / tar.INDEX, **{k: np.concatenate(v) for k, v in columns.items()}, **records)
     write_wids_index(work, shards)

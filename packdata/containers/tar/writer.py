@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import tarfile
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from packdata.containers.base import ShardClosed, Writer
 from packdata.containers.tar.indexes import idx_path, write_idx, write_wids_index
@@ -50,7 +52,9 @@ class TarWriter(Writer):
         self.values = {n: [] for n, f in fields.items() if f.shape == ()}
         self.columns = {n: tuple(self.index[f"{n}.{col}"] for col in ("shard", "offset", "nbytes"))
                         for n in fields}  # the index lists each record appends to
-        self.member_keys: dict[str, str] = {}  # member name stem → record key
+        # each record's member name stem, hashed (8 bytes a record, not a dict of every key):
+        # two keys that make one stem are found at finish, by sorting
+        self.member_hashes = array("Q")
         self.shard_first = 0  # the open shard's first record
         self.shard_keys: list[str] = []  # its records' member keys, for its DALI index
         self.suffixes = {n: [] for n, f in fields.items() if f.codec}  # png/jpg vary per record
@@ -72,6 +76,8 @@ class TarWriter(Writer):
         if self.file is not None:
             end = self.offset + 1024  # two zero blocks end the archive
             self.file.write(bytes(1024 + (-end) % tarfile.RECORDSIZE))
+            # its size, so that a reader finds a truncated shard without reading the index
+            self.shards[-1]["bytes"] = end + (-end) % tarfile.RECORDSIZE
             self.file.close()
             self.file = None
             lo, hi = self.shard_first, self.count
@@ -87,10 +93,7 @@ class TarWriter(Writer):
 
     def append(self, key: str, record: dict[str, np.ndarray]) -> None:
         member_key = key_of_members(key)
-        other = self.member_keys.setdefault(member_key, key)
-        if other != key:
-            raise PackdataError(f"keys '{other}' and '{key}' both make tar members named "
-                                f"'{member_key}.*'; rename one of the inputs")
+        self.member_hashes.append(xxhash.xxh3_64_intdigest(member_key.encode()))
         out = self._shard()
         for name, field in self.fields.items():
             value = record[name]
@@ -118,8 +121,20 @@ class TarWriter(Writer):
         self.shards[-1]["count"] += 1
         self.count += 1
 
+    def _check_member_names(self, keys: Sequence[str]) -> None:
+        """Refuse two records whose keys make the same member names (``a.b`` and ``a_b``)."""
+        hashes = np.frombuffer(self.member_hashes, dtype=np.uint64)
+        order = np.argsort(hashes, kind="stable")
+        same = np.flatnonzero(hashes[order[1:]] == hashes[order[:-1]])
+        for i, j in zip(order[same].tolist(), order[same + 1].tolist()):
+            if key_of_members(keys[i]) == key_of_members(keys[j]):  # not a hash collision
+                raise PackdataError(f"keys '{keys[i]}' and '{keys[j]}' both make tar members "
+                                    f"named '{key_of_members(keys[j])}.*'; rename one of the "
+                                    "inputs")
+
     def finish(self, manifest: Manifest) -> None:
         self._close_shard()
+        self._check_member_names(manifest.keys)
         arrays = {
             k: np.asarray(v, dtype=np.int32 if k.endswith(".shard") else np.int64)
             for k, v in self.index.items()
