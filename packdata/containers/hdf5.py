@@ -25,7 +25,7 @@ from packdata.containers.base import Batch, Reader, Select, ShardClosed, Writer,
 from packdata.containers.spool import Spool
 from packdata.errors import DatasetError, PackdataError
 from packdata.manifest import Field, Manifest, check_manifest
-from packdata.recordmeta import DTYPES, arrays_of, from_arrays
+from packdata.recordmeta import DTYPES, arrays_of, copy_blocks, from_arrays
 
 NAME = "hdf5"
 NEW_SUFFIX = ".h5"
@@ -76,8 +76,8 @@ class HDF5Writer(Writer):
                 spool.remove()
             for name, array in arrays_of(manifest.keys, manifest.checksums).items():
                 ds = f.create_dataset(f"{RECORDS}/{name}", shape=array.shape, dtype=array.dtype)
-                for a in range(0, len(array), BLOCK):  # block by block: memory stays flat
-                    ds[a : a + BLOCK] = array[a : a + BLOCK]
+                for a, part in zip(range(0, len(array), BLOCK), copy_blocks(array, BLOCK)):
+                    ds[a : a + len(part)] = part  # block by block: memory stays flat
             # fixed-length bytes stored in the dataset itself: a variable-length string lives in
             # HDF5's global heap, and a damaged heap makes libhdf5 loop forever when it is read
             f.create_dataset(MANIFEST, data=np.bytes_(manifest.to_json().encode()))

@@ -38,7 +38,7 @@ from packdata.containers.base import (
 from packdata.containers.lmdbmap import OFFSETS_KEY, RecordMap, record_key, record_offsets
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest, check_manifest
-from packdata.recordmeta import arrays_of
+from packdata.recordmeta import arrays_of, save_npz
 
 NAME = "lmdb"
 NEW_SUFFIX = ".lmdb"
@@ -93,7 +93,7 @@ class LMDBWriter(Writer):
             self.txn.put(OFFSETS_KEY, memoryview(offsets).cast("B"))
         for n in self.variable:
             self.txn.put(lengths_key(n), np.asarray(self.rows[n], dtype="<i8").tobytes())
-        np.savez(self.path / RECORDS, **arrays_of(manifest.keys, manifest.checksums))
+        save_npz(self.path / RECORDS, arrays_of(manifest.keys, manifest.checksums))
         self.txn.put(MANIFEST_KEY, manifest.to_json().encode())
         self.txn.commit()
         self.env.sync(True)

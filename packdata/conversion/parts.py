@@ -30,7 +30,7 @@ from packdata.conversion.job import ConvertResult, Job
 from packdata.errors import PackdataError
 from packdata.interrupts import term_as_interrupt
 from packdata.manifest import Manifest
-from packdata.recordmeta import Keys, MetaSpool, arrays_of
+from packdata.recordmeta import Keys, MetaSpool, arrays_of, save_npz
 from packdata.sources.base import Source
 from packdata.units import available_cores
 
@@ -170,7 +170,7 @@ def write(job: Job, parts: Parts, *, workers: int | None = None, progress: Any =
     if job.container.NAME == "tar":  # tar parts join into one plain tar dataset
         manifest = _join_tar(work, paths, manifest, job.options)
     else:
-        np.savez(work / sharded.RECORDS, **arrays_of(manifest.keys, manifest.checksums))
+        save_npz(work / sharded.RECORDS, arrays_of(manifest.keys, manifest.checksums))
     (work / RECIPE).unlink()
     (work / sharded.MANIFEST).write_text(manifest.to_json())  # last: now it is a dataset
     atomic.publish(work, job.dst)
@@ -239,7 +239,7 @@ def _join_tar(work: Path, paths: list[Path], manifest: Manifest,
                 atomic.link_file(idx_path(path, shard["name"]), idx_path(work, name))
             shards.append({"name": name, **{k: v for k, v in shard.items() if k != "name"}})
     records = {f"{RECORDS}.{k}": v for k, v in arrays_of(manifest.keys, manifest.checksums).items()}
-    np.savez(work / tar.INDEX, **{k: np.concatenate(v) for k, v in columns.items()}, **records)
+    save_npz(work / tar.INDEX, {**{k: np.concatenate(v) for k, v in columns.items()}, **records})
     write_wids_index(work, shards)
     for path in paths:  # manifests first: a part half deleted is no longer taken as finished
         (path / tar.MANIFEST).unlink()
