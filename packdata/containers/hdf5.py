@@ -32,7 +32,7 @@ NEW_SUFFIX = ".h5"
 SUFFIXES = (".h5", ".hdf5")
 MANIFEST = "manifest"
 RECORDS = "__records__"
-BLOCK = 1 << 22  # array entries written at a time
+BLOCK = 1 << 18  # array entries written at a time (2 MiB of int64)
 
 
 def _offsets_name(name: str) -> str:
@@ -59,11 +59,16 @@ class HDF5Writer(Writer):
         with h5py.File(self.path, "w", track_order=True) as f:
             for name, spool in self.spools.items():
                 field = spool.field
-                if field.variable:
-                    offsets = np.zeros(self.count + 1, dtype=np.int64)
-                    np.cumsum(spool.rows, out=offsets[1:])
-                    shape = (int(offsets[-1]), *field.row_shape)
-                    f.create_dataset(_offsets_name(name), data=offsets)
+                if field.variable:  # offsets block by block: no second per-record array
+                    rows = np.frombuffer(spool.rows, dtype=np.int64)
+                    ends = f.create_dataset(_offsets_name(name), shape=(self.count + 1,),
+                                            dtype=np.int64)
+                    ends[0], total = 0, 0
+                    for a in range(0, len(rows), BLOCK):
+                        block = np.cumsum(rows[a : a + BLOCK]) + total
+                        ends[a + 1 : a + 1 + len(block)] = block
+                        total = int(block[-1])
+                    shape = (total, *field.row_shape)
                 else:
                     shape = (self.count, *field.shape)
                 ds = f.create_dataset(name, shape=shape, dtype=field.np_dtype)
