@@ -30,7 +30,7 @@ from packdata.conversion.job import ConvertResult, Job
 from packdata.errors import PackdataError
 from packdata.interrupts import term_as_interrupt
 from packdata.manifest import Manifest
-from packdata.recordmeta import Keys, MetaSpool, arrays_of, save_npz
+from packdata.recordmeta import Keys, MetaSpool, arrays_of, copy_blocks, map_array, map_npz, save_npz
 from packdata.sources.base import Source
 from packdata.units import available_cores
 
@@ -216,21 +216,26 @@ def _join_tar(work: Path, paths: list[Path], manifest: Manifest,
     """Tar parts moved into one tar dataset: their shards renumbered into one sequence and their
     record indexes joined (shard numbers offset), so the result is an ordinary tar dataset."""
     from packdata.containers import tar
+    from packdata.containers.base import map_file
     from packdata.containers.tar.indexes import idx_path, write_wids_index
     from packdata.containers.tar.layout import RECORDS
 
     pattern = options.get("pattern") or next(o.default for o in tar.WRITER.OPTIONS
                                               if o.name == "pattern")
     shards: list[dict[str, Any]] = []
-    columns: dict[str, list[np.ndarray]] = {}
+    spools: dict[str, tuple[Path, str]] = {}  # each index column, appended part by part
     for path in paths:
         part = Manifest.from_json((path / tar.MANIFEST).read_text(), str(path))
-        with np.load(path / tar.INDEX, allow_pickle=False) as index:
-            for key in index.files:
-                if key.startswith(RECORDS):  # the parts' own: the joined ones are written below
-                    continue
-                column = index[key] + len(shards) if key.endswith(".shard") else index[key]
-                columns.setdefault(key, []).append(column)
+        index = map_npz(path / tar.INDEX, map_file(path / tar.INDEX))  # mapped, not loaded
+        for key, column in index.items():
+            if key.startswith(RECORDS):  # the parts' own: the joined ones are written below
+                continue
+            first = key not in spools  # a killed earlier join's spool is started afresh
+            spool, _ = spools.setdefault(key, (work / f".{key}.spool", column.dtype.str))
+            with open(spool, "wb" if first else "ab") as f:
+                for block in copy_blocks(column):
+                    f.write((block + len(shards) if key.endswith(".shard") else block).tobytes())
+        del index
         for shard in part.extra["shards"]:
             name = pattern % len(shards)
             # hard links, not moves: killed halfway, the parts are still whole for --resume
@@ -239,7 +244,10 @@ def _join_tar(work: Path, paths: list[Path], manifest: Manifest,
                 atomic.link_file(idx_path(path, shard["name"]), idx_path(work, name))
             shards.append({"name": name, **{k: v for k, v in shard.items() if k != "name"}})
     records = {f"{RECORDS}.{k}": v for k, v in arrays_of(manifest.keys, manifest.checksums).items()}
-    save_npz(work / tar.INDEX, {**{k: np.concatenate(v) for k, v in columns.items()}, **records})
+    save_npz(work / tar.INDEX, {**{k: map_array(spool, dtype) for k, (spool, dtype)
+                                   in spools.items()}, **records})
+    for spool, _ in spools.values():
+        spool.unlink()
     write_wids_index(work, shards)
     for path in paths:  # manifests first: a part half deleted is no longer taken as finished
         (path / tar.MANIFEST).unlink()
