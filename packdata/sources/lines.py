@@ -3,12 +3,13 @@ listing millions of lines costs a few bytes each, not a Python object each.
 
 :func:`scan_lines` finds the non-blank lines of a file block by block (memory stays at one
 block whatever the file's size); :class:`DocTable` holds the rows and builds the
-:class:`~packdata.sources.text.TextItem` of a row only when it is asked for.
+:class:`TextItem` of a row only when it is asked for.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, overload
 
@@ -63,6 +64,19 @@ def scan_lines(path: Path, dtype: Any) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return (*(np.concatenate(a) if a else empty for a in (numbers, starts, ends)), blank)
 
 
+@dataclass(frozen=True)
+class TextItem(Item):
+    """A document: a whole file (``line`` None) or the bytes ``[start, end)`` of one line."""
+
+    line: int | None = None
+    start: int = 0
+    end: int = 0  # for a whole file: its size when listed (used to balance worker tasks)
+
+    @property
+    def origin(self) -> str:
+        return f"{self.path}:{self.line}" if self.line else str(self.path)
+
+
 class DocTable(Sequence[Item]):
     """Documents as rows: ``files`` (key and path of each input file), ``first[f]`` the first row
     of file ``f`` (``len(files) + 1`` entries), and per row its ``line`` (0: the whole file) and
@@ -85,7 +99,7 @@ class DocTable(Sequence[Item]):
     @overload
     def __getitem__(self, i: int) -> Item: ...
     @overload
-    def __getitem__(self, i: slice) -> DocTable: ...
+    def __getitem__(self, i: slice) -> DocTable | list[Item]: ...
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
@@ -97,16 +111,14 @@ class DocTable(Sequence[Item]):
         return self._item(i % n)
 
     def _item(self, i: int) -> Item:
-        from packdata.sources.text import TextItem
-
         key, path = self.files[self.file_of(i)]
         line = int(self.line[i])
         return TextItem(f"{key}:{line}" if line else key, path, line=line or None,
                         start=int(self.start[i]), end=int(self.end[i]))
 
-    def _slice(self, a: int, b: int, step: int) -> DocTable:
-        if step != 1:
-            raise ValueError("a DocTable slices with step 1 only")
+    def _slice(self, a: int, b: int, step: int) -> DocTable | list[Item]:
+        if step != 1:  # not a range of rows: the items themselves
+            return [self._item(j) for j in range(a, b, step)]
         b = max(a, b)
         if a == b:
             return DocTable([], np.zeros(1, np.int64), self.line[:0], self.start[:0], self.end[:0])

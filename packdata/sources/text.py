@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from packdata.options import Option, resolve
 from packdata.prep.tokenizers import from_description, load_tokenizer, token_dtype
 from packdata.remote.files import fetch_all
 from packdata.sources.base import Item, Loaded, Source
-from packdata.sources.lines import DocTable, build, scan_lines
+from packdata.sources.lines import DocTable, TextItem, build, scan_lines
 
 KIND = "text"
 DECODES = False  # no decode stage
@@ -60,19 +59,6 @@ OPTIONS = (
            "vocabulary).", DTYPES),
 )
 BLOCK_BYTES = 512 << 10  # text per worker task: enough to amortise a task, small enough to balance
-
-
-@dataclass(frozen=True)
-class TextItem(Item):
-    """A document: a whole file (``line`` None) or the bytes ``[start, end)`` of one line."""
-
-    line: int | None = None
-    start: int = 0
-    end: int = 0  # for a whole file: its size when listed (used to balance worker tasks)
-
-    @property
-    def origin(self) -> str:
-        return f"{self.path}:{self.line}" if self.line else str(self.path)
 
 
 class TextSource(Source):
