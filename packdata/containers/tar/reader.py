@@ -36,6 +36,7 @@ class TarReader(Reader):
     #: bytes left of each truncated shard, when reads of the records before the cut are allowed
     #: (:meth:`allow_truncated_shards`); None: a truncated shard fails every read of it
     _cut: dict[int, int] | None = None
+    _stored: dict[str, tuple[Field, int]] | None = None  # see _stored_fields
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -62,6 +63,10 @@ class TarReader(Reader):
             # dtype or shape) is refused at open, as is an index of another dataset
             self.check_entries(np.unique([0, self.manifest.count - 1]))
         self._shards = shards
+        # records whose entries were checked (calloc'd: pages are touched only as records are
+        # read, so opening stays flat), and each shard's bytes once it is mapped (-1: not yet)
+        self._entries_ok = np.zeros(self.manifest.count, dtype=bool)
+        self._shard_bytes = np.full(len(self.shard_names), -1, dtype=np.int64)
         self._maps: dict[int, np.ndarray] = {}
         self._ends: dict[int, int] = {}  # bytes each shard's records need (from the index)
         self._views: dict[tuple[str, int], np.ndarray | None] = {}
@@ -138,20 +143,15 @@ class TarReader(Reader):
         its field needs. Fields kept in the index (``values``) are left out."""
         expected = np.searchsorted(self.shard_start, idx, "right") - 1
         entries = {}
-        for name, field in self.manifest.fields.items():
-            if f"{name}.values" in self.index:
-                continue  # kept in the index, not in a shard
+        for name, (field, row) in self._stored_fields().items():
             shard, offset, nbytes = (self.index[f"{name}.{c}"][idx]
                                      for c in ("shard", "offset", "nbytes"))
             if not np.array_equal(shard, expected) or (len(idx) and (
                     offset.min() < 0 or nbytes.min() < 0)):
                 raise DatasetError(f"{self.path / INDEX}: the index of '{name}' points outside "
                                    "its shards; the dataset is damaged")
-            if field.variable:
-                row = int(np.prod(field.row_shape, dtype=np.int64)) * field.np_dtype.itemsize
-                bad = (nbytes % row != 0) if row else (nbytes != 0)
-            else:
-                bad = nbytes != field.nbytes
+            fixed = not field.variable
+            bad = nbytes != row if fixed else (nbytes % row != 0) if row else (nbytes != 0)
             if np.any(bad):
                 raise DatasetError(f"{self.path / INDEX}: the index of '{name}' gives sizes that "
                                    f"do not fit its field ({field.dtype} {list(field.shape)}); "
@@ -159,20 +159,35 @@ class TarReader(Reader):
             entries[name] = (shard, offset, nbytes)
         return entries
 
+    def _stored_fields(self) -> dict[str, tuple[Field, int]]:
+        """The fields stored in shards (not kept in the index), each with its record's bytes
+        (fixed) or a row's bytes (variable)."""
+        if self._stored is None:
+            self._stored = {
+                name: (field, int(np.prod(field.row_shape, dtype=np.int64))
+                       * field.np_dtype.itemsize if field.variable else field.nbytes)
+                for name, field in self.manifest.fields.items()
+                if f"{name}.values" not in self.index}
+        return self._stored
+
     def _check_records(self, idx: np.ndarray) -> None:
         """:meth:`check_entries`, and every record's bytes within its shard's file (a record
-        past a truncated shard's cut raises, naming it)."""
+        past a truncated shard's cut raises, naming it); once per record in this reader."""
+        if self._entries_ok[idx].all():
+            return
         for shard, offset, nbytes in self.check_entries(idx).values():
-            shards = np.unique(shard).tolist()
-            sizes = np.array([len(self._map(s)) for s in shards], dtype=np.int64)
+            sizes = self._shard_bytes
+            for s in np.unique(shard[sizes[shard] < 0]).tolist():
+                sizes[s] = len(self._map(s))
             ends = offset + nbytes
-            past = np.flatnonzero(ends > sizes[np.searchsorted(shards, shard)])
+            past = np.flatnonzero(ends > sizes[shard])
             if len(past):
                 j = int(past[0])
                 where = self.path / self.shard_names[int(shard[j])]
                 raise DatasetError(f"{where}: shard truncated ({len(self._map(int(shard[j])))} "
                                    f"bytes); record {int(idx[j])} lies past the cut (it needs "
                                    f"{int(ends[j])}); the dataset is damaged")
+        self._entries_ok[idx] = True
 
     def _joined_map(self) -> tuple[np.ndarray, np.ndarray] | None:
         """All shards mapped back to back (see :mod:`packdata.containers.joined`), once each
