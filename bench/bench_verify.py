@@ -10,11 +10,14 @@ open and ``--epochs`` epochs through ``packdata.loader(ds, batch_size=256, shuff
 main process, off and full back to back in each round (interleaved: the machine is shared).
 Ratios reported (speed full / speed off, median of per-round ratios): over all epochs, the first
 (open included: every record hashed once) and the later ones (records already checked: a bit
-test per batch). Also times opening with "full" (8 records checked) against "off".
+test per batch), in wall time and, for the first and later epochs, in this process's CPU
+time (which the machine's other jobs do not inflate). Also times opening with "full" (8
+records checked) against "off".
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
@@ -49,32 +52,36 @@ def open_seconds(path: Path, level: str, repeats: int = 5) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def epochs_seconds(path: Path, level: str, epochs: int, collate) -> list[float]:
+def epochs_seconds(path: Path, level: str, epochs: int, collate) -> tuple[list[float], list[float]]:
     """A fresh open (counted in the first epoch), then ``epochs`` epochs through
-    ``packdata.loader``: seconds of each."""
-    start = time.perf_counter()
+    ``packdata.loader``: wall seconds of each, and CPU seconds of this process (what the
+    machine's other jobs take does not count)."""
+    start, cpu = time.perf_counter(), time.process_time()
     ds = packdata.open(path, verify=level)
     loader = packdata.loader(ds, batch_size=BATCH, shuffle=True, collate=collate)
-    times = []
+    times, cpu_times = [], []
     for epoch in range(epochs):
         loader.set_epoch(epoch)
         for _ in loader:
             pass
-        now = time.perf_counter()
+        now, cpu_now = time.perf_counter(), time.process_time()
         times.append(now - start)
-        start = now
-    return times
+        cpu_times.append(cpu_now - cpu)
+        start, cpu = now, cpu_now
+    return times, cpu_times
 
 
 def bench_one(name: str, path: Path, rounds: int, epochs: int) -> dict:
     """Default (every record checked, "full") against "off", interleaved round by round."""
     collate = packdata.PadCollate() if name.startswith("text") else None
-    times = interleaved(rounds, {level: lambda level=level: epochs_seconds(path, level, epochs, collate)
-                                 for level in ("off", "full")}, progress=False)
+    both = interleaved(rounds, {level: lambda level=level: epochs_seconds(path, level, epochs, collate)
+                                for level in ("off", "full")}, progress=False)
+    times = {level: [wall for wall, _ in runs] for level, runs in both.items()}
+    cpu = {level: [spent for _, spent in runs] for level, runs in both.items()}
     n = len(packdata.open(path, verify="off"))
 
-    def ratio(pick) -> float:  # speed of checked reads over unchecked ones, median of rounds
-        return statistics.median(pick(o) / pick(f) for o, f in zip(times["off"], times["full"]))
+    def ratio(pick, of=times) -> float:  # speed checked over unchecked, median of rounds
+        return statistics.median(pick(o) / pick(f) for o, f in zip(of["off"], of["full"]))
 
     opens = {lv: open_seconds(path, lv) for lv in ("off", "full")}
     row = {"dataset": name, "samples": n, "epochs": epochs,
@@ -83,12 +90,18 @@ def bench_one(name: str, path: Path, rounds: int, epochs: int) -> dict:
            "full_over_off_all_epochs": ratio(sum),
            "full_over_off_first_epoch": ratio(lambda t: t[0]),
            "full_over_off_later_epochs": ratio(lambda t: sum(t[1:])) if epochs > 1 else None,
+           "cpu_full_over_off_first_epoch": ratio(lambda t: t[0], cpu),
+           "cpu_full_over_off_later_epochs": ratio(lambda t: sum(t[1:]), cpu) if epochs > 1
+           else None,
            "seconds_off": times["off"], "seconds_full": times["full"],
+           "cpu_seconds_off": cpu["off"], "cpu_seconds_full": cpu["full"],
            "open_ms_off": opens["off"] * 1e3, "open_ms_full": opens["full"] * 1e3}
     print(f"{name:12s} off {row['off_samples_per_s']:>10,.0f}/s  full "
           f"{row['full_samples_per_s']:>10,.0f}/s  full/off: all {row['full_over_off_all_epochs']:.2f}"
           f", first epoch {row['full_over_off_first_epoch']:.2f}, later "
-          f"{row['full_over_off_later_epochs'] or 0:.2f}; open off {row['open_ms_off']:.1f} ms, "
+          f"{row['full_over_off_later_epochs'] or 0:.2f} (in CPU time: first epoch "
+          f"{row['cpu_full_over_off_first_epoch']:.2f}, later "
+          f"{row['cpu_full_over_off_later_epochs'] or 0:.2f}); open off {row['open_ms_off']:.1f} ms, "
           f"full {row['open_ms_full']:.1f} ms", flush=True)
     return row
 
@@ -116,7 +129,8 @@ def main() -> None:
         for name, path in sets.items():
             rows.append(bench_one(name, path, args.rounds, args.epochs))
     write_results(args.json, {"command": command_line(), "batch_size": BATCH,
-                              "rounds": args.rounds, "rows": rows})
+                              "rounds": args.rounds, "load_average": os.getloadavg(),
+                              "rows": rows})
 
 
 if __name__ == "__main__":

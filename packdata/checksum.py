@@ -6,8 +6,15 @@ speed (about 26 µs for a 786 KB batch of CIFAR records, against ~185 µs for CR
 enough to check every record a read returns. Datasets of format version 1 carry CRC-32
 checksums; :func:`algorithm_of` names the one a manifest's version uses.
 
-:func:`batch_checksums` computes a whole batch's (one native call per record over slices of
-one buffer); :func:`chunks_checksum` a record whose bytes arrive as separate buffers.
+Why XXH3 and not a vectorised sum: a numpy position-weighted sum over each record's 64-bit
+words (one call for a whole batch) hashes no faster (38 µs against 40 µs of CPU for 256 CIFAR
+records, measured in one run), and would save only the copy that puts a record's fields side
+by side (~28 µs) where they are stored apart, at the cost of a weaker check (changes in two
+words can cancel out) and a second algorithm to keep for datasets already written.
+
+:func:`batch_checksums` computes a whole batch's and :func:`rows_checksums` those of records
+laid out as the rows of one table (one native call per record, driven from C);
+:func:`chunks_checksum` a record whose bytes arrive as separate buffers.
 """
 
 from __future__ import annotations
@@ -60,8 +67,8 @@ def batch_checksums(batch: Mapping[str, Any], fields: Mapping[str, Any], n: int,
     """Each record's checksum (uint64) over a batch of ``n`` records read in one go.
 
     Fixed fields only (the fast path): the records' bytes as one (records, bytes) table (the
-    field itself where there is one, else its columns side by side), hashed one memoryview slice
-    per record, so the loop does nothing but call the native hash."""
+    field itself where there is one, else its columns side by side), hashed by
+    :func:`rows_checksums`."""
     if not n:
         return np.zeros(0, dtype=np.uint64)
     if any(f.variable for f in fields.values()):
@@ -71,13 +78,19 @@ def batch_checksums(batch: Mapping[str, Any], fields: Mapping[str, Any], n: int,
         return np.fromiter((chunks_checksum((part[j] for part in parts), algorithm)
                             for j in range(n)), dtype=np.uint64, count=n)
     columns = [np.ascontiguousarray(batch[name]).reshape(n, -1).view(np.uint8) for name in fields]
-    table = columns[0] if len(columns) == 1 else np.concatenate(columns, axis=1)
-    width = table.shape[1]
-    flat = memoryview(np.ascontiguousarray(table)).cast("B")
-    if algorithm == XXH3:
-        digest = xxhash.xxh3_64_intdigest
-        sums = [digest(flat[j * width : (j + 1) * width]) for j in range(n)]
-    else:
-        crc = zlib.crc32
-        sums = [crc(flat[j * width : (j + 1) * width]) for j in range(n)]
-    return np.array(sums, dtype=np.uint64)
+    return rows_checksums(columns[0] if len(columns) == 1 else np.concatenate(columns, axis=1),
+                          algorithm)
+
+
+def rows_checksums(table: np.ndarray, algorithm: str = XXH3) -> np.ndarray:
+    """The checksum (uint64) of each row of ``table``, a (records, bytes) uint8 array whose row
+    ``j`` is record ``j``'s bytes in manifest order.
+
+    One native hash call per row, driven from C (``map`` over the table's rows): no Python
+    bytecode runs per record (measured in CPU time for 256 CIFAR records: 40 µs, against 55 µs
+    slicing one memoryview in a Python loop and 47 µs mapping over cached slices of it)."""
+    if not len(table):
+        return np.zeros(0, dtype=np.uint64)
+    digest = xxhash.xxh3_64_intdigest if algorithm == XXH3 else zlib.crc32
+    return np.fromiter(map(digest, np.ascontiguousarray(table)), dtype=np.uint64,
+                       count=len(table))

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from packdata import containers, sources
 from packdata.containers.base import Reader
@@ -28,6 +28,7 @@ from packdata.remote.storage import CACHE_LIMIT, Storage
 from packdata.remote.tar_reader import RemoteTarReader
 from packdata.rows import rows_of
 from packdata.sampling import SharedEpoch
+from packdata.transfer import worker_arrays
 from packdata.urls import is_url
 
 Transform = Callable[[Any], Any]
@@ -70,29 +71,35 @@ class PackedDataset(Dataset):
         if self.container is not None and self.container_name != self.container:
             raise DatasetError(f"{self.path}: a {self.container_name} dataset, not {self.container}; "
                                "packdata.open(path) opens any container")
-        reader = self._open_reader()
         self.verify = verify  # "full" (every record read checked), "sample" (here) or "off"
-        # object storage: every fetched shard (or ranged record) is checked against the
-        # manifest's checksums as it arrives, whatever the level
-        at_open(reader, self.path, "off" if self.storage else verify).close()
-        self.manifest: Manifest = reader.manifest  # handles must not cross a fork
         self.transform = transform
         self.batch_transform = batch_transform
         self.decode = decode
         self.channels_last = channels_last
+        reader = self._open_reader()
         try:
-            kind = sources.get(self.manifest.kind)
-        except PackdataError as exc:  # an edited manifest, or one of a newer packdata
-            raise DatasetError(f"{self.path}: {exc}") from None
-        if decode is not None and not kind.DECODES:
-            raise DatasetError(f"{self.path}: decode= applies to image datasets, not "
-                               f"{self.manifest.kind}")
-        if channels_last and not kind.CHANNELS_LAST:
-            raise DatasetError(f"{self.path}: channels_last= applies to image datasets, not "
-                               f"{self.manifest.kind}")
+            self.manifest: Manifest = reader.manifest
+            try:
+                kind = sources.get(self.manifest.kind)
+            except PackdataError as exc:  # an edited manifest, or one of a newer packdata
+                raise DatasetError(f"{self.path}: {exc}") from None
+            if decode is not None and not kind.DECODES:
+                raise DatasetError(f"{self.path}: decode= applies to image datasets, not "
+                                   f"{self.manifest.kind}")
+            if channels_last and not kind.CHANNELS_LAST:
+                raise DatasetError(f"{self.path}: channels_last= applies to image datasets, not "
+                                   f"{self.manifest.kind}")
+            # object storage: every fetched shard (or ranged record) is checked against the
+            # manifest's checksums as it arrives, whatever the level. The reader opened here
+            # serves this process's reads (opening another would double the cost of a fresh
+            # open); a process forked or unpickled from this one opens its own (``reader``)
+            self._reader: Reader | None = at_open(reader, self.path,
+                                                  "off" if self.storage else verify)
+        except BaseException:
+            reader.close()
+            raise
+        self._pid = os.getpid()
         self._epoch = SharedEpoch()
-        self._reader: Reader | None = None
-        self._pid = -1
 
     @property
     def reader(self) -> Reader:
@@ -180,7 +187,9 @@ class PackedDataset(Dataset):
             select = kind.select(self.manifest, indices, self.epoch) if kind.select else None
         if select:
             self._check_select(select)
-        batch = self.reader.read(indices, select)
+        out = self._slot_arrays(len(indices)) if select is None else None
+        batch = self.reader.read(indices, select) if out is None else \
+            self.reader.read_into(indices, out)
         extra: dict[str, Any] = {"decode": self.decode} if self.decode is not None else {}
         if self.channels_last:
             extra["channels_last"] = True
@@ -211,6 +220,18 @@ class PackedDataset(Dataset):
                 raise DatasetError(
                     f"{self.path}: the manifest asks for entry {int(rows.max())} of '{name}', "
                     f"which stores {stored}; the manifest was edited or the dataset is damaged")
+
+    def _slot_arrays(self, n: int) -> dict[str, np.ndarray] | None:
+        """In a DataLoader worker, where the batch is handed over as read (fixed fields, no
+        decode stage, transform or channels-last copy), arrays in a shared-memory slot to read
+        it into: it then leaves the worker without a copy (:func:`packdata.transfer.worker_arrays`)."""
+        m = self.manifest
+        if (not n or get_worker_info() is None or self.decode is not None or self.channels_last
+                or self.transform is not None or self.batch_transform is not None
+                or m.variable_fields):
+            return None
+        arrays = worker_arrays([((n, *f.shape), f.np_dtype) for f in m.fields.values()])
+        return None if arrays is None else dict(zip(m.fields, arrays))
 
     def _transformed(self, batch: tuple, j: int) -> tuple:
         sample = tuple(part[j] for part in batch)

@@ -163,6 +163,19 @@ class MetaSpool:
         if len(self.pending["checksums"]) >= FLUSH:
             self._flush()
 
+    def append_block(self, keys: Sequence[str], checksums: np.ndarray) -> None:
+        """Records ``keys`` with their ``checksums``, as many :meth:`append` calls would."""
+        encoded = [key.encode() for key in keys]
+        ends = np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
+        self._flush()
+        self.files["keys"].write(b"".join(encoded))
+        self.files["offsets"].write((ends + self.nbytes).astype("<i8").tobytes())
+        digest = xxhash.xxh3_64_intdigest
+        self.files["hashes"].write(np.array([digest(k) for k in encoded], dtype="<u8").tobytes())
+        self.files["checksums"].write(np.asarray(checksums, dtype="<u8").tobytes())
+        self.nbytes += int(ends[-1]) if len(ends) else 0
+        self.count += len(encoded)
+
     def _flush(self) -> None:
         for name, dtype in (("offsets", "<i8"), ("hashes", "<u8"), ("checksums", "<u8")):
             self.files[name].write(np.asarray(self.pending[name], dtype=dtype).tobytes())

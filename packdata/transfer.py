@@ -83,6 +83,9 @@ def leave_worker(batch: Any) -> Any:
     map_tensors(batch, lambda t: tensors.append(t) if _small(t) else None)
     if not tensors:
         return batch
+    gathered = _ring().holding(tensors)
+    if gathered is not None:  # read straight into a slot (worker_arrays): nothing to copy
+        return _sent_from(gathered, batch)
     nbytes = max(sum(_aligned(t.nbytes) for t in tensors), _ALIGN)  # a segment is never empty
     slot = _ring().acquire(nbytes)
     if slot is None:
@@ -103,6 +106,58 @@ def leave_worker(batch: Any) -> Any:
         return marked
 
     return map_tensors(batch, into_slot)
+
+
+def worker_arrays(parts: list[tuple[tuple[int, ...], np.dtype]]) -> list[np.ndarray] | None:
+    """In a DataLoader worker, empty arrays of these shapes and dtypes laid out in a free
+    shared-memory slot, for a read to gather a batch straight into: :func:`leave_worker` then
+    sends tensors over them without copying. None outside a worker, or with no slot free. A
+    slot whose arrays are dropped without leaving the worker (another collate copied them) is
+    free again once they are all gone."""
+    if get_worker_info() is None:
+        return None
+    sizes = [math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in parts]
+    nbytes = max(sum(_aligned(size) for size in sizes), _ALIGN)
+    ring = _ring()
+    slot = ring.acquire(nbytes)
+    if slot is None:
+        return None
+    whole = np.frombuffer(slot.memory.buf, np.uint8, nbytes)
+    slot.lease = _Lease(ring, slot.index)
+    weakref.finalize(whole, slot.lease.release).atexit = False
+    arrays, offset = [], 0
+    for (shape, dtype), size in zip(parts, sizes):
+        arrays.append(whole[offset : offset + size].view(dtype).reshape(shape))
+        offset += _aligned(size)
+    return arrays
+
+
+class _Lease:
+    """One batch gathered into a slot in the worker: the slot is the training process's to free
+    once the batch is sent, the worker's (when its arrays are gone) if it never is."""
+
+    def __init__(self, ring: _Ring, index: int) -> None:
+        self.ring, self.index, self.sent = ring, index, False
+
+    def release(self) -> None:
+        if not self.sent and self.ring.slots:  # slots are gone once the ring closed
+            self.ring.flags.buf[self.index] = 0
+
+
+def _sent_from(slot: Slot, batch: Any) -> Any:
+    """``batch``, whose small tensors lie in ``slot`` (:meth:`_Ring.holding`), marked to leave
+    as their places in it."""
+    slot.lease.sent = True  # type: ignore[union-attr]
+
+    def mark(t: torch.Tensor) -> torch.Tensor:
+        if not _small(t):
+            return t
+        marked = t.as_subclass(SlotTensor)
+        marked._packdata_slot = (slot, t.data_ptr() - slot.address, _DTYPE_NAMES[t.dtype],
+                                 tuple(t.shape), tuple(range(t.ndim)))
+        return marked
+
+    return map_tensors(batch, mark)
 
 
 def by_value(batch: Any) -> Any:
@@ -136,6 +191,12 @@ class Slot:
     def __init__(self, ring: _Ring, index: int, nbytes: int) -> None:
         self.ring, self.index = ring, index
         self.memory = shared_memory.SharedMemory(create=True, size=nbytes)
+        probe = np.frombuffer(self.memory.buf, np.uint8)
+        self.address = probe.__array_interface__["data"][0]
+        self.size = len(probe)
+        del probe  # no view left on the buffer
+        #: the batch last gathered into this slot by worker_arrays, if it was
+        self.lease: _Lease | None = None
 
     def __reduce__(self) -> tuple:
         return _Arrived, (self.ring.pid, self.ring.flags.name, self.memory.name, self.index)
@@ -186,6 +247,25 @@ class _Ring:
         flags[slot.index] = 1
         return slot
 
+    def holding(self, tensors: list[torch.Tensor]) -> Slot | None:
+        """The slot a batch was gathered into (:func:`worker_arrays`) and not sent yet, if
+        every one of ``tensors`` is a contiguous tensor inside it."""
+        if not self.slots:
+            return None
+        start = tensors[0].data_ptr()
+        for slot in self.slots:
+            if slot.address <= start < slot.address + slot.size:
+                break
+        else:
+            return None
+        if slot.lease is None or slot.lease.sent or not self.flags.buf[slot.index]:
+            return None
+        for t in tensors:
+            if not (t.is_contiguous() and slot.address <= t.data_ptr()
+                    and t.data_ptr() + t.nbytes <= slot.address + slot.size):
+                return None
+        return slot
+
     def _segments(self) -> list[tuple[shared_memory.SharedMemory, int]]:
         return [(s.memory, _CLAIMED + s.index) for s in self.slots] + [
             (self.flags, _FLAGS_CLAIMED)]
@@ -197,12 +277,15 @@ class _Ring:
                 self.untracked.add(claim)
 
     def close(self) -> None:
+        if self.flags.buf is None:  # closed already
+            return
         self._untrack_claimed()
         for memory, claim in self._segments():
             if claim not in self.untracked:
                 with contextlib.suppress(FileNotFoundError):
                     memory.unlink()  # never mapped by the training process
-            memory.close()
+            with contextlib.suppress(BufferError):  # arrays of a batch still held: unmapped at exit
+                memory.close()
         self.slots = []
 
 

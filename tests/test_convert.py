@@ -257,6 +257,37 @@ class _Dying(_SmallBlocks):
         return super().load(item)
 
 
+class _ShrinksLater(_SmallBlocks):
+    """From the ninth image on, 16×16 pixels: a whole worker task of records alike, unlike the
+    first's."""
+
+    def load(self, item):
+        record = super().load(item)
+        if int(item.key.rsplit("_", 1)[1]) >= 8 and item.key.startswith("airplane"):
+            record["image"] = np.ascontiguousarray(record["image"][:, :16, :16])
+        return record
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_task_of_records_unlike_the_first_is_refused_naming_its_file(tmp_path, png_folder,
+                                                                        workers):
+    """A block handed over as one table is checked against the first record's fields like any
+    record: the error names the block's first input, and skipping keeps the others."""
+    with pytest.raises(SampleError, match=r"airplane_0008\.png.*expected shape \[3, 32, 32\], "
+                                          r"got \[3, 16, 16\].*must match the first input"):
+        packdata.convert(_ShrinksLater(png_folder), tmp_path / "o.lmdb", workers=workers)
+    result = packdata.convert(_ShrinksLater(png_folder), tmp_path / "o.h5", workers=workers,
+                              on_error="skip")
+    assert [s["path"].rsplit("/", 1)[1] for s in result.skipped] == [
+        f"airplane_{i:04d}.png" for i in range(8, 12)]
+    ds = packdata.open(result.path)
+    assert len(ds) == 116 and ds[0][0].shape == (3, 32, 32)
+    kept = [p.stem for p in sorted(png_folder.glob("*.png")) if p.stem not in
+            {f"airplane_{i:04d}" for i in range(8, 12)}]
+    assert list(ds.manifest.keys) == kept and ds.manifest.keys.index_of(kept[100]) == 100
+    assert packdata.verify(result.path).ok
+
+
 def test_dead_worker_is_an_error_naming_its_files_not_a_hang(tmp_path, png_folder):
     def hung(*_):
         raise TimeoutError("the conversion hung after its worker died")

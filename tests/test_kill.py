@@ -137,7 +137,7 @@ source = packdata.open_source(sys.argv[1])
 items = source.items()
 blocks = [items[i:i + 10] for i in range(0, len(items), 10)]
 records = _loaded(source, blocks, 2)
-for _ in range(len(items)):  # every result received; the generator still holds its pool
+for _ in range(len(blocks)):  # every result received; the generator still holds its pool
     next(records)
 time.sleep(0.5)  # both workers idle, one of them in the task queue's get
 workers = [int(p) for p in Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()]

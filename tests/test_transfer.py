@@ -11,10 +11,14 @@ import sys
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
+from torch.utils.data._utils.collate import default_collate
 
+import packdata
+import packdata.dataset
 from packdata import transfer
 
 
@@ -132,3 +136,52 @@ def test_a_killed_worker_leaves_nothing_in_dev_shm(packed, wait):
     assert "exited unexpectedly" in " ".join(lines["ERROR"])
     assert lines["LEFT"] == []
     assert not [n for n in names if (Path("/dev/shm") / n).exists()]
+
+
+def test_batches_read_into_slots_arrive_as_read_in_place(packed, container):
+    """A stock DataLoader's workers read each batch of a packed dataset straight into a slot
+    (each container's reader gathers into it): every batch, all held at once (more than the
+    workers' slots, so some go by value), equals the batch read in this process."""
+    ds = packdata.open(packed[container])
+
+    def batches(**options):
+        return list(DataLoader(ds, batch_size=4, shuffle=True, **options,
+                               generator=torch.Generator().manual_seed(3)))
+
+    reference, workers = batches(), batches(num_workers=2)
+    assert len(workers) == len(reference) > 2 * transfer.SLOTS_PER_WORKER
+    for (x, y), (rx, ry) in zip(workers, reference, strict=True):
+        assert type(x) is torch.Tensor and torch.equal(x, rx) and torch.equal(y, ry)
+
+
+def test_a_batch_gathered_into_a_slot_leaves_without_a_copy(packed, container, monkeypatch):
+    """In a worker (pretended here), the collated batch's tensors are the slot's bytes the
+    reader gathered into, marked with their places in it; arrays gathered into a slot and
+    dropped without being sent free it again."""
+    def in_worker(yes: bool) -> None:
+        for module in (transfer, packdata.dataset):
+            monkeypatch.setattr(module, "get_worker_info", (lambda: object()) if yes else
+                                (lambda: None))
+
+    in_worker(True)
+    monkeypatch.setattr(transfer, "_RING", None)
+    ds = packdata.open(packed[container])
+    try:
+        images, labels = default_collate(ds.__getitems__([7, 2, 30, 11]))
+        slot, offset = images._packdata_slot[:2]
+        assert type(images) is transfer.SlotTensor and slot.lease.sent
+        assert images.data_ptr() == slot.address + offset  # in the slot: nothing was copied
+        assert labels._packdata_slot[0] is slot
+        in_worker(False)
+        expected = ds[[7, 2, 30, 11]]
+        assert torch.equal(images, expected[0]) and torch.equal(labels, expected[1])
+        in_worker(True)
+        ring = transfer._ring()
+        arrays = transfer.worker_arrays([((4, 3), np.dtype(np.int64))])
+        index = ring.holding([torch.from_numpy(arrays[0])]).index
+        assert ring.flags.buf[index] == 1
+        del arrays
+        gc.collect()
+        assert ring.flags.buf[index] == 0  # never sent: free once its arrays are gone
+    finally:
+        transfer._ring().close()

@@ -117,6 +117,19 @@ def test_checked_records_are_remembered_in_a_bitmap(packed, container):
     assert np.flatnonzero(bits).tolist() == [*range(10), 12]
 
 
+def test_duplicate_indices_never_end_the_checks_early(tmp_path, packed, container):
+    """A record read twice in one batch counts once: after every record but the damaged one was
+    read (each twice), one is left to check, and a batch mixing a checked record with it hashes
+    it and names it."""
+    reader = packdata.open(damaged_copy(tmp_path, packed, container)).reader
+    others = [i for i in range(reader.manifest.count) if i != 3]
+    reader.read(np.array(others + others[::-1]))
+    assert reader.remaining == 1
+    with pytest.raises(packdata.DatasetError, match=r"record 3 .* does not match its checksum"):
+        reader.read(np.array([2, 3, 2]))
+    assert reader.remaining == 1
+
+
 def test_verify_against_source_finds_a_changed_input(tmp_path, packed, png_folder):
     src = shutil.copytree(png_folder, tmp_path / "src")
     name = sorted(src.glob("*.png"))[5]

@@ -15,14 +15,27 @@ so a batch is one numpy gather from a memory map, with no HDF5 call per sample.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 
-from packdata.containers.base import Batch, Reader, Select, ShardClosed, Writer, map_file, same_destination
-from packdata.containers.spool import Spool
+from packdata.containers.base import (
+    Batch,
+    Reader,
+    Select,
+    ShardClosed,
+    Writer,
+    columns_of,
+    map_file,
+    same_destination,
+)
+from packdata.containers.spool import BLOCK_BYTES, Spool
 from packdata.errors import DatasetError, PackdataError
 from packdata.manifest import HEADER_HASH, Field, Manifest, check_manifest
 from packdata.recordmeta import DTYPES, from_arrays
@@ -40,6 +53,10 @@ def _offsets_name(name: str) -> str:
 
 
 class HDF5Writer(Writer):
+    """Fields spooled to files and copied into the HDF5 file at the end; or, given the record
+    count to expect (:meth:`expect`) and fixed fields only, written straight into datasets made
+    at that count, as long as the records fit them."""
+
     def __init__(
         self, path: Path, fields: dict[str, Field], options: dict[str, Any],
         on_shard_closed: ShardClosed | None = None,
@@ -49,13 +66,67 @@ class HDF5Writer(Writer):
             name: Spool(path.with_name(f"{path.name}.{name}.spool"), field)
             for name, field in fields.items()
         }
+        self.file: h5py.File | None = None  # while records go straight into it
+        self.datasets: dict[str, h5py.Dataset] = {}
+
+    def expect(self, count: int) -> None:
+        if count <= 0 or self.count or any(f.variable for f in self.fields.values()):
+            return
+        with _plain_errors():
+            self.file = h5py.File(self.path, "w", track_order=True)
+            self.datasets = {name: self.file.create_dataset(name, shape=(count, *f.shape),
+                                                            dtype=f.np_dtype)
+                             for name, f in self.fields.items()}
+
+    def _in_place(self, n: int) -> bool:
+        """Whether ``n`` more records fit the datasets made by :meth:`expect`; if they would
+        overflow them, what was written moves to the spools, which take everything from then on."""
+        if self.file is None:
+            return False
+        if self.count + n <= len(next(iter(self.datasets.values()))):
+            return True
+        self._to_spools()
+        return False
+
+    def _to_spools(self) -> None:
+        for name, spool in self.spools.items():
+            ds = self.datasets[name]
+            step = max(1, BLOCK_BYTES // max(spool.field.nbytes, 1))
+            for a in range(0, self.count, step):
+                spool.append(ds[a : min(a + step, self.count)])
+        self.file.close()  # type: ignore[union-attr]
+        self.file, self.datasets = None, {}
+        self.path.unlink()
 
     def append(self, key: str, record: dict[str, np.ndarray]) -> None:
-        for name, spool in self.spools.items():
-            spool.append(record[name])
+        if self._in_place(1):
+            with _plain_errors():
+                for name, ds in self.datasets.items():
+                    ds[self.count] = record[name]
+        else:
+            for name, spool in self.spools.items():
+                spool.append(record[name])
         self.count += 1
 
+    def append_rows(self, keys: Sequence[str], rows: np.ndarray) -> None:
+        in_place = self._in_place(len(rows))
+        for name, column in columns_of(rows, self.fields).items():  # one write per field
+            if in_place:
+                with _plain_errors():
+                    self.datasets[name][self.count : self.count + len(rows)] = column
+            else:
+                self.spools[name].append(column)
+        self.count += len(rows)
+
     def finish(self, manifest: Manifest) -> None:
+        if self.file is not None and self.count != len(next(iter(self.datasets.values()))):
+            self._to_spools()  # fewer records than expected (inputs skipped): datasets too long
+        if self.file is not None:
+            for spool in self.spools.values():
+                spool.remove()
+            with _plain_errors(), self.file as f:
+                _finish_file(f, manifest)
+            return
         with h5py.File(self.path, "w", track_order=True) as f:
             for name, spool in self.spools.items():
                 field = spool.field
@@ -74,17 +145,38 @@ class HDF5Writer(Writer):
                     ds[start : start + len(rows)] = rows
                     start += len(rows)
                 spool.remove()
-            for name, array in manifest.record_arrays().items():
-                ds = f.create_dataset(f"{RECORDS}/{name}", shape=array.shape, dtype=array.dtype)
-                for a in range(0, len(array), BLOCK):  # block by block: memory stays flat
-                    ds[a : a + BLOCK] = array[a : a + BLOCK]
-            # fixed-length bytes stored in the dataset itself: a variable-length string lives in
-            # HDF5's global heap, and a damaged heap makes libhdf5 loop forever when it is read
-            f.create_dataset(MANIFEST, data=np.bytes_(manifest.to_json().encode()))
+            _finish_file(f, manifest)
 
     def abort(self) -> None:
+        if self.file is not None:
+            self.file.close()
         for spool in self.spools.values():
             spool.remove()
+
+
+@contextlib.contextmanager
+def _plain_errors() -> Iterator[None]:
+    """libhdf5's failure to write as the system's error it reports (its message spans lines,
+    with a time and a buffer address)."""
+    try:
+        yield
+    except OSError as exc:
+        found = re.search(r"errno = (\d+)", str(exc))
+        code = exc.errno or (int(found.group(1)) if found else None)
+        if code is None:
+            raise
+        raise OSError(code, os.strerror(code)) from None
+
+
+def _finish_file(f: h5py.File, manifest: Manifest) -> None:
+    """The record keys and checksums, then the manifest: what makes the file a dataset."""
+    for name, array in manifest.record_arrays().items():
+        ds = f.create_dataset(f"{RECORDS}/{name}", shape=array.shape, dtype=array.dtype)
+        for a in range(0, len(array), BLOCK):  # block by block: memory stays flat
+            ds[a : a + BLOCK] = array[a : a + BLOCK]
+    # fixed-length bytes stored in the dataset itself: a variable-length string lives in
+    # HDF5's global heap, and a damaged heap makes libhdf5 loop forever when it is read
+    f.create_dataset(MANIFEST, data=np.bytes_(manifest.to_json().encode()))
 
 
 class HDF5Reader(Reader):
@@ -162,6 +254,15 @@ class HDF5Reader(Reader):
             else:
                 batch[name] = data[idx]
         return batch
+
+    def read_into(self, indices: np.ndarray, out: dict[str, np.ndarray]) -> Batch:
+        if set(out) != set(self.manifest.fields):
+            return super().read_into(indices, out)
+        idx = self.check_indices(indices)
+        # contiguous fields: numpy gathers straight into ``out`` ("clip": no buffered copy, the
+        # indices are checked)
+        return {name: np.take(self.arrays[name], idx, axis=0, out=out[name], mode="clip")
+                for name in self.manifest.fields}
 
     def lengths(self, name: str) -> np.ndarray:
         self.check_variable(name)

@@ -25,6 +25,8 @@ from packdata.errors import ArgumentError, DatasetError, PackdataError
 
 LEVELS = ("off", "sample", "full")
 SAMPLED_RECORDS = 8  # records checksummed at open with verify="sample"
+_BIT = (1 << np.arange(8)).astype(np.uint8)  # record i is bit i & 7 of byte i >> 3
+_BITS_SET = np.array([bin(b).count("1") for b in range(256)], dtype=np.int64)
 
 
 def bad_checksums(reader: Reader, idx: np.ndarray, batch: Batch) -> list[int]:
@@ -43,11 +45,12 @@ def mismatch(where: str | Path, reader: Reader, index: int) -> DatasetError:
 
 
 def read_checked(reader: Reader, idx: np.ndarray, where: str | Path,
-                 select: Select | None = None) -> Batch:
-    """``reader.read``, with any failure that is not packdata's turned into a DatasetError
-    naming the dataset (a damaged file makes numpy or a backend raise its own errors)."""
+                 select: Select | None = None, out: dict[str, np.ndarray] | None = None) -> Batch:
+    """``reader.read`` (``reader.read_into``, given ``out``), with any failure that is not
+    packdata's turned into a DatasetError naming the dataset (a damaged file makes numpy or a
+    backend raise its own errors)."""
     try:
-        return reader.read(idx, select)
+        return reader.read(idx, select) if out is None else reader.read_into(idx, out)
     except (PackdataError, IndexError):
         raise
     except Exception as exc:
@@ -82,29 +85,61 @@ class ChecksummedReader(Reader):
         self.manifest = inner.manifest
         # calloc'd: pages are touched only as records are checked
         self.verified = np.zeros((self.manifest.count + 7) // 8, dtype=np.uint8)
-        #: records not checked yet; at 0 (after an epoch) a read is the inner read itself
+        #: at most the records not checked yet (exact once it reaches 0: see _mark); at 0 (after
+        #: an epoch) a read is the inner read itself
         self.remaining = self.manifest.count if len(self.manifest.checksums) else 0
         self._lock = threading.Lock()  # loader threads share a reader: the count must stay exact
 
-    def _checked(self, idx: np.ndarray) -> np.ndarray:
-        """Whether each of ``idx`` was checked already."""
-        return (self.verified[idx >> 3] >> (idx & 7).astype(np.uint8)) & 1 == 1
+    def _unchecked(self, idx: np.ndarray) -> np.ndarray:
+        """Whether each of ``idx`` is still to be checked."""
+        return self.verified[idx >> 3] & _BIT[idx & 7] == 0
+
+    def _mark(self, fresh: np.ndarray) -> None:
+        """Mark records ``fresh`` checked. The count drops by their number, a duplicate counted
+        twice (exact for a batch without duplicates, with no sort to find them): reaching 0 it
+        is recounted from the bitmap, so it never reads 0 while a record is unchecked."""
+        with self._lock:
+            np.bitwise_or.at(self.verified, fresh >> 3, _BIT[fresh & 7])
+            self.remaining -= len(fresh)
+            if self.remaining <= 0:
+                self.remaining = self.manifest.count - int(_BITS_SET[self.verified].sum())
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         if not self.remaining:
             return read_checked(self.inner, indices, self.where, select)
         idx = self.inner.check_indices(indices)
-        if self._checked(idx).all():
+        unchecked = self._unchecked(idx)
+        if not unchecked.any():
             return read_checked(self.inner, idx, self.where, select)
         batch = read_checked(self.inner, idx, self.where)
-        bad = bad_checksums(self.inner, idx, batch)
+        self._check(idx, unchecked, batch)
+        return apply_select(batch, select)
+
+    def read_into(self, indices: np.ndarray, out: dict[str, np.ndarray]) -> Batch:
+        if not self.remaining:
+            return read_checked(self.inner, indices, self.where, out=out)
+        idx = self.inner.check_indices(indices)
+        batch = read_checked(self.inner, idx, self.where, out=out)
+        unchecked = self._unchecked(idx)
+        if unchecked.any():  # hashed where they were gathered (e.g. the slot they leave by)
+            self._check(idx, unchecked, batch)
+        return batch
+
+    def _check(self, idx: np.ndarray, unchecked: np.ndarray, batch: Batch) -> None:
+        """Check the records of ``batch`` (records ``idx``) that are ``unchecked``, then mark
+        them; a DatasetError naming the first that fails."""
+        if unchecked.all():  # the usual case (a first epoch): the batch as read is hashed
+            bad = bad_checksums(self.inner, idx, batch)
+            fresh = idx
+        else:  # only the records not checked yet: their rows taken out first
+            at = np.flatnonzero(unchecked)
+            fresh = idx[at]
+            bad = bad_checksums(self.inner, fresh, {
+                name: [value[j] for j in at.tolist()] if isinstance(value, list) else value[at]
+                for name, value in batch.items()})
         if bad:
             raise mismatch(self.where, self.inner, bad[0])
-        with self._lock:
-            fresh = np.unique(idx[~self._checked(idx)])
-            np.bitwise_or.at(self.verified, fresh >> 3, (1 << (fresh & 7)).astype(np.uint8))
-            self.remaining -= len(fresh)
-        return apply_select(batch, select)
+        self._mark(fresh)
 
     def lengths(self, name: str) -> np.ndarray:
         return self.inner.lengths(name)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,11 @@ from packdata.containers.base import (
     Writer,
     apply_select,
     attach_record_file,
+    gather_rows,
     same_destination,
 )
-from packdata.containers.lmdbcheck import Tree, check_tree
+from packdata.containers.lmdbcheck import Tree
+from packdata.containers.lmdbenv import checked_env, shared_env, shared_tree
 from packdata.containers.lmdbmap import (
     OFFSETS_KEY,
     RecordMap,
@@ -94,6 +97,23 @@ class LMDBWriter(Writer):
             self.txn = self.env.begin(write=True)
             self.pending = 0
 
+    def append_rows(self, keys: Sequence[str], rows: np.ndarray) -> None:
+        if self.variable:  # rows hold fixed fields only: never the case, but stay correct
+            return super().append_rows(keys, rows)
+        # a row is exactly this layout's value (fixed fields' bytes in order): put as it lies
+        width = rows.shape[1]
+        flat = memoryview(np.ascontiguousarray(rows)).cast("B")
+        first = self.count
+        self.txn.cursor().putmulti(
+            [(record_key(first + j), flat[j * width : (j + 1) * width]) for j in range(len(rows))],
+            append=True)
+        self.count += len(rows)
+        self.pending += rows.nbytes
+        if self.pending >= COMMIT_BYTES:
+            self.txn.commit()
+            self.txn = self.env.begin(write=True)
+            self.pending = 0
+
     def finish(self, manifest: Manifest) -> None:
         self.txn.commit()
         self.txn = self.env.begin(write=True)
@@ -113,87 +133,6 @@ class LMDBWriter(Writer):
     def abort(self) -> None:
         self.txn.abort()
         self.env.close()
-
-
-# LMDB refuses a second open of the same files in one process (it knows them by device and
-# inode, whatever the path: a dataset renamed into place is the same files), so readers share an
-# environment per file; an entry made before a fork is closed and replaced in the child, and so
-# is one whose file was replaced (a dataset converted again with --overwrite may get the same
-# inode number back: its size and modification time tell it apart). Entries for files no
-# longer at their path (deleted, replaced) are closed before another environment opens: LMDB
-# also refuses files whose device and inode numbers an open environment's deleted files had.
-_envs: dict[tuple[int, int], tuple[int, tuple[int, int], lmdb.Environment, str, Tree]] = {}
-
-
-#: the files whose B-tree :func:`check_tree` found sound: (device, inode), (size, mtime)
-_checked: set[tuple[tuple[int, int], tuple[int, int]]] = set()
-
-
-def _close_stale_envs() -> None:
-    """Close the environments whose ``data.mdb`` is no longer at their path."""
-    for key, (_, _, env, where, _) in list(_envs.items()):
-        try:
-            st = os.stat(Path(where) / "data.mdb")
-            current = (st.st_dev, st.st_ino) == key
-        except OSError:
-            current = False
-        if not current:
-            del _envs[key]
-            env.close()
-
-
-def shared_env(path: Path) -> lmdb.Environment:
-    """This process's read-only environment for the LMDB at ``path``."""
-    return _shared(path)[2]
-
-
-def shared_tree(path: Path) -> Tree:
-    """This process's :class:`Tree` of the LMDB at ``path`` (its keys looked up by packdata)."""
-    return _shared(path)[4]
-
-
-def checked_env(path: Path) -> lmdb.Environment:
-    """:func:`shared_env`, once :func:`check_tree` found that no lookup by LMDB leaves the file:
-    for datasets read through LMDB's own lookups."""
-    _, version, env, _, tree = _shared(path)
-    st = os.stat(path / "data.mdb")
-    key = ((st.st_dev, st.st_ino), version)
-    if key not in _checked:  # once per file version: the result survives fork
-        check_tree(path, env.info()["last_pgno"], env.info()["last_txnid"])
-        _checked.add(key)
-    return env
-
-
-def _shared(path: Path) -> tuple[int, tuple[int, int], lmdb.Environment, str, Tree]:
-    st = os.stat(path / "data.mdb")
-    key, pid, version = (st.st_dev, st.st_ino), os.getpid(), (st.st_size, st.st_mtime_ns)
-    entry = _envs.pop(key, None)
-    if entry is not None and entry[:2] == (pid, version):
-        _envs[key] = entry
-        return entry
-    if entry is not None:
-        entry[2].close()
-    _close_stale_envs()
-    try:
-        env = lmdb.open(
-            str(path), readonly=True, lock=False, readahead=False, subdir=True, max_readers=1024
-        )
-    except lmdb.Error as exc:
-        raise DatasetError(f"{path}: LMDB cannot be opened ({exc}); the dataset is damaged") from None
-    # LMDB maps the file and trusts its page count: reading past the end of a truncated file
-    # would kill the process with SIGBUS instead of raising
-    needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
-    if st.st_size < needed:
-        env.close()
-        raise DatasetError(f"{path}: truncated (data.mdb holds {st.st_size} bytes, its pages need "
-                           f"{needed}); the dataset is damaged")
-    try:
-        tree = Tree(path, env.info()["last_pgno"], env.info()["last_txnid"])
-    except DatasetError:
-        env.close()
-        raise
-    _envs[key] = entry = (pid, version, env, str(path), tree)
-    return entry
 
 
 class LMDBReader(Reader):
@@ -252,7 +191,7 @@ class LMDBReader(Reader):
                 raise DatasetError(f"{where}: record {i} holds {found[1]} bytes, its fields "
                                    f"{size}; the dataset is damaged (or the manifest edited)")
             stored = stored and int(offsets[8 * i : 8 * i + 8].view("<i8")[0]) == found[0]
-        return StoredMap(where, tree.whole, offsets.view("<i8")) if stored else None
+        return StoredMap(where, tree.whole, offsets.view("<i8"), self._size(0)) if stored else None
 
     @staticmethod
     def detect(path: Path) -> bool:
@@ -270,10 +209,10 @@ class LMDBReader(Reader):
 
     def _read(self, indices: np.ndarray) -> Batch:
         idx = self.check_indices(indices)
-        if self._stored is not None:
+        if self.manifest.variable_fields and self._stored is not None:
             return self._read_stored(idx)
         if not self.manifest.variable_fields:
-            located = self._located()
+            located = self._fixed_map()
             if located is not None:  # each field gathered straight from the file: one copy
                 offsets = located.locate(idx)
                 return {name: located.column(a, b)[offsets].view(field.np_dtype).reshape(
@@ -281,7 +220,7 @@ class LMDBReader(Reader):
         return self._lookup(idx)
 
     def _read_stored(self, idx: np.ndarray) -> Batch:
-        """Records ``idx`` (checked) read at their stored offsets."""
+        """Variable-size records ``idx`` (checked) read at their stored offsets."""
         stored, head = self._stored, self.fixed_bytes + 8 * len(self.row_bytes)
         rows = {n: self._lengths[n][idx].astype(np.int64) for n in self.row_bytes}
         sizes: np.ndarray | int = head
@@ -293,8 +232,6 @@ class LMDBReader(Reader):
         offsets = stored.locate(idx, sizes)
         table = stored.column(0, head)[offsets]  # one gather: the fixed fields and row counts
         batch = self._columns(table)
-        if not rows:
-            return batch
         counts = table[:, self.fixed_bytes :].copy().view("<u8").astype(np.int64)
         if not np.array_equal(counts, np.stack(list(rows.values()), axis=1)):
             raise DatasetError(f"{self.path}: a record's row counts differ from the length "
@@ -306,6 +243,19 @@ class LMDBReader(Reader):
                            for a, b in zip(starts.tolist(), ends.tolist())]
             starts = ends
         return batch
+
+    def read_into(self, indices: np.ndarray, out: dict[str, np.ndarray]) -> Batch:
+        whole = set(out) == set(self.manifest.fixed_fields) and not self.manifest.variable_fields
+        try:
+            located = self._fixed_map() if whole else None
+            if located is None:
+                return super().read_into(indices, out)
+            offsets = located.locate(self.check_indices(indices))
+        except lmdb.Error as exc:
+            raise DatasetError(f"{self.path}: LMDB cannot be read ({type(exc).__name__}: {exc}); "
+                               "the dataset is damaged") from None
+        return {name: gather_rows(located.column(a, b), offsets, out[name])
+                for name, _, a, b in self.columns}
 
     def _lookup(self, idx: np.ndarray) -> Batch:
         """Records ``idx`` (checked) looked up key by key."""
@@ -331,6 +281,10 @@ class LMDBReader(Reader):
 
     def _missing(self, index: int) -> None:
         raise DatasetError(f"{self.path}: record {index} is missing; the dataset is damaged")
+
+    def _fixed_map(self) -> StoredMap | RecordMap | None:
+        """Where each fixed-size record lies: the stored offsets, else a :class:`RecordMap`."""
+        return self._located() if self._stored is None else self._stored
 
     def _located(self) -> RecordMap | None:
         """This process's map of where each record's bytes lie in data.mdb, or None where

@@ -129,13 +129,14 @@ class StoredMap:
     and sizes bounded by the file's size before a byte is read: a damaged offset is a
     DatasetError (or bytes that fail the record's checksum), never a read past the file."""
 
-    def __init__(self, path: Path, whole: np.ndarray, offsets: np.ndarray) -> None:
-        self.path, self.whole, self.offsets = path, whole, offsets
+    def __init__(self, path: Path, whole: np.ndarray, offsets: np.ndarray, size: int) -> None:
+        self.path, self.whole, self.offsets, self.size = path, whole, offsets, size
         self._columns: dict[tuple[int, int], np.ndarray] = {}
 
-    def locate(self, idx: np.ndarray, sizes: np.ndarray | int) -> np.ndarray:
-        """File offsets of records ``idx`` (checked indices) of ``sizes`` bytes, checked to lie
-        inside data.mdb."""
+    def locate(self, idx: np.ndarray, sizes: np.ndarray | int | None = None) -> np.ndarray:
+        """File offsets of records ``idx`` (checked indices) of ``sizes`` bytes (each record's,
+        or ``size``: fixed-size records), checked to lie inside data.mdb."""
+        sizes = self.size if sizes is None else sizes
         offsets = self.offsets[idx].astype(np.int64)
         end = len(self.whole)
         if len(offsets) and (offsets.min() < 0 or offsets.max() > end

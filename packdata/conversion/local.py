@@ -19,6 +19,7 @@ from packdata.checksum import record_checksum
 from packdata.containers.base import ShardClosed, Writer
 from packdata.conversion.job import ConvertResult, Job
 from packdata.conversion.pool import WorkerPool
+from packdata.conversion.rows import Rows, pack
 from packdata.errors import PackdataError, SampleError, SkippedSample, WorkerDied
 from packdata.manifest import Field, Manifest
 from packdata.recordmeta import MetaSpool
@@ -38,8 +39,10 @@ def write(job: Job, *, workers: int | None = None, progress: Progress | None = N
     with atomic.committing(job.dst) as partial:
         records = _Records(job, partial.path, on_shard_closed)
         try:
-            for done, (item, loaded) in enumerate(_loaded(job.source, blocks, workers), 1):
-                records.add(item, loaded)
+            done = 0
+            for block, loaded in _loaded(job.source, blocks, workers):
+                records.add_block(block, loaded)
+                done += len(block)
                 if progress:
                     progress(done, len(job.items))
             manifest = records.finish()
@@ -47,6 +50,7 @@ def write(job: Job, *, workers: int | None = None, progress: Progress | None = N
             records.abort()
             if _is_write_error(exc):
                 reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                reason = " ".join(str(reason).split())  # libhdf5's messages span lines
                 raise PackdataError(f"{job.dst}: cannot write the output ({reason}); nothing was "
                                     "left behind") from None
             raise
@@ -65,14 +69,39 @@ class _Records:
         self.meta: MetaSpool | None = None  # made with the writer: files beside the output
         self.skipped: list[dict[str, str]] = []
 
+    def add_block(self, block: list[Item], loaded: Rows | list[Loaded]) -> None:
+        """What the items of ``block`` loaded: rows checked in the worker (see
+        :mod:`.rows`) stored as one table where they are records of this conversion's fields;
+        anything else item by item."""
+        if isinstance(loaded, Rows):
+            if self.writer is None:
+                self._start(loaded.fields, block[0])
+            if not loaded.fit(self.fields):  # let the record-by-record check name the input
+                loaded = loaded.records()
+            else:
+                keys = [item.key for item in block]
+                self.writer.append_rows(keys, loaded.table)  # type: ignore[union-attr]
+                self.meta.append_block(keys, loaded.checksums)  # type: ignore[union-attr]
+                if self.job.source.OBSERVES:
+                    for record in loaded.records():
+                        self.job.source.observe(record)
+                return
+        for item, one in zip(block, loaded):
+            self.add(item, one)
+
+    def _start(self, fields: dict[str, Field], first: Item) -> None:
+        """The writer, made for ``fields`` (those of the first record, from ``first``)."""
+        self.fields, self.first = fields, first
+        self.writer = self.job.container.WRITER(self.path, self.fields, self.job.options,
+                                                self.on_shard_closed)
+        self.writer.expect(len(self.job.items))
+        # keys and checksums stream to files: memory stays flat in the record count
+        self.meta = MetaSpool(self.path.with_name(f"{self.path.name}.records"))
+
     def add(self, item: Item, loaded: Loaded) -> None:
         pairs = _pairs(item, loaded)  # one input may make several records (chunks)
         if self.writer is None and pairs and not isinstance(pairs, SampleError):
-            self.fields, self.first = self.job.source.fields(pairs[0][1]), item
-            self.writer = self.job.container.WRITER(self.path, self.fields, self.job.options,
-                                                    self.on_shard_closed)
-            # keys and checksums stream to files: memory stays flat in the record count
-            self.meta = MetaSpool(self.path.with_name(f"{self.path.name}.records"))
+            self._start(self.job.source.fields(pairs[0][1]), item)
         if not isinstance(pairs, SampleError):
             pairs = self._checked(pairs, item)
         if isinstance(pairs, SampleError):
@@ -82,7 +111,8 @@ class _Records:
             return
         for key, record in pairs:
             self.writer.append(key, record)  # type: ignore[union-attr]
-            self.job.source.observe(record)
+            if self.job.source.OBSERVES:
+                self.job.source.observe(record)
             self.meta.append(key, record_checksum(record, self.fields))  # type: ignore[union-attr]
 
     def _checked(self, pairs: list[tuple[str, dict]], item: Item) -> list | SampleError:
@@ -159,29 +189,31 @@ def _set_worker_source(source: Source) -> None:
 
 
 def _loaded(source: Source, blocks: list[list[Item]], workers: int
-            ) -> Iterator[tuple[Item, Loaded]]:
-    """Every item with what it loaded, in order; at most ``2 × workers`` blocks in flight."""
+            ) -> Iterator[tuple[list[Item], Rows | list[Loaded]]]:
+    """Every block with what its items loaded (:func:`.rows.pack`ed), in order; at most
+    ``2 × workers`` blocks in flight."""
     if workers <= 1:
         for block in blocks:
-            yield from zip(block, _load_block_with(source, block))
+            yield block, pack(source, _load_block_with(source, block))
         return
     try:
         with WorkerPool(workers, _set_worker_source, (source,)) as pool:
-            for block, loaded in pool.ordered(_load_block, blocks, 2 * workers):
-                yield from zip(block, loaded)
+            yield from pool.ordered(_load_block, blocks, 2 * workers)
     except WorkerDied as died:  # the culprit is in this block or one queued after it
         raise PackdataError("a conversion worker stopped unexpectedly (killed, out of memory, or "
                             f"crashed in a decoder) while loading inputs from {died.task[0].path} "
                             "on") from None
 
 
-def _load_block(items: list[Item]) -> list[Loaded]:
-    """The worker's task. What it raises travels back pickled: an error that cannot be (a
-    library's own exception class) is replaced by a PackdataError keeping its type and message,
-    and nothing is chained to it (where exceptions pickle their chain, as with tblib's support
-    installed, a chained library exception would not pickle either)."""
+def _load_block(items: list[Item]) -> Rows | list[Loaded]:
+    """The worker's task: the block loaded and packed (the rows' checks and checksums are
+    computed here, in parallel, not in the process that writes). What it raises travels back
+    pickled: an error that cannot be (a library's own exception class) is replaced by a
+    PackdataError keeping its type and message, and nothing is chained to it (where exceptions
+    pickle their chain, as with tblib's support installed, a chained library exception would
+    not pickle either)."""
     try:
-        return _load_block_with(_worker_source, items)  # type: ignore[arg-type]
+        return pack(_worker_source, _load_block_with(_worker_source, items))  # type: ignore[arg-type]
     except BaseException as exc:
         failure = exc
     failure.__context__ = failure.__cause__ = None

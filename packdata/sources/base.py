@@ -52,6 +52,8 @@ class Source(ABC):
     classes: list[str] | None = None
     #: inputs left out by reason, set while listing (see :meth:`ignore`); absent until then
     ignored: dict[str, list[str]]
+    #: whether :meth:`observe` does anything (conversion then hands it every record)
+    OBSERVES: ClassVar[bool] = False
 
     @abstractmethod
     def items(self) -> list[Item]:
@@ -111,7 +113,9 @@ class Source(ABC):
 
     def observe(self, record: dict[str, np.ndarray]) -> None:  # noqa: B027 - optional hook
         """Called in the converting process with each stored record, in order (``load`` runs in
-        workers, whose state is lost): a place to count facts for the manifest."""
+        workers, whose state is lost): a place to count facts for the manifest. Only where the
+        source declares ``OBSERVES = True`` (a block of records is then taken apart for it;
+        otherwise it is stored as it arrived)."""
 
 
 #: what a failure while loading one input never is: the user's or the interpreter's own stop.

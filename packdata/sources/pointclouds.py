@@ -95,6 +95,7 @@ class PointCloudSource(Source):
     """Point-cloud files under ``root`` (class sub-folders, a labels file, or unlabelled)."""
 
     kind = KIND
+    OBSERVES = True  # counts padded clouds and dropped points for the manifest
 
     def __init__(self, root: str | Path, **options: Any) -> None:
         """``options``: see :data:`OPTIONS`; ``fields`` may also be a list of names."""

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from packdata import containers
-from packdata.checksum import record_checksum
+from packdata.checksum import record_checksum, rows_checksums
 from packdata.containers.integrity import at_open
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest
@@ -96,6 +96,33 @@ class ContainerSuite:
                               [i % 23 for i in idx], fields)
         with pytest.raises(IndexError, match="index 23 out of range"):
             reader.read(np.array([23]))
+
+    @pytest.mark.parametrize("expected", [None, 30, 45, 12], ids=["none", "exact", "more",
+                                                                 "fewer"])
+    def test_rows_store_what_records_do(self, tmp_path, expected):
+        """Records handed over as rows of one table (conversion's blocks) are stored as
+        ``append`` stores them, mixed with single records, across shards; the table's checksums
+        are the records'. The count the writer is told to expect (conversion's inputs) is a hint:
+        exact, too many (skipped inputs) or too few, the records read back the same."""
+        records = make_records(FIXED, 30)
+        table = np.stack([np.concatenate([np.ascontiguousarray(r[n]).reshape(-1).view(np.uint8)
+                                          for n in FIXED]) for r in records])
+        checksums = [record_checksum(r, FIXED) for r in records]
+        assert rows_checksums(table).tolist() == checksums
+        keys = [f"dir/sample {i}" for i in range(len(records))]
+        path = tmp_path / self.target
+        writer = containers.get(self.name).WRITER(path, FIXED, self.options(7))
+        if expected is not None:
+            writer.expect(expected)
+        writer.append(keys[0], records[0])
+        writer.append_rows(keys[1:25], table[1:25])
+        writer.append(keys[25], records[25])
+        writer.append_rows(keys[26:], table[26:])
+        writer.finish(Manifest(container=self.name, kind="test", fields=FIXED, count=30,
+                               keys=keys, checksums=checksums))
+        self.assert_batch(self.reader(path).read(np.arange(30)[::-1]), records,
+                          list(range(30))[::-1], FIXED)
+        assert verify(path).ok
 
     def test_lengths_of_variable_fields(self, tmp_path):
         records = make_records(VARIABLE, 9)

@@ -67,7 +67,7 @@ def test_environments_of_files_no_longer_at_their_path_are_closed(tmp_path):
     import shutil
 
     import packdata
-    from packdata.containers import lmdb as container
+    from packdata.containers import lmdbenv as container
     from tests.conftest import copy_sample
 
     src = copy_sample(tmp_path / "src", count=10)
@@ -131,10 +131,11 @@ def test_opening_a_dataset_with_stored_offsets_does_not_walk_the_tree(tmp_path, 
     datasets read through LMDB's lookups (here: one whose offsets were deleted)."""
     import packdata
     from packdata.containers import lmdb as container
+    from packdata.containers import lmdbenv
     from tests.conftest import copy_sample
 
     walked = []
-    monkeypatch.setattr(container, "check_tree", lambda *a: walked.append(a[0]))
+    monkeypatch.setattr(lmdbenv, "check_tree", lambda *a: walked.append(a[0]))
     src = copy_sample(tmp_path / "src", count=30)
     dst = packdata.convert(packdata.open_source(src), tmp_path / "d.lmdb", workers=1).path
     ds = packdata.open(dst)

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from packdata.containers.base import Batch, Reader, Select, map_file
+from packdata.containers.base import Batch, Reader, Select, gather_rows, map_file
 from packdata.containers.joined import byte_window, map_joined
 from packdata.containers.tar.layout import (
     INDEX,
@@ -227,6 +227,22 @@ class TarReader(Reader):
                 ]
             else:
                 batch[name] = self._gather_fixed(name, field, idx, select.get(name))
+        return batch
+
+    def read_into(self, indices: np.ndarray, out: dict[str, np.ndarray]) -> Batch:
+        idx = self.check_indices(indices)
+        if self._cut is not None or set(out) != set(self.manifest.fields) or not len(idx):
+            return super().read_into(idx, out)
+        batch: Batch = {}
+        for name, field in self.manifest.fields.items():
+            if f"{name}.values" in self.index:  # kept in the index (labels): a small gather
+                batch[name] = np.take(self.index[f"{name}.values"], idx, out=out[name], mode="clip")
+                continue
+            joined = self._window(name, field.nbytes)
+            if joined is None:  # shards not mapped as one range: read, then copy
+                return super().read_into(idx, out)
+            addresses, window = joined
+            batch[name] = gather_rows(window, addresses[idx], out[name])
         return batch
 
     def lengths(self, name: str) -> np.ndarray:
