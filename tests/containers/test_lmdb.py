@@ -152,3 +152,29 @@ def test_opening_a_dataset_with_stored_offsets_does_not_walk_the_tree(tmp_path, 
     old = packdata.open(copy)
     assert walked == [copy] and container.LMDBReader(copy)._stored is None
     assert np.array_equal(np.asarray(old[29][0]), np.asarray(last[0]))
+
+
+def test_packdatas_own_lookup_finds_every_key_lmdb_finds(tmp_path):
+    """Tree (packdata's lookup through the pages on a key's path) against LMDB's own cursor on
+    a tree of three levels: the same value for every key, and nothing for keys it lacks."""
+    import json
+
+    import packdata
+    from packdata.containers.lmdb import shared_env, shared_tree
+
+    src = tmp_path / "docs.jsonl"
+    words = ["alpha", "beta", "gamma", "delta"]
+    src.write_text("".join(json.dumps({"text": " ".join(words[: 1 + i % 4] * (1 + i % 7))}) + "\n"
+                           for i in range(20000)))
+    dst = packdata.convert(packdata.open_source(src, kind="text", tokenizer="bytes"),
+                           tmp_path / "d.lmdb", workers=1).path
+    tree = shared_tree(dst)
+    assert tree.depth >= 3
+    with shared_env(dst).begin() as txn:
+        found = 0
+        for key, value in txn.cursor():
+            assert tree.get(key).tobytes() == value, key
+            found += 1
+    assert found == 20000 + 3  # records, the length table, the offsets, the manifest
+    for absent in (b"", b"0", b"00000000000", b"0000019999x", b"0000020000", b"__a", b"~"):
+        assert tree.get(absent) is None, absent
