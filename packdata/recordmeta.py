@@ -16,6 +16,8 @@ datasets keep their arrays in one).
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import struct
 import zipfile
 from collections.abc import Iterable, Iterator, Sequence
@@ -203,14 +205,14 @@ class MetaSpool:
         self._flush()
         for f in self.files.values():
             f.close()
-        hashes = _mapped(self.path("hashes"), "<u8")
+        hashes = map_array(self.path("hashes"), "<u8")
         order = np.argsort(hashes, kind="stable")
         np.asarray(hashes[order]).tofile(self.path("sorted"))
         order.astype("<i8").tofile(self.path("order"))
         del order, hashes
-        keys = Keys(_mapped(self.path("keys"), "|u1"), _mapped(self.path("offsets"), "<i8"),
-                    _mapped(self.path("sorted"), "<u8"), _mapped(self.path("order"), "<i8"))
-        return keys, _mapped(self.path("checksums"), "<u8")
+        keys = Keys(map_array(self.path("keys"), "|u1"), map_array(self.path("offsets"), "<i8"),
+                    map_array(self.path("sorted"), "<u8"), map_array(self.path("order"), "<i8"))
+        return keys, map_array(self.path("checksums"), "<u8")
 
     def remove(self) -> None:
         for f in self.files.values():
@@ -219,7 +221,53 @@ class MetaSpool:
             self.path(name).unlink(missing_ok=True)
 
 
-def _mapped(path: Path, dtype: str) -> np.ndarray:
+def copy_blocks(array: np.ndarray, block: int = 1 << 20) -> Iterator[np.ndarray]:
+    """``array`` as consecutive in-memory copies of ``block`` entries. Where it is a view of a
+    file mapping (the spooled arrays), the pages of each block are let go once it is copied:
+    writing a spooled array into a container then costs one block of resident memory, not the
+    whole array (mapped pages read stay resident, and counted, until the map is dropped)."""
+    mapping = _file_map(array)
+    for a in range(0, len(array), block):
+        part = np.array(array[a : a + block])
+        yield part
+        if mapping is not None and len(part):
+            _let_go(mapping, array[a : a + block])
+
+
+def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """What ``np.savez(path, **arrays)`` writes (an uncompressed ``.npz``), written block by
+    block through :func:`copy_blocks`."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+        for name, array in arrays.items():
+            with z.open(f"{name}.npy", "w", force_zip64=True) as f:
+                header = np.lib.format.header_data_from_array_1_0(np.asarray(array))
+                np.lib.format.write_array_header_1_0(f, header)
+                for part in copy_blocks(np.asarray(array)):
+                    f.write(part.tobytes())
+
+
+def _file_map(array: np.ndarray) -> mmap.mmap | None:
+    """The file mapping ``array`` is a view of, if any (np.memmap's and map_file's arrays are
+    views of an ``mmap.mmap``)."""
+    base: Any = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return base if isinstance(base, mmap.mmap) else None
+
+
+def _let_go(mapping: mmap.mmap, part: np.ndarray) -> None:
+    """Drop the pages under ``part`` (a view of ``mapping``) from this process: the file's data
+    stays in the page cache and is read back if touched again."""
+    start = np.frombuffer(mapping, dtype=np.uint8).ctypes.data
+    lo = part.ctypes.data - start
+    lo -= lo % mmap.PAGESIZE
+    hi = part.ctypes.data - start + part.nbytes
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # advice only (e.g. macOS)
+        mapping.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+
+def map_array(path: Path, dtype: str) -> np.ndarray:
+    """The 1-D array of ``dtype`` a spooled file holds, memory-mapped (empty for an empty file)."""
     if path.stat().st_size == 0:
         return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r")

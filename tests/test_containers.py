@@ -158,6 +158,29 @@ def test_truncated_tar_shard_is_a_named_error(tmp_path, packed):
         ds[len(ds) - 1]
 
 
+@pytest.mark.parametrize("damage", [("image.offset", -4096), ("image.nbytes", 7),
+                                    ("image.shard", 0), ("image.offset", 1 << 40)])
+def test_tar_open_reads_no_record_entry_and_a_damaged_one_fails_its_read(tmp_path, packed,
+                                                                         damage):
+    """Opening checks the index's columns and its first and last entries only (so it costs the
+    same at 10^4 and 10^7 records); a damaged entry in between opens, and its record's read
+    fails as a DatasetError naming the dataset, never a wrong sample, with verify off too."""
+    copy = shutil.copytree(packed["tar"], tmp_path / "t")
+    column, value = damage
+    with np.load(copy / "index.npz") as z:
+        arrays = {k: z[k] for k in z.files}
+    middle = len(arrays[column]) // 2 + 10  # in a shard other than the first (50 a shard)
+    assert arrays[column][middle] != value
+    arrays[column][middle] = value
+    np.savez(copy / "index.npz", **arrays)
+    ds = packdata.open(copy, verify="off")
+    ds[0], ds[len(ds) - 1], ds[[middle - 1, middle + 1]]  # the others read
+    with pytest.raises(packdata.DatasetError, match=f"{copy}"):
+        ds[middle]
+    with pytest.raises(packdata.DatasetError, match=f"{copy}"):
+        ds[[0, middle]]
+
+
 def test_tar_manifest_is_read_through_manifest_everywhere(tmp_path, packed):
     """Shard listing and the DALI index read the manifest as the reader does: a version this
     packdata does not read is refused, not parsed by hand."""

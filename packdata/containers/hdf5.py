@@ -38,14 +38,14 @@ from packdata.containers.base import (
 from packdata.containers.spool import BLOCK_BYTES, Spool
 from packdata.errors import DatasetError, PackdataError
 from packdata.manifest import HEADER_HASH, Field, Manifest, check_manifest
-from packdata.recordmeta import DTYPES, from_arrays
+from packdata.recordmeta import DTYPES, copy_blocks, from_arrays
 
 NAME = "hdf5"
 NEW_SUFFIX = ".h5"
 SUFFIXES = (".h5", ".hdf5")
 MANIFEST = "manifest"
 RECORDS = "__records__"
-BLOCK = 1 << 22  # array entries written at a time
+BLOCK = 1 << 18  # array entries written at a time (2 MiB of int64)
 
 
 def _offsets_name(name: str) -> str:
@@ -130,11 +130,16 @@ class HDF5Writer(Writer):
         with h5py.File(self.path, "w", track_order=True) as f:
             for name, spool in self.spools.items():
                 field = spool.field
-                if field.variable:
-                    offsets = np.zeros(self.count + 1, dtype=np.int64)
-                    np.cumsum(spool.rows, out=offsets[1:])
-                    shape = (int(offsets[-1]), *field.row_shape)
-                    f.create_dataset(_offsets_name(name), data=offsets)
+                if field.variable:  # offsets block by block: no second per-record array
+                    rows = np.frombuffer(spool.rows, dtype=np.int64)
+                    ends = f.create_dataset(_offsets_name(name), shape=(self.count + 1,),
+                                            dtype=np.int64)
+                    ends[0], total = 0, 0
+                    for a in range(0, len(rows), BLOCK):
+                        block = np.cumsum(rows[a : a + BLOCK]) + total
+                        ends[a + 1 : a + 1 + len(block)] = block
+                        total = int(block[-1])
+                    shape = (total, *field.row_shape)
                 else:
                     shape = (self.count, *field.shape)
                 ds = f.create_dataset(name, shape=shape, dtype=field.np_dtype)
@@ -172,8 +177,8 @@ def _finish_file(f: h5py.File, manifest: Manifest) -> None:
     """The record keys and checksums, then the manifest: what makes the file a dataset."""
     for name, array in manifest.record_arrays().items():
         ds = f.create_dataset(f"{RECORDS}/{name}", shape=array.shape, dtype=array.dtype)
-        for a in range(0, len(array), BLOCK):  # block by block: memory stays flat
-            ds[a : a + BLOCK] = array[a : a + BLOCK]
+        for a, part in zip(range(0, len(array), BLOCK), copy_blocks(array, BLOCK)):
+            ds[a : a + len(part)] = part  # block by block: memory stays flat
     # fixed-length bytes stored in the dataset itself: a variable-length string lives in
     # HDF5's global heap, and a damaged heap makes libhdf5 loop forever when it is read
     f.create_dataset(MANIFEST, data=np.bytes_(manifest.to_json().encode()))

@@ -51,6 +51,7 @@ from packdata.containers.lmdbmap import (
 )
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest, check_manifest
+from packdata.recordmeta import save_npz
 
 NAME = "lmdb"
 NEW_SUFFIX = ".lmdb"
@@ -58,6 +59,9 @@ SUFFIXES = (".lmdb",)
 MANIFEST_KEY = b"__manifest__"
 MAP_SIZE = 1 << 40  # address space only; the file grows with the data
 COMMIT_BYTES = 64 << 20
+#: records per write transaction at most: LMDB holds a transaction's pages in memory, and small
+#: records take several times their size in pages (key, node header, page slack)
+COMMIT_RECORDS = 1 << 15
 
 
 def lengths_key(name: str) -> bytes:
@@ -75,7 +79,7 @@ class LMDBWriter(Writer):
         super().__init__(path, fields, options, on_shard_closed)
         self.env = lmdb.open(str(path), map_size=MAP_SIZE, subdir=True, sync=False)
         self.txn = self.env.begin(write=True)
-        self.pending = 0
+        self.pending = self.pending_records = 0
         self.fixed = [n for n, f in fields.items() if not f.variable]
         self.variable = [n for n, f in fields.items() if f.variable]
         self.rows = {n: array("q") for n in self.variable}  # 8 bytes a record
@@ -92,10 +96,11 @@ class LMDBWriter(Writer):
         self.txn.put(record_key(self.count), value, append=True)
         self.count += 1
         self.pending += len(value)
-        if self.pending >= COMMIT_BYTES:
+        self.pending_records += 1
+        if self.pending >= COMMIT_BYTES or self.pending_records >= COMMIT_RECORDS:
             self.txn.commit()
             self.txn = self.env.begin(write=True)
-            self.pending = 0
+            self.pending = self.pending_records = 0
 
     def append_rows(self, keys: Sequence[str], rows: np.ndarray) -> None:
         if self.variable:  # rows hold fixed fields only: never the case, but stay correct
@@ -109,19 +114,22 @@ class LMDBWriter(Writer):
             append=True)
         self.count += len(rows)
         self.pending += rows.nbytes
-        if self.pending >= COMMIT_BYTES:
+        self.pending_records += len(rows)
+        if self.pending >= COMMIT_BYTES or self.pending_records >= COMMIT_RECORDS:
             self.txn.commit()
             self.txn = self.env.begin(write=True)
-            self.pending = 0
+            self.pending = self.pending_records = 0
 
     def finish(self, manifest: Manifest) -> None:
         self.txn.commit()
         self.txn = self.env.begin(write=True)
-        if self.count:  # room for the offsets, written once no record moves any more
-            self.txn.put(OFFSETS_KEY, bytes(8 * self.count))
+        if self.count:  # room for the offsets (zeros from calloc: no pages of ours touched),
+            # written once no record moves any more
+            self.txn.put(OFFSETS_KEY, memoryview(np.zeros(self.count, "<i8")).cast("B"))
         for n in self.variable:
-            self.txn.put(lengths_key(n), np.asarray(self.rows[n], dtype="<i8").tobytes())
-        np.savez(self.path / RECORDS, **manifest.record_arrays())
+            lengths = np.frombuffer(self.rows[n], dtype=np.int64).astype("<i8", copy=False)
+            self.txn.put(lengths_key(n), memoryview(lengths).cast("B"))  # no copies of ours
+        save_npz(self.path / RECORDS, manifest.record_arrays())
         self.txn.put(MANIFEST_KEY, manifest.to_json().encode())
         self.txn.commit()
         if self.count and not write_offsets(self.path, self.env, self.count):

@@ -11,7 +11,10 @@ each record's offset on its first read.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import itertools
+import mmap
 import os
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ from packdata.containers.lmdbcheck import Tree
 from packdata.errors import DatasetError
 
 OFFSETS_KEY = b"__offsets__"
+SCAN_BYTES = 16 << 20  # record bytes located between two page releases
 
 
 def record_key(i: int) -> bytes:
@@ -169,7 +173,8 @@ def write_offsets(path: Path, env: lmdb.Environment, count: int) -> bool:
     their page (copy on write): the keys after them (the length tables, manifest, offsets) are
     written first, then the records' final places are found and written into bytes LMDB
     already placed."""
-    offsets = record_offsets(path, env, count)
+    size = os.stat(path / "data.mdb").st_size // count  # the records' mean size, about
+    offsets = record_offsets(path, env, count, max(size, 1))
     if offsets is None:
         return False
     info = env.info()
@@ -182,9 +187,11 @@ def write_offsets(path: Path, env: lmdb.Environment, count: int) -> bool:
     return True
 
 
-def record_offsets(path: Path, env: lmdb.Environment, count: int) -> np.ndarray | None:
-    """Each record's byte offset in data.mdb, from a cursor scan of the committed records
-    (the addresses LMDB returns, less its mapping's start); None where they cannot be found."""
+def record_offsets(path: Path, env: lmdb.Environment, count: int, size: int
+                   ) -> np.ndarray | None:
+    """Each record's byte offset in data.mdb, from a cursor scan of the committed records of
+    about ``size`` bytes each (the addresses LMDB returns, less its mapping's start); None where
+    they cannot be found."""
     if not count or not os.path.exists("/proc/self/maps"):
         return None
     with env.begin(buffers=True) as txn:
@@ -192,12 +199,29 @@ def record_offsets(path: Path, env: lmdb.Environment, count: int) -> np.ndarray 
         if not cursor.set_key(record_key(0)):
             return None
         values = itertools.islice(cursor.iternext(keys=False, values=True), count)
-        addresses = np.fromiter((_address(v) for v in values), dtype=np.int64, count=count)
+        addresses = np.empty(count, dtype=np.int64)
+        step = max(1, SCAN_BYTES // max(size, 1))
+        for a in range(0, count, step):
+            got = np.fromiter((_address(v) for v in itertools.islice(values, step)),
+                              dtype=np.int64)
+            addresses[a : a + len(got)] = got
+            # the scan reads every page of the file: let them go as it moves on, or all of
+            # data.mdb stays resident in this process (counted, though the kernel may drop it)
+            _let_go(int(got.min()), int(got.max()) + size)
     found = _mapping_of(int(addresses[0]), os.stat(path / "data.mdb").st_ino)
     if found is None:
         return None
     start, file_offset = found
     return (addresses - start + file_offset).astype("<i8")
+
+
+def _let_go(lo: int, hi: int) -> None:
+    """Drop this process's pages of LMDB's read-only file mapping between addresses ``lo``
+    and ``hi``: their data stays in the page cache and is mapped again if touched."""
+    lo -= lo % mmap.PAGESIZE
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo),
+                                                  mmap.MADV_DONTNEED)
 
 
 def _address(buffer: Any) -> int:

@@ -4,6 +4,7 @@ and the writer's options, and the checked list of inputs (a :class:`Job`)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -25,7 +26,7 @@ class Job:
     container_name: str  # a name, not the module: a Job travels to worker processes
     dst: Path
     options: dict[str, Any]  # the writer's
-    items: list[Item]
+    items: Sequence[Item]  # a list, or a source's compact table (sources.lines.DocTable)
     on_error: str = "fail"
 
     @property
@@ -33,7 +34,7 @@ class Job:
         """The container module (see :mod:`packdata.containers`)."""
         return containers.get(self.container_name)
 
-    def part(self, items: list[Item], dst: Path) -> Job:
+    def part(self, items: Sequence[Item], dst: Path) -> Job:
         """The same conversion of some of the items into another destination (a part)."""
         return dataclasses.replace(self, items=items, dst=dst)
 
@@ -69,11 +70,12 @@ def settle(source: Source, dst: str | Path, container: str | None,
     items = source.items()
     if not items:
         raise PackdataError(f"{source.root}: no {source.kind} inputs found")
-    _check_unique_keys(items)
+    if not source.unique_keys:
+        _check_unique_keys(items)
     return Job(source, module.NAME, path, options, items, on_error)
 
 
-def _check_unique_keys(items: list[Item]) -> None:
+def _check_unique_keys(items: Sequence[Item]) -> None:
     """Samples are found by key (the file's path without suffix): two inputs may not share one."""
     first: dict[str, Item] = {}
     for item in items:

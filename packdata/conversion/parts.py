@@ -30,7 +30,7 @@ from packdata.conversion.job import ConvertResult, Job
 from packdata.errors import PackdataError
 from packdata.interrupts import term_as_interrupt
 from packdata.manifest import Manifest
-from packdata.recordmeta import Keys, MetaSpool
+from packdata.recordmeta import Keys, MetaSpool, copy_blocks, map_array, map_npz, save_npz
 from packdata.sources.base import Source
 from packdata.units import available_cores
 
@@ -54,12 +54,21 @@ def work_dir(dst: Path) -> Path:
 def make_recipe(job: Job, part_size: int) -> dict[str, Any]:
     """Everything that decides which records each part holds, as plain JSON."""
     described = job.source.describe()
-    keys = "\n".join(item.key for item in job.items).encode()
     recipe = {"container": job.container.NAME, "container_options": job.options,
               "part_size": part_size, "on_error": job.on_error, "kind": job.source.kind,
-              "inputs": len(job.items), "inputs_crc32": zlib.crc32(keys),
+              "inputs": len(job.items), "inputs_crc32": _keys_crc32(job),
               "source": described.get("source", {}), "options": described.get("options", {})}
     return json.loads(json.dumps(recipe, default=str))
+
+
+def _keys_crc32(job: Job, block: int = 1 << 16) -> int:
+    """The CRC-32 of every input's key, newline-separated, computed block by block (the keys of
+    millions of inputs are never one string)."""
+    crc, items = 0, job.items
+    for a in range(0, len(items), block):
+        text = "\n".join(items[i].key for i in range(a, min(a + block, len(items))))
+        crc = zlib.crc32((text if a == 0 else "\n" + text).encode(), crc)
+    return crc
 
 
 def _check_recipe(old: dict[str, Any], new: dict[str, Any], where: Path) -> None:
@@ -161,7 +170,7 @@ def write(job: Job, parts: Parts, *, workers: int | None = None, progress: Any =
     if job.container.NAME == "tar":  # tar parts join into one plain tar dataset
         manifest = _join_tar(work, paths, manifest, job.options)
     else:
-        np.savez(work / sharded.RECORDS, **manifest.record_arrays())
+        save_npz(work / sharded.RECORDS, manifest.record_arrays())
     (work / RECIPE).unlink()
     (work / sharded.MANIFEST).write_text(manifest.to_json())  # last: now it is a dataset
     atomic.publish(work, job.dst)
@@ -207,35 +216,43 @@ def _join_tar(work: Path, paths: list[Path], manifest: Manifest,
     """Tar parts moved into one tar dataset: their shards renumbered into one sequence and their
     record indexes joined (shard numbers offset), so the result is an ordinary tar dataset."""
     from packdata.containers import tar
+    from packdata.containers.base import map_file
     from packdata.containers.tar.indexes import idx_path, write_wids_index
     from packdata.containers.tar.layout import RECORDS
 
     pattern = options.get("pattern") or next(o.default for o in tar.WRITER.OPTIONS
                                               if o.name == "pattern")
     shards: list[dict[str, Any]] = []
-    columns: dict[str, list[np.ndarray]] = {}
+    spools: dict[str, tuple[Path, str]] = {}  # each index column, appended part by part
     for path in paths:
         part = Manifest.from_json((path / tar.MANIFEST).read_text(), str(path))
-        with np.load(path / tar.INDEX, allow_pickle=False) as index:
-            for key in index.files:
-                if key.startswith(RECORDS):  # the parts' own: the joined ones are written below
-                    continue
-                column = index[key] + len(shards) if key.endswith(".shard") else index[key]
-                columns.setdefault(key, []).append(column)
+        index = map_npz(path / tar.INDEX, map_file(path / tar.INDEX))  # mapped, not loaded
+        for key, column in index.items():
+            if key.startswith(RECORDS):  # the parts' own: the joined ones are written below
+                continue
+            first = key not in spools  # a killed earlier join's spool is started afresh
+            spool, _ = spools.setdefault(key, (work / f".{key}.spool", column.dtype.str))
+            with open(spool, "wb" if first else "ab") as f:
+                for block in copy_blocks(column):
+                    f.write((block + len(shards) if key.endswith(".shard") else block).tobytes())
+        del index
         for shard in part.extra["shards"]:
             name = pattern % len(shards)
             # hard links, not moves: killed halfway, the parts are still whole for --resume
             atomic.link_file(path / shard["name"], work / name)
             if idx_path(path, shard["name"]).is_file():  # offsets within the shard: still valid
                 atomic.link_file(idx_path(path, shard["name"]), idx_path(work, name))
-            shards.append({"name": name, "count": shard["count"]})
+            shards.append({"name": name, **{k: v for k, v in shard.items() if k != "name"}})
     manifest.container = "tar"
     manifest.options = {k: v for k, v in manifest.options.items() if k != "part_container"}
     manifest.extra = {k: v for k, v in manifest.extra.items() if k != "parts"}
     manifest.extra["shards"] = shards
     # after the manifest's last change: the arrays hold its JSON's checksum
     records = {f"{RECORDS}.{k}": v for k, v in manifest.record_arrays().items()}
-    np.savez(work / tar.INDEX, **{k: np.concatenate(v) for k, v in columns.items()}, **records)
+    save_npz(work / tar.INDEX, {**{k: map_array(spool, dtype) for k, (spool, dtype)
+                                   in spools.items()}, **records})
+    for spool, _ in spools.values():
+        spool.unlink()
     write_wids_index(work, shards)
     for path in paths:  # manifests first: a part half deleted is no longer taken as finished
         (path / tar.MANIFEST).unlink()

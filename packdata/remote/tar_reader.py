@@ -136,6 +136,7 @@ class RemoteTarReader(tar.TarReader):
         if self.storage.access != "ranges":
             return super().read(indices, select)
         idx = self.check_indices(indices)
+        self.check_entries(idx)  # before any range is asked for
         blobs = self._ranges(idx)
         batch: Batch = {}
         for name, spec in self.manifest.fields.items():

@@ -50,6 +50,9 @@ class Source(ABC):
     #: appended to shape errors, telling the user how to make records uniform
     shape_hint: ClassVar[str] = ""
     classes: list[str] | None = None
+    #: keys unique by construction (e.g. text's ``FILE:LINE``): conversion does not compare them,
+    #: which would hold every key of millions of inputs in memory at once
+    unique_keys: ClassVar[bool] = False
     #: inputs left out by reason, set while listing (see :meth:`ignore`); absent until then
     ignored: dict[str, list[str]]
     #: whether :meth:`observe` does anything (conversion then hands it every record)

@@ -19,7 +19,7 @@ runs in the conversion's worker processes, one batch-encode call per block of do
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from packdata.options import Option, resolve
 from packdata.prep.tokenizers import from_description, load_tokenizer, token_dtype
 from packdata.remote.files import fetch_all
 from packdata.sources.base import Item, Loaded, Source
+from packdata.sources.lines import DocTable, TextItem, build, scan_lines
 
 KIND = "text"
 DECODES = False  # no decode stage
@@ -60,24 +61,12 @@ OPTIONS = (
 BLOCK_BYTES = 512 << 10  # text per worker task: enough to amortise a task, small enough to balance
 
 
-@dataclass(frozen=True)
-class TextItem(Item):
-    """A document: a whole file (``line`` None) or the bytes ``[start, end)`` of one line."""
-
-    line: int | None = None
-    start: int = 0
-    end: int = 0  # for a whole file: its size when listed (used to balance worker tasks)
-
-    @property
-    def origin(self) -> str:
-        return f"{self.path}:{self.line}" if self.line else str(self.path)
-
-
 class TextSource(Source):
     """Documents under ``root``, tokenised by ``tokenizer`` (``"bytes"``, a tokenizer.json path,
     a ``*.tiktoken`` path, or a :class:`~packdata.prep.tokenizers.Tokenizer`)."""
 
     kind = KIND
+    unique_keys = True  # FILE and FILE:LINE (see DocTable)
 
     def __init__(self, root: str | Path, **options: Any) -> None:
         """``options``: see :data:`OPTIONS`; ``tokenizer`` may also be a loaded Tokenizer or the
@@ -111,33 +100,30 @@ class TextSource(Source):
         base = self.root.parent if self.root.is_file() else self.root
         return [base / f for f in self.list_inputs(SUFFIXES)]
 
-    def items(self) -> list[Item]:
+    def items(self) -> DocTable:
+        """Every document, as a table of rows (a few bytes each, however many lines)."""
         base = self.root.parent if self.root.is_file() else self.root
-        items: list[Item] = []
+        files = self._files()
+        sizes = [path.stat().st_size for path in files]
+        dtype = np.uint32 if max(sizes, default=0) < 1 << 32 else np.int64
+        rows: list = []
         self.blank_lines = 0
-        for path in self._files():
+        for path, size in zip(files, sizes):
             key = path.relative_to(base).as_posix()
             if path.suffix.lower() == ".jsonl" or self.per_line:
-                items.extend(self._lines(path, key))
+                # one row per non-blank line, with its byte range: a worker reads only that line
+                *lines, blank = scan_lines(path, dtype)
+                self.blank_lines += blank
+                rows.append((key, path, tuple(lines)))
             else:
-                items.append(TextItem(key, path, end=path.stat().st_size))
-        return items
+                rows.append((key, path, size))
+        return build(rows, dtype)
 
-    def _lines(self, path: Path, key: str) -> list[TextItem]:
-        """One item per non-blank line, with its byte range (so a worker reads only that line)."""
-        data = path.read_bytes()
-        items, start = [], 0
-        for number, line in enumerate(data.splitlines(keepends=True), 1):
-            end = start + len(line)
-            if line.strip():
-                items.append(TextItem(f"{key}:{number}", path, line=number, start=start, end=end))
-            else:
-                self.blank_lines += 1
-            start = end
-        return items
-
-    def blocks(self, items: list[Item]) -> list[list[Item]]:
+    def blocks(self, items: Sequence[Item]) -> list[Sequence[Item]]:
         """Tasks of about ``BLOCK_BYTES`` of text: documents vary from one line to megabytes."""
+        table = items if isinstance(items, DocTable) else None
+        if table is not None:  # + a little per item, for per-item costs
+            return list(table.cost_blocks(BLOCK_BYTES, 64))
         blocks: list[list[Item]] = [[]]
         size = 0
         for item in items:
@@ -145,8 +131,8 @@ class TextSource(Source):
                 blocks.append([])
                 size = 0
             blocks[-1].append(item)
-            size += item.end - item.start + 64  # + a little per item, for per-item costs
-        return blocks
+            size += item.end - item.start + 64  # type: ignore[attr-defined]
+        return blocks  # type: ignore[return-value]
 
     # -- loading (in worker processes) -----------------------------------------------------------
 
@@ -156,8 +142,9 @@ class TextSource(Source):
             raise loaded
         return loaded if isinstance(loaded, dict) else loaded[0][1]
 
-    def load_block(self, items: list[Item]) -> list[Loaded]:
+    def load_block(self, items: Sequence[Item]) -> list[Loaded]:
         """Read every document of the block, then tokenise them with one batch-encode call."""
+        items = list(items)  # a block's rows as items, once
         results: list[Loaded | None] = [None] * len(items)
         texts, slots = [], []
         # URL inputs: whole-file documents in one batch of concurrent GETs; lines are ranged reads

@@ -84,29 +84,16 @@ def shard_list(path: Path, manifest: Manifest) -> list[dict[str, Any]]:
     return shards
 
 
-def check_index(path: Path, index: dict[str, np.ndarray], manifest: Manifest,
-                 shard_start: np.ndarray) -> None:
-    """Every record's member lies in the shard that holds it, at a non-negative offset, with
-    the size its field needs: checked before any view is laid over a shard."""
-    counts = np.diff(shard_start)
-    expected_shard = np.repeat(np.arange(len(counts)), counts)
+def check_index(path: Path, index: dict[str, np.ndarray], manifest: Manifest) -> None:
+    """The index's columns are integers and its scalar values the manifest's type: checked at
+    open in O(1). Each record's entries (its shard, offset and size) are checked when it is
+    read (:meth:`TarReader.check_entries`), before any view is laid over a shard, so that
+    opening reads no per-record entry."""
     for name, field in manifest.fields.items():
-        shard, offset, nbytes = (index[f"{name}.{col}"] for col in ("shard", "offset", "nbytes"))
-        if any(a.dtype.kind not in "iu" for a in (shard, offset, nbytes)) or (len(offset) and (
-                offset.min() < 0 or nbytes.min() < 0)) or not np.array_equal(shard, expected_shard):
+        if any(index[f"{name}.{col}"].dtype.kind not in "iu"
+               for col in ("shard", "offset", "nbytes")):
             raise DatasetError(f"{path}: the index of '{name}' points outside its shards; the "
                                "dataset is damaged")
-        if field.variable:
-            row = int(np.prod(field.row_shape, dtype=np.int64)) * field.np_dtype.itemsize
-            bad = (nbytes % row != 0) if row else (nbytes != 0)
-        elif f"{name}.values" in index:  # read from the index; the member may be text (.cls)
-            bad = False
-        else:
-            bad = nbytes != field.nbytes
-        if np.any(bad):
-            raise DatasetError(f"{path}: the index of '{name}' gives sizes that do not fit its "
-                               f"field ({field.dtype} {list(field.shape)}); the dataset is "
-                               "damaged (or the manifest edited)")
         values = index.get(f"{name}.values")
         if values is not None and (values.dtype != field.np_dtype or len(values) != manifest.count):
             raise DatasetError(f"{path}: the index's values of '{name}' do not match the "

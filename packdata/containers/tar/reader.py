@@ -57,16 +57,26 @@ class TarReader(Reader):
         self.shard_names = [s["name"] for s in shards]
         self.shard_start = np.concatenate([[0], np.cumsum([s["count"] for s in shards])]).astype(
             np.int64)
-        check_index(self.path / INDEX, self.index, self.manifest, self.shard_start)
+        check_index(self.path / INDEX, self.index, self.manifest)
+        if self.manifest.count:  # the first and last entries: a manifest edited (a field's
+            # dtype or shape) is refused at open, as is an index of another dataset
+            self.check_entries(np.unique([0, self.manifest.count - 1]))
+        self._shards = shards
         self._maps: dict[int, np.ndarray] = {}
-        # bytes each shard must hold: checked before any strided view is laid over it
-        self._shard_end = np.zeros(len(shards), dtype=np.int64)
-        for name in self.manifest.fields:
-            ends = self.index[f"{name}.offset"] + self.index[f"{name}.nbytes"]
-            np.maximum.at(self._shard_end, self.index[f"{name}.shard"], ends)
+        self._ends: dict[int, int] = {}  # bytes each shard's records need (from the index)
         self._views: dict[tuple[str, int], np.ndarray | None] = {}
         self._joined: tuple[np.ndarray, np.ndarray] | None | bool = False  # False: not tried
         self._windows: dict[Any, np.ndarray] = {}
+
+    def _needed(self, shard: int) -> int:
+        """The bytes shard ``shard``'s records need, from its part of the index (read once, on
+        demand: opening reads no per-record entry)."""
+        if shard not in self._ends:
+            a, b = int(self.shard_start[shard]), int(self.shard_start[shard + 1])
+            self._ends[shard] = max([int((self.index[f"{n}.offset"][a:b]
+                                          + self.index[f"{n}.nbytes"][a:b]).max(initial=0))
+                                     for n in self.manifest.fields], default=0)
+        return self._ends[shard]
 
     def _map(self, shard: int) -> np.ndarray:
         if shard not in self._maps:
@@ -74,13 +84,17 @@ class TarReader(Reader):
             if not path.is_file():
                 raise DatasetError(f"{path}: shard missing; the dataset is incomplete")
             mapped = map_file(path)
-            if len(mapped) < self._shard_end[shard] and self._cut is not None:
+            # the size conversion recorded (O(1)); else, or for verify's report of what a cut
+            # lost, what the shard's records need
+            size = self._shards[shard].get("bytes")
+            exact = isinstance(size, int) and self._cut is None
+            needed = size if exact else self._needed(shard)
+            if len(mapped) < needed and self._cut is not None:
                 self._cut[shard] = len(mapped)
-            elif len(mapped) < self._shard_end[shard]:
-                raise DatasetError(
-                    f"{path}: shard truncated ({len(mapped)} bytes, the index needs "
-                    f"{self._shard_end[shard]}); the dataset is damaged"
-                )
+            elif len(mapped) < needed:
+                what = "the manifest records" if exact else "the index needs"
+                raise DatasetError(f"{path}: shard truncated ({len(mapped)} bytes, {what} "
+                                   f"{needed}); the dataset is damaged")
             self._maps[shard] = mapped
         return self._maps[shard]
 
@@ -92,9 +106,11 @@ class TarReader(Reader):
             nbytes = int(self.manifest.fields[name].nbytes)
             view = None
             steps = np.diff(offsets)
-            if len(offsets) and (len(steps) == 0 or (steps == steps[0]).all()):
+            mm = self._map(shard)
+            inside = len(offsets) and min(offsets[0], offsets[-1]) >= 0 and \
+                max(offsets[0], offsets[-1]) + nbytes <= len(mm)  # so every row is, if strided
+            if inside and (len(steps) == 0 or (steps == steps[0]).all()):
                 stride = int(steps[0]) if len(steps) else nbytes
-                mm = self._map(shard)
                 view = np.lib.stride_tricks.as_strided(
                     mm[offsets[0] :], shape=(len(offsets), nbytes), strides=(stride, 1),
                     writeable=False,
@@ -112,29 +128,51 @@ class TarReader(Reader):
     def truncated(self) -> dict[str, tuple[int, int]]:
         """Shards found truncated so far (with :meth:`allow_truncated_shards`): name → (bytes
         there, bytes the index needs)."""
-        return {self.shard_names[s]: (n, int(self._shard_end[s]))
+        return {self.shard_names[s]: (n, self._needed(s))
                 for s, n in sorted((self._cut or {}).items())}
 
-    def _check_cut(self, idx: np.ndarray) -> None:
-        """Raise for the first of records ``idx`` whose bytes run past a truncated shard."""
-        for name in self.manifest.fields:
+    def check_entries(self, idx: np.ndarray) -> dict[str, tuple[np.ndarray, ...]]:
+        """The index entries ``(shard, offset, nbytes)`` of records ``idx`` by field, checked
+        before any of their bytes is read (per read, so that opening stays flat in the record
+        count): each in the shard that holds the record, at a non-negative offset, of the size
+        its field needs. Fields kept in the index (``values``) are left out."""
+        expected = np.searchsorted(self.shard_start, idx, "right") - 1
+        entries = {}
+        for name, field in self.manifest.fields.items():
             if f"{name}.values" in self.index:
                 continue  # kept in the index, not in a shard
-            shards = self.index[f"{name}.shard"][idx]
-            for s in np.unique(shards).tolist():
-                self._map(s)
-            if not self._cut:
-                return
-            ends = self.index[f"{name}.offset"][idx] + self.index[f"{name}.nbytes"][idx]
-            cuts = np.array([self._cut.get(s, np.iinfo(np.int64).max) for s in shards.tolist()],
-                            dtype=np.int64)
-            past = np.flatnonzero(ends > cuts)
+            shard, offset, nbytes = (self.index[f"{name}.{c}"][idx]
+                                     for c in ("shard", "offset", "nbytes"))
+            if not np.array_equal(shard, expected) or (len(idx) and (
+                    offset.min() < 0 or nbytes.min() < 0)):
+                raise DatasetError(f"{self.path / INDEX}: the index of '{name}' points outside "
+                                   "its shards; the dataset is damaged")
+            if field.variable:
+                row = int(np.prod(field.row_shape, dtype=np.int64)) * field.np_dtype.itemsize
+                bad = (nbytes % row != 0) if row else (nbytes != 0)
+            else:
+                bad = nbytes != field.nbytes
+            if np.any(bad):
+                raise DatasetError(f"{self.path / INDEX}: the index of '{name}' gives sizes that "
+                                   f"do not fit its field ({field.dtype} {list(field.shape)}); "
+                                   "the dataset is damaged (or the manifest edited)")
+            entries[name] = (shard, offset, nbytes)
+        return entries
+
+    def _check_records(self, idx: np.ndarray) -> None:
+        """:meth:`check_entries`, and every record's bytes within its shard's file (a record
+        past a truncated shard's cut raises, naming it)."""
+        for shard, offset, nbytes in self.check_entries(idx).values():
+            shards = np.unique(shard).tolist()
+            sizes = np.array([len(self._map(s)) for s in shards], dtype=np.int64)
+            ends = offset + nbytes
+            past = np.flatnonzero(ends > sizes[np.searchsorted(shards, shard)])
             if len(past):
                 j = int(past[0])
-                raise DatasetError(
-                    f"{self.path / self.shard_names[int(shards[j])]}: shard truncated "
-                    f"({int(cuts[j])} bytes); record {int(idx[j])} lies past the cut (it "
-                    f"needs {int(ends[j])}); the dataset is damaged")
+                where = self.path / self.shard_names[int(shard[j])]
+                raise DatasetError(f"{where}: shard truncated ({len(self._map(int(shard[j])))} "
+                                   f"bytes); record {int(idx[j])} lies past the cut (it needs "
+                                   f"{int(ends[j])}); the dataset is damaged")
 
     def _joined_map(self) -> tuple[np.ndarray, np.ndarray] | None:
         """All shards mapped back to back (see :mod:`packdata.containers.joined`), once each
@@ -153,17 +191,14 @@ class TarReader(Reader):
         return self._joined  # type: ignore[return-value]
 
     def _window(self, name: str, nbytes: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """(byte address of each record of field ``name`` in the joined map, a window of
-        ``nbytes`` rows over it), or None."""
+        """(where each shard starts in the joined map, a window of ``nbytes`` rows over the
+        map), or None."""
         joined = self._joined_map()
         if joined is None:
             return None
-        if name not in self._windows:
-            whole, starts = joined
-            self._windows[name] = starts[self.index[f"{name}.shard"]] + self.index[f"{name}.offset"]
         if nbytes not in self._windows:
             self._windows[nbytes] = byte_window(joined[0], nbytes)
-        return self._windows[name], self._windows[nbytes]
+        return joined[1], self._windows[nbytes]
 
     def _payloads(self, name: str, idx: np.ndarray) -> list[np.ndarray]:
         shard = self.index[f"{name}.shard"][idx]
@@ -190,8 +225,9 @@ class TarReader(Reader):
 
         joined = self._window(name, nbytes) if len(idx) else None
         if joined is not None:  # records of any shards at any offsets: one gather
-            addresses, window = joined
-            at = addresses[idx] if rows is None else addresses[idx] + rows * nbytes
+            starts, window = joined  # each record's address: computed per batch, not at open
+            at = starts[self.index[f"{name}.shard"][idx]] + self.index[f"{name}.offset"][idx]
+            at = at if rows is None else at + rows * nbytes
             return window[at].view(field.np_dtype).reshape(len(idx), *shape)
         shards = self.index[f"{name}.shard"][idx]
         first = int(shards[0]) if len(shards) else 0
@@ -213,8 +249,7 @@ class TarReader(Reader):
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         idx = self.check_indices(indices)
-        if self._cut is not None:
-            self._check_cut(idx)
+        self._check_records(idx)
         select = select or {}
         batch: Batch = {}
         for name, field in self.manifest.fields.items():
@@ -233,6 +268,7 @@ class TarReader(Reader):
         idx = self.check_indices(indices)
         if self._cut is not None or set(out) != set(self.manifest.fields) or not len(idx):
             return super().read_into(idx, out)
+        self._check_records(idx)
         batch: Batch = {}
         for name, field in self.manifest.fields.items():
             if f"{name}.values" in self.index:  # kept in the index (labels): a small gather
@@ -241,8 +277,9 @@ class TarReader(Reader):
             joined = self._window(name, field.nbytes)
             if joined is None:  # shards not mapped as one range: read, then copy
                 return super().read_into(idx, out)
-            addresses, window = joined
-            batch[name] = gather_rows(window, addresses[idx], out[name])
+            starts, window = joined  # each record's address: computed per batch, not at open
+            at = starts[self.index[f"{name}.shard"][idx]] + self.index[f"{name}.offset"][idx]
+            batch[name] = gather_rows(window, at, out[name])
         return batch
 
     def lengths(self, name: str) -> np.ndarray:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import tarfile
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from packdata.containers.base import ShardClosed, Writer
 from packdata.containers.tar.indexes import idx_path, write_idx, write_wids_index
@@ -18,6 +20,7 @@ from packdata.containers.tar.members import member_suffix, npy_header, ustar_hea
 from packdata.errors import PackdataError
 from packdata.manifest import Field, Manifest
 from packdata.options import Option
+from packdata.recordmeta import map_array, save_npz
 from packdata.units import parse_count_or_bytes
 
 
@@ -43,14 +46,17 @@ class TarWriter(Writer):
         self.shards: list[dict[str, Any]] = []
         self.file: Any = None  # the open shard
         self.offset = 0  # bytes written to the open shard
-        self.index: dict[str, array] = {  # 8 bytes a record each, not Python int objects
+        # the open shard's index entries (8 bytes a record each, not Python int objects),
+        # appended to spool files in the dataset folder as each shard closes: memory stays flat
+        self.index: dict[str, array] = {
             f"{n}.{col}": array("q") for n in fields for col in ("shard", "offset", "nbytes")
         }
         self.values = {n: [] for n, f in fields.items() if f.shape == ()}
         self.columns = {n: tuple(self.index[f"{n}.{col}"] for col in ("shard", "offset", "nbytes"))
                         for n in fields}  # the index lists each record appends to
-        self.member_keys: dict[str, str] = {}  # member name stem → record key
-        self.shard_first = 0  # the open shard's first record
+        # each record's member name stem, hashed (8 bytes a record, not a dict of every key):
+        # two keys that make one stem are found at finish, by sorting
+        self.member_hashes = array("Q")
         self.shard_keys: list[str] = []  # its records' member keys, for its DALI index
         self.suffixes = {n: [] for n, f in fields.items() if f.codec}  # png/jpg vary per record
 
@@ -71,25 +77,45 @@ class TarWriter(Writer):
         if self.file is not None:
             end = self.offset + 1024  # two zero blocks end the archive
             self.file.write(bytes(1024 + (-end) % tarfile.RECORDSIZE))
+            # its size, so that a reader finds a truncated shard without reading the index
+            self.shards[-1]["bytes"] = end + (-end) % tarfile.RECORDSIZE
             self.file.close()
             self.file = None
-            lo, hi = self.shard_first, self.count
-            columns = [(self.suffixes[n][lo:hi] if n in self.suffixes else
-                        [member_suffix(n, f, np.zeros(0, f.np_dtype))] * (hi - lo),
-                        self.columns[n][1][lo:hi], self.columns[n][2][lo:hi])
+            count = len(self.shard_keys)
+            columns = [(self.suffixes[n] if n in self.suffixes else
+                        [member_suffix(n, f, np.zeros(0, f.np_dtype))] * count,
+                        self.columns[n][1], self.columns[n][2])
                        for n, f in self.fields.items()]
             name = self.shards[-1]["name"]
             write_idx(idx_path(self.path, name), self.shard_keys, columns)
-            self.shard_first, self.shard_keys = hi, []
+            self._spool_index()
             if self.on_shard_closed is not None:
                 self.on_shard_closed([self.path / name, idx_path(self.path, name)])
 
+    def _spool(self, key: str) -> Path:
+        return self.path / f".{key}.spool"  # removed before the manifest is written
+
+    def _spool_arrays(self) -> dict[str, tuple[list | array, np.dtype]]:
+        arrays: dict[str, tuple[list | array, np.dtype]] = {
+            k: (v, np.dtype("<i4" if k.endswith(".shard") else "<i8"))
+            for k, v in self.index.items()}
+        for name, values in self.values.items():
+            arrays[f"{name}.values"] = (values, self.fields[name].np_dtype)
+        return arrays
+
+    def _spool_index(self) -> None:
+        """The closed shard's index entries appended to their spool files, then let go."""
+        for key, (values, dtype) in self._spool_arrays().items():
+            with open(self._spool(key), "ab") as f:
+                f.write(np.asarray(values, dtype=dtype).tobytes())
+            del values[:]
+        self.shard_keys = []
+        for suffixes in self.suffixes.values():
+            suffixes.clear()
+
     def append(self, key: str, record: dict[str, np.ndarray]) -> None:
         member_key = key_of_members(key)
-        other = self.member_keys.setdefault(member_key, key)
-        if other != key:
-            raise PackdataError(f"keys '{other}' and '{key}' both make tar members named "
-                                f"'{member_key}.*'; rename one of the inputs")
+        self.member_hashes.append(xxhash.xxh3_64_intdigest(member_key.encode()))
         out = self._shard()
         for name, field in self.fields.items():
             value = record[name]
@@ -117,18 +143,32 @@ class TarWriter(Writer):
         self.shards[-1]["count"] += 1
         self.count += 1
 
+    def _check_member_names(self, keys: Sequence[str]) -> None:
+        """Refuse two records whose keys make the same member names (``a.b`` and ``a_b``)."""
+        hashes = np.frombuffer(self.member_hashes, dtype=np.uint64)
+        order = np.argsort(hashes, kind="stable")
+        same = np.flatnonzero(hashes[order[1:]] == hashes[order[:-1]])
+        for i, j in zip(order[same].tolist(), order[same + 1].tolist()):
+            if key_of_members(keys[i]) == key_of_members(keys[j]):  # not a hash collision
+                raise PackdataError(f"keys '{keys[i]}' and '{keys[j]}' both make tar members "
+                                    f"named '{key_of_members(keys[j])}.*'; rename one of the "
+                                    "inputs")
+
     def finish(self, manifest: Manifest) -> None:
         self._close_shard()
-        arrays = {
-            k: np.asarray(v, dtype=np.int32 if k.endswith(".shard") else np.int64)
-            for k, v in self.index.items()
-        }
-        for name, vals in self.values.items():
-            arrays[f"{name}.values"] = np.asarray(vals, dtype=self.fields[name].np_dtype)
+        self._check_member_names(manifest.keys)
+        spooled = {key: self._spool(key) for key in self._spool_arrays()}
+        for path in spooled.values():
+            path.touch()  # no shard (no record): an empty column
+        arrays = {key: map_array(path, dtype.str)
+                  for (key, path), (_, dtype) in zip(spooled.items(),
+                                                     self._spool_arrays().values())}
         manifest.extra["shards"] = self.shards  # first: the arrays hold the JSON's checksum
         for name, values in manifest.record_arrays().items():
             arrays[f"{RECORDS}.{name}"] = values
-        np.savez(self.path / INDEX, **arrays)
+        save_npz(self.path / INDEX, arrays)  # spooled arrays block by block
+        for path in spooled.values():
+            path.unlink()
         write_wids_index(self.path, self.shards)
         (self.path / MANIFEST).write_text(manifest.to_json())  # last: what makes it a dataset
 
