@@ -2,7 +2,7 @@
 address-space limit and a timeout.
 
     python bench/fuzz_readers.py [--mutants 1000] [--verify full] [--seed 0]
-        [--json bench/results/fuzz_readers.json]
+        [--containers lmdb hdf5 tar] [--json bench/results/fuzz_readers.json]
 
 Datasets: 60 real CIFAR-10 PNGs (shipped in packdata/demo_data), the PEP text fixtures (byte
 tokens, variable length) and the LiDAR fixtures (4 AHN clouds, 1024 points, K=2 variants), each
@@ -316,6 +316,8 @@ def main() -> None:
     parser.add_argument("--mutants", type=int, default=1000, help="per dataset")
     parser.add_argument("--verify", nargs="+", default=["full"], help="levels to read at")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--containers", nargs="+", choices=sorted(TARGETS), default=sorted(TARGETS),
+                        help="mutate only these containers' datasets")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -325,7 +327,8 @@ def main() -> None:
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        originals = build_datasets(work / "orig")
+        originals = {name: path for name, path in build_datasets(work / "orig").items()
+                     if name.rsplit("-", 1)[1] in args.containers}
         read = ReaderProcess()
         for name, path in originals.items():
             digests = digest(path)

@@ -61,6 +61,22 @@ def test_a_damaged_lmdb_value_size_is_a_named_error_not_sigbus(tmp_path, packed)
     assert f"{copy}/data.mdb" in verify.stdout and "damaged" in verify.stdout
 
 
+@pytest.mark.parametrize("key", [b"__offsets__", b"__lengths__/tokens", b"0000000000"])
+def test_a_damaged_value_size_in_a_text_lmdb_is_a_named_error_not_sigbus(tmp_path, packed_text,
+                                                                           key):
+    """Variable-size records, read at their stored offsets: a ~4 GB value size in the node of
+    the offsets, a length table or the first record (the keys still looked up) is found on the
+    key's path by packdata's own lookup, in a child that must not die by a signal."""
+    copy = shutil.copytree(packed_text["lmdb"], tmp_path / "d.lmdb")
+    huge_value_size(copy, key)
+    read = run_python("-c", "import sys, packdata; ds = packdata.open(sys.argv[1]); "
+                      "[ds[i] for i in range(len(ds))]", str(copy))
+    assert read.returncode == 1, read  # an exception, not a signal
+    assert "DatasetError" in read.stderr and str(copy) in read.stderr, read.stderr
+    verify = run_python("-m", "packdata", "verify", str(copy))
+    assert verify.returncode == 1 and str(copy) in verify.stdout, verify
+
+
 def swap_fields(m: dict) -> None:
     m["fields"] = dict(reversed(list(m["fields"].items())))
 

@@ -9,10 +9,13 @@ Layout (readable with plain ``lmdb``):
 - ``records.npz`` beside ``data.mdb`` → the record keys and checksums (:mod:`packdata.recordmeta`,
   format version 2), uncompressed and mapped in place: LMDB's own ``get`` of a large value maps
   all its pages, which would make opening cost memory in proportion to the records;
-- key ``b"__offsets__"`` (fixed-size records only, where found): each record's byte offset in
-  data.mdb (int64), so a reader's :class:`RecordMap` is whole from the start.
+- key ``b"__offsets__"`` (where found): each record's byte offset in data.mdb (int64).
 
-LMDB values live in a memory map, so reads copy nothing until the batch is assembled.
+A reader looks up the few keys it needs itself (:class:`Tree`: only the pages on each key's
+path are read, each bounded) and reads records at their stored offsets from its own map of
+data.mdb, so opening costs the same whatever the number of records and no damaged page can make
+a read leave the file. Datasets without stored offsets are read through LMDB's lookups, once
+:func:`check_tree` has walked their whole tree.
 """
 
 from __future__ import annotations
@@ -37,8 +40,15 @@ from packdata.containers.base import (
     gather_rows,
     same_destination,
 )
-from packdata.containers.lmdbcheck import check_tree
-from packdata.containers.lmdbmap import OFFSETS_KEY, RecordMap, record_key, record_offsets
+from packdata.containers.lmdbcheck import Tree
+from packdata.containers.lmdbenv import checked_env, shared_env, shared_tree
+from packdata.containers.lmdbmap import (
+    OFFSETS_KEY,
+    RecordMap,
+    StoredMap,
+    record_key,
+    write_offsets,
+)
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest, check_manifest
 from packdata.recordmeta import save_npz
@@ -111,18 +121,20 @@ class LMDBWriter(Writer):
             self.pending = self.pending_records = 0
 
     def finish(self, manifest: Manifest) -> None:
-        self.txn.commit()  # the records' pages are where they stay: later writes copy others
+        self.txn.commit()
         self.txn = self.env.begin(write=True)
-        offsets = None if self.variable else record_offsets(
-            self.path, self.env, self.count, sum(f.nbytes for f in self.fields.values()))
-        if offsets is not None:
-            self.txn.put(OFFSETS_KEY, memoryview(offsets).cast("B"))
+        if self.count:  # room for the offsets (zeros from calloc: no pages of ours touched),
+            # written once no record moves any more
+            self.txn.put(OFFSETS_KEY, memoryview(np.zeros(self.count, "<i8")).cast("B"))
         for n in self.variable:
             lengths = np.frombuffer(self.rows[n], dtype=np.int64).astype("<i8", copy=False)
             self.txn.put(lengths_key(n), memoryview(lengths).cast("B"))  # no copies of ours
         save_npz(self.path / RECORDS, manifest.record_arrays())
         self.txn.put(MANIFEST_KEY, manifest.to_json().encode())
         self.txn.commit()
+        if self.count and not write_offsets(self.path, self.env, self.count):
+            with self.env.begin(write=True) as txn:
+                txn.delete(OFFSETS_KEY)
         self.env.sync(True)
         self.env.close()
 
@@ -131,134 +143,70 @@ class LMDBWriter(Writer):
         self.env.close()
 
 
-# LMDB refuses a second open of the same files in one process (it knows them by device and
-# inode, whatever the path: a dataset renamed into place is the same files), so readers share an
-# environment per file; an entry made before a fork is closed and replaced in the child, and so
-# is one whose file was replaced (a dataset converted again with --overwrite may get the same
-# inode number back: its size and modification time tell it apart). Entries for files no
-# longer at their path (deleted, replaced) are closed before another environment opens: LMDB
-# also refuses files whose device and inode numbers an open environment's deleted files had.
-_envs: dict[tuple[int, int], tuple[int, tuple[int, int], lmdb.Environment, str]] = {}
-
-
-#: the files whose B-tree :func:`check_tree` found sound: (device, inode), (size, mtime)
-_checked: set[tuple[tuple[int, int], tuple[int, int]]] = set()
-
-
-def _close_stale_envs() -> None:
-    """Close the environments whose ``data.mdb`` is no longer at their path."""
-    for key, (_, _, env, where) in list(_envs.items()):
-        try:
-            st = os.stat(Path(where) / "data.mdb")
-            current = (st.st_dev, st.st_ino) == key
-        except OSError:
-            current = False
-        if not current:
-            del _envs[key]
-            env.close()
-
-
-def shared_env(path: Path) -> lmdb.Environment:
-    """This process's read-only environment for the LMDB at ``path``."""
-    st = os.stat(path / "data.mdb")
-    key, pid, version = (st.st_dev, st.st_ino), os.getpid(), (st.st_size, st.st_mtime_ns)
-    entry = _envs.pop(key, None)
-    if entry is not None and entry[:2] == (pid, version):
-        _envs[key] = entry
-        return entry[2]
-    if entry is not None:
-        entry[2].close()
-    _close_stale_envs()
-    try:
-        env = lmdb.open(
-            str(path), readonly=True, lock=False, readahead=False, subdir=True, max_readers=1024
-        )
-    except lmdb.Error as exc:
-        raise DatasetError(f"{path}: LMDB cannot be opened ({exc}); the dataset is damaged") from None
-    # LMDB maps the file and trusts its page count: reading past the end of a truncated file
-    # would kill the process with SIGBUS instead of raising
-    needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
-    if st.st_size < needed:
-        env.close()
-        raise DatasetError(f"{path}: truncated (data.mdb holds {st.st_size} bytes, its pages need "
-                           f"{needed}); the dataset is damaged")
-    if (key, version) not in _checked:  # once per file version: the result survives fork
-        try:
-            check_tree(path, env.info()["last_pgno"], env.info()["last_txnid"])
-        except DatasetError:
-            env.close()
-            raise
-        _checked.add((key, version))
-    _envs[key] = (pid, version, env, str(path))
-    return env
-
-
 class LMDBReader(Reader):
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.env = shared_env(self.path)
-        try:
-            self._open()
-        except lmdb.Error as exc:  # a damaged B-tree: LMDB's message, with the path in front
-            raise DatasetError(f"{self.path}: LMDB cannot be read ({type(exc).__name__}: {exc}); "
-                               "the dataset is damaged") from None
-
-    def _open(self) -> None:
-        with self.env.begin() as txn:
-            raw = txn.get(MANIFEST_KEY)
-            if raw is None:
-                raise DatasetError(f"{self.path}: LMDB has no packdata manifest")
-            self.manifest = Manifest.from_json(raw, str(self.path))
-            if self.manifest.version >= 2:
-                attach_record_file(self.manifest, self.path / RECORDS)  # checks the header
-            check_manifest(self.manifest, self.path)
-            self._lengths = {
-                n: _lengths(txn, self.path, n, self.manifest.count)
-                for n in self.manifest.variable_fields
-            }
-            self._check_layout(txn)
-        self._record_map: RecordMap | bool = False
-        self._record_map_pid = -1
-        fixed = self.manifest.fixed_fields
+        tree = shared_tree(self.path)
+        raw = tree.get(MANIFEST_KEY)
+        if raw is None:
+            raise DatasetError(f"{self.path}: LMDB has no packdata manifest")
+        m = self.manifest = Manifest.from_json(raw.tobytes(), str(self.path))
+        if m.version >= 2:
+            attach_record_file(m, self.path / RECORDS)  # checks the header
+        check_manifest(m, self.path)
+        self._lengths = {n: _lengths(tree, self.path, n, m.count) for n in m.variable_fields}
+        self._sane_lengths: set[str] = set()
+        fixed = m.fixed_fields
         self.fixed_bytes = sum(f.nbytes for f in fixed.values())
         self.columns: list[tuple[str, Field, int, int]] = []  # name, field, start, end (bytes)
         start = 0
         for name, field in fixed.items():
             self.columns.append((name, field, start, start + field.nbytes))
             start += field.nbytes
+        self.row_bytes = {n: int(np.prod(f.row_shape, dtype=np.int64)) * f.np_dtype.itemsize
+                          for n, f in m.variable_fields.items()}
+        self._stored = self._check_layout(tree)
+        if self._stored is None:  # read through LMDB's lookups: its whole tree checked first
+            checked_env(self.path)
+        self._record_map: RecordMap | bool = False
+        self._record_map_pid = -1
 
-    def _check_layout(self, txn: lmdb.Transaction) -> None:
+    def _size(self, i: int) -> int:
+        """Bytes of record ``i``'s value, from its fields and length tables."""
+        return self.fixed_bytes + 8 * len(self.row_bytes) + sum(
+            int(self._lengths[n][i]) * b for n, b in self.row_bytes.items())
+
+    def _check_layout(self, tree: Tree) -> StoredMap | None:
         """The records the manifest promises, and no more: one entry per record plus the
-        manifest and the length tables; the first and last record of the right size."""
+        manifest, the length tables and the offsets; the first and last record of the right
+        size. The map of the stored offsets where they hold (the first and last record where
+        the tree has them: a compacted copy moves records), else None."""
         m, where = self.manifest, self.path
-        expected = m.count + len(m.variable_fields) + 1 + (txn.get(OFFSETS_KEY) is not None)
+        offsets = tree.get(OFFSETS_KEY)
+        expected = m.count + len(m.variable_fields) + 1 + (offsets is not None)
         entries = self.env.stat()["entries"]
         if entries != expected:
             raise DatasetError(f"{where}: LMDB holds {entries} entries, the manifest's {m.count} "
                                f"records need {expected}; the dataset is damaged")
-        fixed = sum(f.nbytes for f in m.fixed_fields.values())
+        stored = offsets is not None and len(offsets) == 8 * m.count and m.count > 0
         for i in {0, m.count - 1} if m.count else ():
-            value = txn.get(record_key(i))
-            if value is None:
+            found = tree.locate(record_key(i))
+            if found is None:
                 raise DatasetError(f"{where}: record {i} is missing; the dataset is damaged")
-            size = fixed + 8 * len(m.variable_fields) + sum(
-                int(self._lengths[n][i]) * int(np.prod(f.row_shape, dtype=np.int64))
-                * f.np_dtype.itemsize for n, f in m.variable_fields.items())
-            if len(value) != size:
-                raise DatasetError(f"{where}: record {i} holds {len(value)} bytes, its fields "
+            size = self._size(i)
+            if found[1] != size:
+                raise DatasetError(f"{where}: record {i} holds {found[1]} bytes, its fields "
                                    f"{size}; the dataset is damaged (or the manifest edited)")
+            stored = stored and int(offsets[8 * i : 8 * i + 8].view("<i8")[0]) == found[0]
+        return StoredMap(where, tree.whole, offsets.view("<i8"), self._size(0)) if stored else None
 
     @staticmethod
     def detect(path: Path) -> bool:
         if not (path / "data.mdb").is_file():
             return False
-        try:
-            with shared_env(path).begin() as txn:
-                raw = txn.get(MANIFEST_KEY)
-                return raw is not None and Manifest.is_packdata(raw)
-        except lmdb.Error as exc:
-            raise DatasetError(f"{path}: LMDB cannot be read ({type(exc).__name__}: {exc}); "
-                               "the dataset is damaged") from None
+        raw = shared_tree(path).get(MANIFEST_KEY)
+        return raw is not None and Manifest.is_packdata(raw.tobytes())
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         try:
@@ -269,18 +217,45 @@ class LMDBReader(Reader):
 
     def _read(self, indices: np.ndarray) -> Batch:
         idx = self.check_indices(indices)
+        if self.manifest.variable_fields and self._stored is not None:
+            return self._read_stored(idx)
         if not self.manifest.variable_fields:
-            located = self._located()
+            located = self._fixed_map()
             if located is not None:  # each field gathered straight from the file: one copy
                 offsets = located.locate(idx)
                 return {name: located.column(a, b)[offsets].view(field.np_dtype).reshape(
                             len(idx), *field.shape) for name, field, a, b in self.columns}
         return self._lookup(idx)
 
+    def _read_stored(self, idx: np.ndarray) -> Batch:
+        """Variable-size records ``idx`` (checked) read at their stored offsets."""
+        stored, head = self._stored, self.fixed_bytes + 8 * len(self.row_bytes)
+        rows = {n: self._lengths[n][idx].astype(np.int64) for n in self.row_bytes}
+        sizes: np.ndarray | int = head
+        for name, r in rows.items():
+            if len(r) and (r.min() < 0 or r.max() > len(stored.whole)):
+                raise DatasetError(f"{self.path}: the length table of '{name}' holds lengths "
+                                   "outside the file; the dataset is damaged")
+            sizes = sizes + r * self.row_bytes[name]
+        offsets = stored.locate(idx, sizes)
+        table = stored.column(0, head)[offsets]  # one gather: the fixed fields and row counts
+        batch = self._columns(table)
+        counts = table[:, self.fixed_bytes :].copy().view("<u8").astype(np.int64)
+        if not np.array_equal(counts, np.stack(list(rows.values()), axis=1)):
+            raise DatasetError(f"{self.path}: a record's row counts differ from the length "
+                               "tables; the dataset is damaged")
+        whole, starts = stored.whole, offsets + head
+        for name, field in self.manifest.variable_fields.items():
+            ends = starts + rows[name] * self.row_bytes[name]
+            batch[name] = [whole[a:b].copy().view(field.np_dtype).reshape(-1, *field.row_shape)
+                           for a, b in zip(starts.tolist(), ends.tolist())]
+            starts = ends
+        return batch
+
     def read_into(self, indices: np.ndarray, out: dict[str, np.ndarray]) -> Batch:
         whole = set(out) == set(self.manifest.fixed_fields) and not self.manifest.variable_fields
         try:
-            located = self._located() if whole else None
+            located = self._fixed_map() if whole else None
             if located is None:
                 return super().read_into(indices, out)
             offsets = located.locate(self.check_indices(indices))
@@ -314,6 +289,10 @@ class LMDBReader(Reader):
 
     def _missing(self, index: int) -> None:
         raise DatasetError(f"{self.path}: record {index} is missing; the dataset is damaged")
+
+    def _fixed_map(self) -> StoredMap | RecordMap | None:
+        """Where each fixed-size record lies: the stored offsets, else a :class:`RecordMap`."""
+        return self._located() if self._stored is None else self._stored
 
     def _located(self) -> RecordMap | None:
         """This process's map of where each record's bytes lie in data.mdb, or None where
@@ -351,7 +330,13 @@ class LMDBReader(Reader):
 
     def lengths(self, name: str) -> np.ndarray:
         self.check_variable(name)
-        return self._lengths[name]
+        lengths = self._lengths[name]
+        if name not in self._sane_lengths:  # all of them asked for: checked all at once
+            if len(lengths) and lengths.min() < 0:
+                raise DatasetError(f"{self.path}: negative lengths in '{name}'; the dataset is "
+                                   "damaged")
+            self._sane_lengths.add(name)
+        return lengths
 
     def close(self) -> None:
         pass  # the environment is shared by this process's readers (see shared_env)
@@ -363,12 +348,11 @@ detect = LMDBReader.detect
 destination = same_destination
 
 
-def _lengths(txn: lmdb.Transaction, where: Path, name: str, count: int) -> np.ndarray:
-    raw = txn.get(lengths_key(name))
+def _lengths(tree: Tree, where: Path, name: str, count: int) -> np.ndarray:
+    """The length table of ``name``: a view of the file, its values checked where they are used
+    (a batch's, or all of them by :meth:`LMDBReader.lengths`): opening reads none of them."""
+    raw = tree.get(lengths_key(name))
     if raw is None or len(raw) != 8 * count:
         raise DatasetError(f"{where}: the length table of '{name}' does not hold {count} "
                            "records; the dataset is damaged")
-    lengths = np.frombuffer(raw, dtype="<i8")
-    if count and lengths.min() < 0:
-        raise DatasetError(f"{where}: negative lengths in '{name}'; the dataset is damaged")
-    return lengths
+    return raw.view("<i8")

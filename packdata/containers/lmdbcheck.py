@@ -1,5 +1,6 @@
-"""LMDB's B-tree checked before LMDB walks it: every page a lookup can reach lies inside
-data.mdb and every node and value inside its page (or its overflow pages).
+"""LMDB's B-tree read and checked by packdata: :class:`Tree` looks keys up itself, checking
+only the pages on each key's path (O(depth)); :func:`check_tree` walks the whole tree before
+LMDB is left to walk it (datasets without stored record offsets, read through LMDB's gets).
 
 LMDB trusts the file: a damaged node (a value size, a child or overflow page number, a node
 offset) makes a lookup read past the end of the file, which kills the process with SIGBUS (or
@@ -16,7 +17,9 @@ The page format is LMDB 0.9's on-disk format (``mdb.c``: ``MDB_page``, ``MDB_nod
 
 from __future__ import annotations
 
+import contextlib
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +38,8 @@ F_BIGDATA = 0x01  # the node's data is the number of its first overflow page
 # (pad u32, flags u16, depth u16, branch, leaf, overflow, entries, root: u64 each), last_pg u64,
 # txnid u64
 BLOCK = 1024  # pages checked at a time (4 MiB of 4 KiB pages)
+HEADER = struct.Struct("<QHHHH")
+NODE = struct.Struct("<HHHH")
 META = struct.Struct("<IIQQ" + "IHHQQQQQ" * 2 + "QQ")
 
 
@@ -57,7 +62,9 @@ def _meta(whole: np.ndarray, offset: int) -> tuple | None:
     return meta if meta[0] == MAGIC and meta[1] == DATA_VERSION else None
 
 
-def _check(whole: np.ndarray, last_pgno: int, txnid: int) -> None:
+def _root(whole: np.ndarray, last_pgno: int, txnid: int) -> tuple[int, int, int, int | None]:
+    """(page size, pages a lookup may touch, depth, root page or None) from the meta page
+    LMDB uses."""
     first = _meta(whole, 0)
     if first is None:
         raise DatasetError("no LMDB meta page")
@@ -66,9 +73,109 @@ def _check(whole: np.ndarray, last_pgno: int, txnid: int) -> None:
     meta = max(metas, key=lambda m: m[-1])
     if meta[-1] != txnid or meta[-2] != last_pgno or psize < 512 or psize & (psize - 1):
         raise DatasetError("its meta pages do not agree with LMDB's")
-    pages = min(last_pgno + 1, len(whole) // psize)  # pages a lookup may touch
+    pages = min(last_pgno + 1, len(whole) // psize)
     depth, root = meta[14], meta[19]  # the main database's depth and root page
-    if root == (1 << 64) - 1:  # P_INVALID: an empty database
+    return psize, pages, depth, None if root == (1 << 64) - 1 else root  # P_INVALID: empty
+
+
+class Tree:
+    """Keys of the LMDB at ``path`` looked up by packdata through a plain map of data.mdb, every
+    page, node and value on the key's path bounded before it is read: O(depth) pages a lookup,
+    whatever the file's size. The values are read-only views of the map (no copy)."""
+
+    def __init__(self, path: Path, last_pgno: int, txnid: int) -> None:
+        self.data = path / "data.mdb"
+        self.whole = map_file(self.data)
+        with self._named():
+            self.psize, self.pages, self.depth, self.root = _root(self.whole, last_pgno, txnid)
+
+    @contextlib.contextmanager
+    def _named(self) -> Iterator[None]:
+        try:
+            yield
+        except DatasetError as exc:
+            raise DatasetError(f"{self.data}: {exc}; the dataset is damaged") from None
+
+    def get(self, key: bytes) -> np.ndarray | None:
+        """``key``'s value (uint8 view of the file), or None if the tree has no such key."""
+        found = self.locate(key)
+        return None if found is None else self.whole[found[0] : found[0] + found[1]]
+
+    def locate(self, key: bytes) -> tuple[int, int] | None:
+        """(file offset, size) of ``key``'s value, or None if the tree has no such key."""
+        with self._named():
+            return self._locate(key)
+
+    def _locate(self, key: bytes) -> tuple[int, int] | None:
+        if self.root is None:
+            return None
+        pgno, psize = self.root, self.psize
+        for height in range(self.depth, 0, -1):
+            page, count, upper = self._page(pgno, leaf=height == 1)
+            # LMDB's default order (mdb_cmp_memn): memcmp over the shorter key, then the shorter
+            # first, which is how Python orders bytes. A branch's node 0 stands for every key
+            # below node 1's; the child is the last node whose key is not above ``key``
+            lo, hi = (1, count) if height > 1 else (0, count)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if self._node(page, upper, mid)[1] <= key:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if height > 1:
+                ptr = self._node(page, upper, lo - 1)[0]
+                low, high, flags, _ = NODE.unpack_from(page, ptr)
+                pgno = low | high << 16 | flags << 32  # the child: the node's first 48 bits
+                continue
+            if lo == 0:
+                return None
+            ptr, found = self._node(page, upper, lo - 1)
+            if found != key:
+                return None
+            low, high, flags, ksize = NODE.unpack_from(page, ptr)
+            size, end = low | high << 16, ptr + NODE_HEADER + ksize
+            if flags & ~F_BIGDATA:
+                raise DatasetError("a leaf page of its tree has nodes packdata never writes")
+            if not flags & F_BIGDATA:
+                if end + size > psize:
+                    raise DatasetError("a leaf page of its tree has a value outside it")
+                return pgno * psize + end, size
+            if end + 8 > psize:
+                raise DatasetError("a leaf page of its tree has a key outside it")
+            first = int.from_bytes(page[end : end + 8], "little")
+            if first < 2 or first * psize + PAGE_HEADER + size > self.pages * psize:
+                raise DatasetError("a leaf page of its tree has a value that runs past the end "
+                                   "of the file")
+            return first * psize + PAGE_HEADER, size
+        raise DatasetError("its tree has no leaf page")  # depth 0 with a root
+
+    def _page(self, pgno: int, leaf: bool) -> tuple[np.ndarray, int, int]:
+        """Page ``pgno`` (checked as a branch or leaf page), its number of nodes and the start
+        of its nodes."""
+        psize = self.psize
+        if not 2 <= pgno < self.pages:
+            raise DatasetError("a page of its tree is outside the file")
+        page = self.whole[pgno * psize : (pgno + 1) * psize]
+        number, _, flags, lower, upper = HEADER.unpack_from(page)
+        if number != pgno or flags & KINDS != (P_LEAF if leaf else P_BRANCH) or \
+                lower <= PAGE_HEADER or lower > upper or upper > psize or lower % 2:
+            raise DatasetError("a page of its tree has a damaged header")
+        return page, (lower - PAGE_HEADER) // 2, upper
+
+    def _node(self, page: np.ndarray, upper: int, i: int) -> tuple[int, bytes]:
+        """Node ``i`` of ``page`` (checked to lie inside it): its offset and key."""
+        ptr = int.from_bytes(page[PAGE_HEADER + 2 * i : PAGE_HEADER + 2 * i + 2], "little")
+        if ptr < upper or ptr > self.psize - NODE_HEADER or ptr % 2:
+            raise DatasetError("a page of its tree has a node outside it")
+        ksize = NODE.unpack_from(page, ptr)[3]
+        if ptr + NODE_HEADER + ksize > self.psize:
+            raise DatasetError("a page of its tree has a key outside it")
+        return ptr, page[ptr + NODE_HEADER : ptr + NODE_HEADER + ksize].tobytes()
+
+
+def _check(whole: np.ndarray, last_pgno: int, txnid: int) -> None:
+    psize, pages, depth, root = _root(whole, last_pgno, txnid)
+    if root is None:
         return
     table = whole[: pages * psize].reshape(pages, psize)
     seen = np.zeros(pages, dtype=bool)

@@ -1,9 +1,12 @@
-"""Where each fixed-size record of an LMDB lies in data.mdb: the map that lets a batch be one
-numpy gather from a memory map of the file instead of a B-tree lookup per record.
+"""Where each record of an LMDB lies in data.mdb: the map that lets a batch be read from a
+memory map of the file (one numpy gather for fixed-size records) instead of a B-tree lookup per
+record.
 
 Conversion stores every record's offset (``__offsets__``, found by a cursor scan once the
-records are committed: :func:`record_offsets`); a reader uses them where they still hold, and
-otherwise learns each record's offset on its first read.
+records are committed: :func:`record_offsets`); a reader reads through them
+(:class:`StoredMap`) where they still hold. Datasets without them (or whose records moved: a
+compacted copy) are read through LMDB, fixed-size records from a :class:`RecordMap` that learns
+each record's offset on its first read.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import lmdb
 import numpy as np
 
 from packdata.containers.base import map_file
+from packdata.containers.lmdbcheck import Tree
 from packdata.errors import DatasetError
 
 OFFSETS_KEY = b"__offsets__"
@@ -98,11 +102,7 @@ class RecordMap:
         bytes ``o + start : o + end``, so ``column(a, b)[offsets]`` is one gather."""
         view = self._columns.get((start, end))
         if view is None:
-            width = end - start
-            view = np.lib.stride_tricks.as_strided(
-                self.whole[start:], shape=(max(len(self.whole) - self.size + 1, 0), width),
-                strides=(1, 1), writeable=False)
-            self._columns[start, end] = view
+            view = self._columns[start, end] = byte_rows(self.whole, start, end)
         return view
 
     def locate(self, idx: np.ndarray) -> np.ndarray:
@@ -127,10 +127,70 @@ class RecordMap:
         return offsets
 
 
+class StoredMap:
+    """Records read from packdata's own map of data.mdb (``whole``) at the offsets conversion
+    stored (``offsets``: a view of the stored value, never copied whole), each batch's offsets
+    and sizes bounded by the file's size before a byte is read: a damaged offset is a
+    DatasetError (or bytes that fail the record's checksum), never a read past the file."""
+
+    def __init__(self, path: Path, whole: np.ndarray, offsets: np.ndarray, size: int) -> None:
+        self.path, self.whole, self.offsets, self.size = path, whole, offsets, size
+        self._columns: dict[tuple[int, int], np.ndarray] = {}
+
+    def locate(self, idx: np.ndarray, sizes: np.ndarray | int | None = None) -> np.ndarray:
+        """File offsets of records ``idx`` (checked indices) of ``sizes`` bytes (each record's,
+        or ``size``: fixed-size records), checked to lie inside data.mdb."""
+        sizes = self.size if sizes is None else sizes
+        offsets = self.offsets[idx].astype(np.int64)
+        end = len(self.whole)
+        if len(offsets) and (offsets.min() < 0 or offsets.max() > end
+                             or (offsets + sizes).max() > end):
+            raise DatasetError(f"{self.path}: a record lies outside data.mdb; the dataset is "
+                               "damaged")
+        return offsets
+
+    def column(self, start: int, end: int) -> np.ndarray:
+        """Bytes ``start:end`` of every record (see :meth:`RecordMap.column`)."""
+        view = self._columns.get((start, end))
+        if view is None:
+            view = self._columns[start, end] = byte_rows(self.whole, start, end)
+        return view
+
+
+def byte_rows(whole: np.ndarray, start: int, end: int) -> np.ndarray:
+    """Rows of a read-only view of ``whole``: row ``o`` is bytes ``o + start : o + end``."""
+    return np.lib.stride_tricks.as_strided(
+        whole[start:], shape=(max(len(whole) - end + 1, 0), end - start), strides=(1, 1),
+        writeable=False)
+
+
+def write_offsets(path: Path, env: lmdb.Environment, count: int) -> bool:
+    """Write each record's offset into the ``__offsets__`` value committed (``8 * count``
+    bytes, in place in data.mdb: storing them through LMDB would copy the last leaf page, and
+    move the records it holds); False where the offsets cannot be found.
+
+    Records that are small enough to sit in leaf pages move whenever a later write touches
+    their page (copy on write): the keys after them (the length tables, manifest, offsets) are
+    written first, then the records' final places are found and written into bytes LMDB
+    already placed."""
+    size = os.stat(path / "data.mdb").st_size // count  # the records' mean size, about
+    offsets = record_offsets(path, env, count, max(size, 1))
+    if offsets is None:
+        return False
+    info = env.info()
+    found = Tree(path, info["last_pgno"], info["last_txnid"]).locate(OFFSETS_KEY)
+    if found is None or found[1] != 8 * count:
+        return False
+    with open(path / "data.mdb", "r+b") as f:
+        os.pwrite(f.fileno(), offsets.tobytes(), found[0])
+        os.fsync(f.fileno())
+    return True
+
+
 def record_offsets(path: Path, env: lmdb.Environment, count: int, size: int
                    ) -> np.ndarray | None:
     """Each record's byte offset in data.mdb, from a cursor scan of the committed records of
-    ``size`` bytes each (the addresses LMDB returns, less its mapping's start); None where
+    about ``size`` bytes each (the addresses LMDB returns, less its mapping's start); None where
     they cannot be found."""
     if not count or not os.path.exists("/proc/self/maps"):
         return None

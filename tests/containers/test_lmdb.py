@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import lmdb
 import numpy as np
+import pytest
 
 from tests.containers.suite import ContainerSuite
 
@@ -65,7 +67,7 @@ def test_environments_of_files_no_longer_at_their_path_are_closed(tmp_path):
     import shutil
 
     import packdata
-    from packdata.containers import lmdb as container
+    from packdata.containers import lmdbenv as container
     from tests.conftest import copy_sample
 
     src = copy_sample(tmp_path / "src", count=10)
@@ -79,3 +81,100 @@ def test_environments_of_files_no_longer_at_their_path_are_closed(tmp_path):
     packdata.open(b)[0]  # any other open sweeps the cache
     assert old[0] not in container._envs
     assert all(entry[3] != str(a) for entry in container._envs.values())
+
+
+def _tree_value(path: Path, key: bytes) -> tuple[int, int]:
+    """(file offset, size) of ``key``'s value in data.mdb."""
+    from packdata.containers.lmdb import shared_tree
+
+    found = shared_tree(path).locate(key)
+    assert found is not None
+    return found
+
+
+def _poke(path: Path, at: int, value: int) -> None:
+    with open(path / "data.mdb", "r+b") as f:
+        f.seek(at)
+        f.write(value.to_bytes(8, "little", signed=True))
+
+
+@pytest.mark.parametrize("damage", ["offset far past the file", "offset of another record",
+                                    "length past the file", "length one more"])
+def test_a_damaged_offset_or_length_of_a_variable_record_is_a_named_error(
+        tmp_path, packed_text, damage):
+    """Text records are read at their stored offsets from packdata's own map of data.mdb: a
+    damaged offset or length table entry is a DatasetError naming the dataset at the read
+    (every offset and length is bounded by the file's size, the row counts in the record
+    against the length table, the bytes against the record's checksum), never a signal."""
+    import packdata
+
+    copy = shutil.copytree(packed_text["lmdb"], tmp_path / "d.lmdb")
+    offsets, _ = _tree_value(copy, b"__offsets__")
+    lengths, _ = _tree_value(copy, b"__lengths__/tokens")
+    record_2 = int.from_bytes((copy / "data.mdb").read_bytes()[offsets + 16 : offsets + 24],
+                              "little")
+    at, value = {"offset far past the file": (offsets + 8, 1 << 40),
+                 "offset of another record": (offsets + 8, record_2),
+                 "length past the file": (lengths + 8, 1 << 40),
+                 "length one more": (lengths + 8, None)}[damage]
+    if value is None:
+        value = int.from_bytes((copy / "data.mdb").read_bytes()[at : at + 8], "little") + 1
+    _poke(copy, at, value)
+    ds = packdata.open(copy)  # opening reads neither table whole
+    assert len(ds[0]) and len(ds[3])  # the records next to the damaged one read
+    with pytest.raises(packdata.DatasetError, match=f"{copy}.*damaged"):
+        ds[1]
+
+
+def test_opening_a_dataset_with_stored_offsets_does_not_walk_the_tree(tmp_path, monkeypatch):
+    """Opening costs O(depth) pages, not O(records): the whole-tree check runs only for
+    datasets read through LMDB's lookups (here: one whose offsets were deleted)."""
+    import packdata
+    from packdata.containers import lmdb as container
+    from packdata.containers import lmdbenv
+    from tests.conftest import copy_sample
+
+    walked = []
+    monkeypatch.setattr(lmdbenv, "check_tree", lambda *a: walked.append(a[0]))
+    src = copy_sample(tmp_path / "src", count=30)
+    dst = packdata.convert(packdata.open_source(src), tmp_path / "d.lmdb", workers=1).path
+    ds = packdata.open(dst)
+    last = ds[29]
+    assert len(ds) == 30 and walked == []
+    reader = container.LMDBReader(dst)
+    assert reader._stored is not None  # records read at their stored offsets
+    idx = np.arange(30)[::-1]
+    a, b = reader.read(idx), reader._lookup(idx)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    copy = shutil.copytree(dst, tmp_path / "old.lmdb")
+    with lmdb.open(str(copy), subdir=True) as env, env.begin(write=True) as txn:
+        txn.delete(b"__offsets__")  # as datasets written before offsets were stored
+    old = packdata.open(copy)
+    assert walked == [copy] and container.LMDBReader(copy)._stored is None
+    assert np.array_equal(np.asarray(old[29][0]), np.asarray(last[0]))
+
+
+def test_packdatas_own_lookup_finds_every_key_lmdb_finds(tmp_path):
+    """Tree (packdata's lookup through the pages on a key's path) against LMDB's own cursor on
+    a tree of three levels: the same value for every key, and nothing for keys it lacks."""
+    import json
+
+    import packdata
+    from packdata.containers.lmdb import shared_env, shared_tree
+
+    src = tmp_path / "docs.jsonl"
+    words = ["alpha", "beta", "gamma", "delta"]
+    src.write_text("".join(json.dumps({"text": " ".join(words[: 1 + i % 4] * (1 + i % 7))}) + "\n"
+                           for i in range(20000)))
+    dst = packdata.convert(packdata.open_source(src, kind="text", tokenizer="bytes"),
+                           tmp_path / "d.lmdb", workers=1).path
+    tree = shared_tree(dst)
+    assert tree.depth >= 3
+    with shared_env(dst).begin() as txn:
+        found = 0
+        for key, value in txn.cursor():
+            assert tree.get(key).tobytes() == value, key
+            found += 1
+    assert found == 20000 + 3  # records, the length table, the offsets, the manifest
+    for absent in (b"", b"0", b"00000000000", b"0000019999x", b"0000020000", b"__a", b"~"):
+        assert tree.get(absent) is None, absent
