@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import time
@@ -57,12 +58,20 @@ def seconds(run: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def timed(run: Callable[[], Any]) -> tuple[float, float]:
-    """Wall seconds and CPU seconds of this process (``time.process_time``: what the machine's
-    other jobs take does not count, page faults do) of one call of ``run``."""
-    wall, cpu = time.perf_counter(), time.process_time()
+def cpu_seconds(children: bool = False) -> float:
+    """CPU seconds of this process (what the machine's other jobs take does not count, page
+    faults do), with ``children`` also those of its finished child processes (workers)."""
+    if not children:
+        return time.process_time()
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def timed(run: Callable[[], Any], children: bool = False) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (:func:`cpu_seconds`) of one call of ``run``."""
+    wall, cpu = time.perf_counter(), cpu_seconds(children)
     kept = run()  # noqa: F841
-    return time.perf_counter() - wall, time.process_time() - cpu
+    return time.perf_counter() - wall, cpu_seconds(children) - cpu
 
 
 def interleaved(rounds: int, runs: Mapping[K, Callable[[], T]], *,

@@ -37,6 +37,7 @@ import statistics
 import tarfile
 import tempfile
 import time
+from functools import partial
 from io import BytesIO
 from multiprocessing import get_context
 from pathlib import Path
@@ -44,7 +45,7 @@ from pathlib import Path
 import h5py
 import lmdb
 import numpy as np
-from _shared import CIFAR_PNG, command_line, parser, write_results
+from _shared import CIFAR_PNG, command_line, parser, timed, write_results
 from bench_containers import build_folder
 from PIL import Image
 
@@ -123,19 +124,6 @@ def ours(folder: Path, dst: Path) -> None:
     packdata.convert(packdata.open_source(folder), dst, workers=2)
 
 
-def cpu_seconds() -> float:
-    """CPU seconds of this process and of its finished child processes (the workers)."""
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-
-def timed(fn, *args) -> tuple[float, float]:
-    """Wall seconds and CPU seconds (all processes) of ``fn(*args)``."""
-    start, cpu = time.perf_counter(), cpu_seconds()
-    fn(*args)
-    return time.perf_counter() - start, cpu_seconds() - cpu
-
-
 #: (stage, object, attribute) of the converting process's stages timed in the profiled run
 STAGES = [
     ("listing, labels, header scan", packdata.sources.images.ImageSource, "items"),
@@ -200,8 +188,10 @@ def main() -> None:
         for r in range(args.rounds):
             row = {}
             for container, name in CONTAINERS.items():
-                plain, plain_cpu = timed(PLAIN[container], folder, work / f"plain{r}-{name}")
-                packed, packed_cpu = timed(ours, folder, work / f"ours{r}-{name}")
+                plain, plain_cpu = timed(partial(PLAIN[container], folder, work / f"plain{r}-{name}"),
+                                         children=True)
+                packed, packed_cpu = timed(partial(ours, folder, work / f"ours{r}-{name}"),
+                                           children=True)
                 row[container] = {"plain_s": plain, "packdata_s": packed, "ratio": packed / plain,
                                   "plain_cpu_s": plain_cpu, "packdata_cpu_s": packed_cpu,
                                   "cpu_ratio": packed_cpu / plain_cpu}
