@@ -287,3 +287,44 @@ def test_lmdb_record_offsets_stored_at_conversion(packed, tmp_path):
     moved = LMDBReader(compact)
     a, b = moved.read(idx), moved._lookup(idx)
     assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_gather_rows_matches_numpy_on_mapped_byte_windows(tmp_path):
+    from packdata.containers.base import gather_rows, map_file
+    from packdata.containers.joined import byte_window
+
+    data = np.random.default_rng(0).integers(0, 256, 40_000, dtype=np.uint8)
+    (tmp_path / "bytes").write_bytes(data.tobytes())
+    mapped = map_file(tmp_path / "bytes")
+    rows = np.array([5, 0, 17_001, 5, 39_000 - 96], dtype=np.int64)  # any order, repeats
+    for nbytes in (8, 96, 1000):  # numpy's gather below 64 bytes a row, torch's above
+        window = byte_window(mapped, nbytes)
+        want = np.stack([data[r : r + nbytes] for r in rows])
+        assert np.array_equal(gather_rows(window, rows), want)
+        out = np.zeros((len(rows), nbytes // 4), dtype=np.float32)
+        assert gather_rows(window, rows, out) is out
+        assert np.array_equal(out.view(np.uint8), want)
+        typed = gather_rows(window, rows, dtype="<i2", shape=(2, nbytes // 4))
+        assert typed.shape == (len(rows), 2, nbytes // 4) and typed.dtype == np.int16
+        assert np.array_equal(typed.reshape(len(rows), -1).view(np.uint8), want)
+        assert gather_rows(window, rows[:0]).shape == (0, nbytes)
+
+
+def test_reads_without_torch_loaded_match_reads_with_it(packed, container):
+    """``packdata verify`` reads without importing torch: the same bytes by numpy's gather."""
+    import subprocess
+    import sys
+
+    idx = [7, 0, 19, 3]
+    script = (
+        "import sys, numpy as np\nfrom packdata import containers\n"
+        f"r = containers.get({container!r}).READER({str(packed[container])!r})\n"
+        f"b = r.read(np.array({idx}))\nassert 'torch' not in sys.modules\n"
+        "sys.stdout.write(b['image'].tobytes().hex() + ' ' + b['label'].tobytes().hex())\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).parents[1])
+    assert done.returncode == 0, done.stderr
+    from packdata import containers
+
+    batch = containers.get(container).READER(packed[container]).read(np.array(idx))
+    assert done.stdout == batch["image"].tobytes().hex() + " " + batch["label"].tobytes().hex()

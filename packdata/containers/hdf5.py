@@ -32,6 +32,7 @@ from packdata.containers.base import (
     ShardClosed,
     Writer,
     columns_of,
+    gather_rows,
     map_file,
     same_destination,
 )
@@ -189,6 +190,7 @@ class HDF5Reader(Reader):
         self.path = Path(path)
         self.arrays: dict[str, np.ndarray] = {}
         self.offsets: dict[str, np.ndarray] = {}
+        self.rows: dict[str, np.ndarray] = {}  # fixed fields as (records, bytes) uint8 views
         try:
             self._open()
         except PackdataError:
@@ -231,6 +233,9 @@ class HDF5Reader(Reader):
                     view = whole[offset : offset + size].view(ds.dtype).reshape(ds.shape)
                     # small fixed fields (labels) are worth a private copy in RAM
                     self.arrays[name] = np.array(view) if size < (16 << 20) else view
+                if not field.variable:  # each record's bytes as a row: what gather_rows takes
+                    self.rows[name] = self.arrays[name].view(np.uint8).reshape(
+                        ds.shape[0], field.nbytes)
                 if field.variable:
                     self.offsets[name] = _offsets(f, whole, self.path, name, ds.shape[0])
 
@@ -257,17 +262,15 @@ class HDF5Reader(Reader):
             elif name in select:
                 batch[name] = data[idx, select[name]]  # only the selected entries are read
             else:
-                batch[name] = data[idx]
+                batch[name] = gather_rows(self.rows[name], idx, dtype=field.np_dtype,
+                                          shape=field.shape)
         return batch
 
     def read_into(self, indices: np.ndarray, out: dict[str, np.ndarray]) -> Batch:
         if set(out) != set(self.manifest.fields):
             return super().read_into(indices, out)
         idx = self.check_indices(indices)
-        # contiguous fields: numpy gathers straight into ``out`` ("clip": no buffered copy, the
-        # indices are checked)
-        return {name: np.take(self.arrays[name], idx, axis=0, out=out[name], mode="clip")
-                for name in self.manifest.fields}
+        return {name: gather_rows(self.rows[name], idx, out[name]) for name in self.manifest.fields}
 
     def lengths(self, name: str) -> np.ndarray:
         self.check_variable(name)
@@ -275,6 +278,7 @@ class HDF5Reader(Reader):
 
     def close(self) -> None:
         self.arrays.clear()
+        self.rows.clear()
 
 
 WRITER = HDF5Writer

@@ -223,8 +223,9 @@ class LMDBReader(Reader):
             located = self._fixed_map()
             if located is not None:  # each field gathered straight from the file: one copy
                 offsets = located.locate(idx)
-                return {name: located.column(a, b)[offsets].view(field.np_dtype).reshape(
-                            len(idx), *field.shape) for name, field, a, b in self.columns}
+                return {name: gather_rows(located.column(a, b), offsets, dtype=field.np_dtype,
+                                          shape=field.shape)
+                        for name, field, a, b in self.columns}
         return self._lookup(idx)
 
     def _read_stored(self, idx: np.ndarray) -> Batch:

@@ -243,7 +243,7 @@ class TarReader(Reader):
             starts, window = joined  # each record's address: computed per batch, not at open
             at = starts[self.index[f"{name}.shard"][idx]] + self.index[f"{name}.offset"][idx]
             at = at if rows is None else at + rows * nbytes
-            return window[at].view(field.np_dtype).reshape(len(idx), *shape)
+            return gather_rows(window, at, dtype=field.np_dtype, shape=shape)
         shards = self.index[f"{name}.shard"][idx]
         first = int(shards[0]) if len(shards) else 0
         view = self._strided(name, first)

@@ -1,0 +1,102 @@
+"""Gathering a batch of records from a memory-mapped file: numpy against torch, against RAM.
+
+    python bench/bench_gather.py [--count 50000] [--rounds 7] [--json bench/results/gather.json]
+
+The step every packdata read comes down to: the rows of a shuffled batch (256 sorted indices)
+of ``--count`` records of 3,072 bytes (a CIFAR image) gathered into a new array, from
+
+- an array in RAM, and the same bytes in a file mapped read-only (packdata's ``map_file``),
+  laid out as (records, bytes);
+- a byte window over the mapped file (row ``k`` is bytes ``k:k+3072``: how the tar and LMDB
+  readers reach records at any offset), indexed by byte address;
+
+by numpy's fancy indexing, ``np.take`` and torch's ``index_select`` (on one thread, and on
+torch's default intra-op threads). Each variant's microseconds per batch are the median of
+``--rounds`` interleaved rounds; ratios are to the numpy gather from RAM in the same rounds.
+The CPU seconds per wall second say how many cores a variant keeps busy.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from _shared import command_line, parser, write_results
+
+from packdata.containers.base import gather_rows, map_file
+from packdata.containers.joined import byte_window
+
+RECORD = 3072
+BATCH = 256
+
+
+def per_batch(gather, batches: list[np.ndarray]) -> tuple[float, float]:
+    """(µs of wall time, CPU seconds per wall second) per batch of ``gather``."""
+    for b in batches[:20]:
+        gather(b)
+    wall, cpu = time.perf_counter(), time.process_time()
+    for b in batches:
+        gather(b)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return wall / len(batches) * 1e6, cpu / wall
+
+
+def main() -> None:
+    args = parser(__doc__, count=50_000, rounds=7, results="gather.json").parse_args()
+    rng = np.random.default_rng(0)
+    ram = rng.integers(0, 256, (args.count, RECORD), dtype=np.uint8)
+    order = rng.permutation(args.count)
+    batches = [np.sort(order[a : a + BATCH]) for a in range(0, args.count - BATCH + 1, BATCH)]
+    threads = torch.get_num_threads()
+    with tempfile.TemporaryDirectory(prefix="packdata-bench-") as tmp:
+        path = Path(tmp) / "records.bin"
+        path.write_bytes(ram.tobytes())
+        mapped = map_file(path).reshape(args.count, RECORD)
+        window = byte_window(map_file(path), RECORD)
+        ram_t = torch.from_numpy(ram)
+
+        def torch_take(source: np.ndarray, addresses: bool = False):
+            return lambda b: gather_rows(source, b * RECORD if addresses else b)
+
+        variants = {
+            "numpy fancy, RAM": lambda b: ram[b],
+            "numpy fancy, map": lambda b: mapped[b],
+            "np.take, map": lambda b: np.take(mapped, b, axis=0),
+            "numpy fancy, byte window": lambda b: window[b * RECORD],
+            "torch index_select, RAM": lambda b: ram_t.index_select(0, torch.from_numpy(b)),
+            "torch index_select (gather_rows), map": torch_take(mapped),
+            "torch index_select (gather_rows), byte window": torch_take(window, True),
+        }
+        runs: dict[str, list[tuple[float, float]]] = {}
+        for _ in range(args.rounds):
+            for one_thread in (False, True):
+                torch.set_num_threads(1 if one_thread else threads)
+                for name, gather in variants.items():
+                    if one_thread and not name.startswith("torch"):
+                        continue
+                    key = f"{name}, 1 thread" if one_thread else name
+                    runs.setdefault(key, []).append(per_batch(gather, batches))
+            torch.set_num_threads(threads)
+        base = [us for us, _ in runs["numpy fancy, RAM"]]
+        rows = {}
+        for name, got in runs.items():
+            us = [u for u, _ in got]
+            rows[name] = {"us_per_batch": statistics.median(us),
+                          "vs_numpy_ram": statistics.median(b / u for b, u in zip(base, us)),
+                          "cpu_per_wall": statistics.median(c for _, c in got)}
+            print(f"{name:52s} {rows[name]['us_per_batch']:7.1f} µs  "
+                  f"×{rows[name]['vs_numpy_ram']:.2f} numpy/RAM  "
+                  f"{rows[name]['cpu_per_wall']:.2f} cores", flush=True)
+    write_results(args.json, {"command": command_line(), "count": args.count,
+                              "record_bytes": RECORD, "batch": BATCH, "rounds": args.rounds,
+                              "torch_threads": threads, "load_average": os.getloadavg(),
+                              "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
