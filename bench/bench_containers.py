@@ -1,4 +1,4 @@
-"""Containers vs the per-file Dataset vs an in-RAM gather, on 50,000 real CIFAR-10 PNGs.
+"""Containers vs the per-file Dataset vs an in-RAM numpy gather, on 50,000 real CIFAR-10 PNGs.
 
     python bench/bench_containers.py [--data ../shared/data/cifar10/test-png] [--count 50000]
         [--json bench/results/containers.json]
@@ -11,11 +11,10 @@ samples/s delivered to a loop that touches every batch (batch 256), for each con
   process) and 2 worker processes (``workers="process"``);
 - the drop-in stock ``DataLoader(ds, batch_size=256, shuffle=True)``, 0 and 2 worker processes;
 
-against the limit: an in-RAM gather (torch's ``index_select``) of each batch's sorted indices
-(within-batch order is free in SGD), and beside it numpy's one-core gather (the limit of earlier
-releases). Rates are medians of interleaved rounds; each ratio is the median of per-round ratios
-(each round times the RAM gathers and every loader back to back), since absolute numbers move
-with the machine's load. Loaders are built once, so worker processes persist across passes.
+against the limit: an in-RAM numpy gather of each batch's sorted indices (within-batch order is
+free in SGD). Rates are medians of interleaved rounds; each ratio is the median of per-round
+ratios (each round times the RAM gather and every loader back to back), since absolute numbers
+move with the machine's load. Loaders are built once, so worker processes persist across passes.
 """
 
 from __future__ import annotations
@@ -56,26 +55,18 @@ CONFIGS = [("packdata.loader", 0), ("packdata.loader", 2), ("packdata.loader pro
 
 class SortedGather:
     """The limit: shuffled batches gathered from N×C×H×W arrays in RAM, each batch's indices
-    sorted, by torch's ``index_select`` (the fastest gather measured, bench/bench_gather.py,
-    and the one packdata's readers use, on torch's intra-op threads as theirs); with
-    ``numpy=True`` by numpy's fancy indexing (one core: the limit of earlier releases)."""
+    sorted."""
 
-    def __init__(self, images: np.ndarray, labels: np.ndarray, seed: int = 0,
-                 numpy: bool = False) -> None:
+    def __init__(self, images: np.ndarray, labels: np.ndarray, seed: int = 0) -> None:
         self.images, self.labels = images, labels
         self.rng = np.random.default_rng(seed)
-        self.numpy = numpy
 
     def __iter__(self):
         order = self.rng.permutation(len(self.images))
-        images, labels = torch.from_numpy(self.images), torch.from_numpy(self.labels)
         for start in range(0, len(order), BATCH):
             idx = np.sort(order[start : start + BATCH])
-            if self.numpy:
-                yield torch.from_numpy(self.images[idx]), torch.from_numpy(self.labels[idx])
-            else:
-                at = torch.from_numpy(idx)
-                yield images.index_select(0, at), labels.index_select(0, at)
+            yield (torch.from_numpy(self.images[idx]),
+                   torch.from_numpy(self.labels[idx]))
 
 
 def build_folder(data: Path, out: Path, count: int) -> Path:
@@ -140,8 +131,6 @@ def main() -> None:
         for r in range(args.rounds):
             rates.setdefault(("ram",), []).append(
                 sample_rate(lambda r=r: SortedGather(*arrays, seed=r), min_seconds=args.seconds))
-            rates.setdefault(("numpy ram",), []).append(sample_rate(
-                lambda r=r: SortedGather(*arrays, seed=r, numpy=True), min_seconds=args.seconds))
             for key, dl in loaders.items():
                 rates.setdefault(key, []).append(
                     sample_rate(lambda dl=dl: dl, min_seconds=args.seconds))
@@ -156,18 +145,12 @@ def main() -> None:
             rows.append({"loader": f"{name} {container}", "workers": workers,
                          "samples_per_s": float(np.median(rates[key])),
                          "vs_ram_median_of_rounds": ratio(key, ("ram",)),
-                         "vs_numpy_ram": ratio(key, ("numpy ram",)),
                          "vs_packdata_loader_w0": ratio(key, (container, "packdata.loader", 0)),
                          "vs_same_loader_w0": ratio(key, (container, name.replace(
                              " processes", ""), 0)),
                          **converted[container]})
-        rows.append({"loader": "torch gather of sorted indices in RAM", "workers": 0,
-                     "samples_per_s": ram, "vs_ram_median_of_rounds": 1.0,
-                     "vs_numpy_ram": ratio(("ram",), ("numpy ram",))})
-        rows.append({"loader": "numpy gather of sorted indices in RAM (one core)", "workers": 0,
-                     "samples_per_s": float(np.median(rates["numpy ram",])),
-                     "vs_ram_median_of_rounds": ratio(("numpy ram",), ("ram",)),
-                     "vs_numpy_ram": 1.0})
+        rows.append({"loader": "numpy gather of sorted indices in RAM", "workers": 0,
+                     "samples_per_s": ram, "vs_ram_median_of_rounds": 1.0})
         del datasets, loaders
 
     for row in rows:
@@ -177,11 +160,11 @@ def main() -> None:
     report = {"count": args.count, "batch_size": BATCH, "cpus": os.cpu_count(),
               "time": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}
     write_results(args.json, report)
-    print("| loader | workers | samples/s | × per-file (best) | × RAM | × numpy RAM "
-          "| × packdata.loader w=0 | × same w=0 |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| loader | workers | samples/s | × per-file (best) | × RAM | × packdata.loader w=0 "
+          "| × same w=0 |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        extra = [f"{r[k]:.2f}" if k in r else "" for k in ("vs_numpy_ram", "vs_packdata_loader_w0",
+        extra = [f"{r[k]:.2f}" if k in r else "" for k in ("vs_packdata_loader_w0",
                                                            "vs_same_loader_w0")]
         print(f"| {r['loader']} | {r['workers']} | {r['samples_per_s']:,.0f} | "
               f"{r['vs_per_file_best']:.1f} | {r['vs_ram_median_of_rounds']:.2f} | "

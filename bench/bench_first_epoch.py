@@ -4,9 +4,8 @@
         [--rounds 5] [--json bench/results/first_epoch.json]
 
 Converts ``--count`` real CIFAR-10 PNGs (repeated) into every container, then, in interleaved
-rounds: one epoch of the in-RAM limit (shuffled batches of 256 gathered from arrays in RAM by
-torch's ``index_select``, each batch's indices sorted: bench_containers' SortedGather), one of
-numpy's one-core gather (the limit of earlier releases), and for each container a fresh
+rounds: one epoch of the in-RAM limit (shuffled batches of 256 gathered from arrays in RAM, each
+batch's indices sorted: bench_containers' SortedGather), and for each container a fresh
 ``packdata.open`` (default verify: every record checked) plus one epoch of
 ``packdata.loader(ds, 256)`` in the main process. Reported: the median of per-round ratios
 (limit seconds / open-and-epoch seconds), in wall time and in this process's CPU time (which
@@ -44,25 +43,18 @@ def main() -> None:
         ds = packdata.open(paths["hdf5"], verify="off")
         images = np.ascontiguousarray(ds.reader.read(np.arange(len(ds)))["image"])
         labels = np.arange(len(ds), dtype=np.int64)
-        limits = {"limit": SortedGather(images, labels),
-                  "numpy limit": SortedGather(images, labels, numpy=True)}
+        limit = SortedGather(images, labels)
         runs = {f"{c} {v}": lambda c=c, v=v: timed(lambda: open_and_epoch(paths[c], v))
                 for c in paths for v in ("full", "off")}
-        times = interleaved(args.rounds, {
-            **{name: lambda g=g: timed(lambda: drain(g)) for name, g in limits.items()}, **runs})
+        times = interleaved(args.rounds, {"limit": lambda: timed(lambda: drain(limit)), **runs})
         rows = {}
         for name in runs:
-            rows[name] = {}
-            for limit, key in (("limit", ""), ("numpy limit", "numpy_")):
-                wall = [ram[0] / t[0] for ram, t in zip(times[limit], times[name])]
-                cpu = [ram[1] / t[1] for ram, t in zip(times[limit], times[name])]
-                rows[name].update({f"{key}ratio": statistics.median(wall),
-                                   f"{key}per_round": wall,
-                                   f"{key}cpu_ratio": statistics.median(cpu),
-                                   f"{key}cpu_per_round": cpu})
+            wall = [ram[0] / t[0] for ram, t in zip(times["limit"], times[name])]
+            cpu = [ram[1] / t[1] for ram, t in zip(times["limit"], times[name])]
+            rows[name] = {"ratio": statistics.median(wall), "per_round": wall,
+                          "cpu_ratio": statistics.median(cpu), "cpu_per_round": cpu}
             print(f"{name:10s} open + first epoch / in-RAM limit: {rows[name]['ratio']:.2f} "
-                  f"(in CPU time of this process: {rows[name]['cpu_ratio']:.2f}); / numpy's "
-                  f"one-core gather: {rows[name]['numpy_ratio']:.2f}", flush=True)
+                  f"(in CPU time of this process: {rows[name]['cpu_ratio']:.2f})", flush=True)
     write_results(args.json, {"command": command_line(), "count": args.count,
                               "rounds": args.rounds, "load_average": os.getloadavg(),
                               "rows": rows})

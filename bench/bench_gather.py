@@ -1,4 +1,4 @@
-"""Gathering a batch of records from a memory-mapped file: numpy against torch, against RAM.
+"""Gathering a batch of records from a memory-mapped file: numpy against torch, idle and busy.
 
     python bench/bench_gather.py [--count 50000] [--rounds 7] [--json bench/results/gather.json]
 
@@ -10,18 +10,23 @@ of ``--count`` records of 3,072 bytes (a CIFAR image) gathered into a new array,
 - a byte window over the mapped file (row ``k`` is bytes ``k:k+3072``: how the tar and LMDB
   readers reach records at any offset), indexed by byte address;
 
-by numpy's fancy indexing, ``np.take`` and torch's ``index_select`` (on one thread, and on
-torch's default intra-op threads). Each variant's microseconds per batch are the median of
-``--rounds`` interleaved rounds; ratios are to the numpy gather from RAM in the same rounds.
-The CPU seconds per wall second say how many cores a variant keeps busy.
+by numpy's fancy indexing, ``np.take``, torch's ``index_select`` (on one thread, and on
+torch's default intra-op threads) and packdata's ``gather_rows`` (which picks one of them).
+Each variant's microseconds per batch are the median of ``--rounds`` interleaved rounds; ratios
+are to numpy's gather from RAM (busy: from the map) in the same rounds.
+The CPU seconds per wall second say how many cores a variant keeps busy. Then the same rounds
+for numpy and torch's gathers from the map while one busy-looping process per core competes
+for the cores, as a training job's other processes do.
 """
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import statistics
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +66,10 @@ def main() -> None:
         ram_t = torch.from_numpy(ram)
 
         def torch_take(source: np.ndarray, addresses: bool = False):
-            return lambda b: gather_rows(source, b * RECORD if addresses else b)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # a read-only map, only read
+                rows = torch.from_numpy(source)
+            return lambda b: rows.index_select(0, torch.from_numpy(b * RECORD if addresses else b))
 
         variants = {
             "numpy fancy, RAM": lambda b: ram[b],
@@ -69,33 +77,69 @@ def main() -> None:
             "np.take, map": lambda b: np.take(mapped, b, axis=0),
             "numpy fancy, byte window": lambda b: window[b * RECORD],
             "torch index_select, RAM": lambda b: ram_t.index_select(0, torch.from_numpy(b)),
-            "torch index_select (gather_rows), map": torch_take(mapped),
-            "torch index_select (gather_rows), byte window": torch_take(window, True),
+            "torch index_select, map": torch_take(mapped),
+            "torch index_select, byte window": torch_take(window, True),
+            "packdata gather_rows, map": lambda b: gather_rows(mapped, b),
         }
         runs: dict[str, list[tuple[float, float]]] = {}
         for _ in range(args.rounds):
             for one_thread in (False, True):
                 torch.set_num_threads(1 if one_thread else threads)
                 for name, gather in variants.items():
-                    if one_thread and not name.startswith("torch"):
+                    if one_thread and not name.startswith(("torch", "packdata")):
                         continue
                     key = f"{name}, 1 thread" if one_thread else name
                     runs.setdefault(key, []).append(per_batch(gather, batches))
             torch.set_num_threads(threads)
-        base = [us for us, _ in runs["numpy fancy, RAM"]]
-        rows = {}
-        for name, got in runs.items():
-            us = [u for u, _ in got]
-            rows[name] = {"us_per_batch": statistics.median(us),
-                          "vs_numpy_ram": statistics.median(b / u for b, u in zip(base, us)),
-                          "cpu_per_wall": statistics.median(c for _, c in got)}
-            print(f"{name:52s} {rows[name]['us_per_batch']:7.1f} µs  "
-                  f"×{rows[name]['vs_numpy_ram']:.2f} numpy/RAM  "
-                  f"{rows[name]['cpu_per_wall']:.2f} cores", flush=True)
+        rows = summary(runs, "numpy fancy, RAM")
+        busy_variants = {name: variants[name] for name in (
+            "numpy fancy, map", "torch index_select, map", "packdata gather_rows, map")}
+        busy: dict[str, list[tuple[float, float]]] = {}
+        spinners = [mp.get_context("fork").Process(target=spin, daemon=True)
+                    for _ in range(os.cpu_count() or 1)]
+        for p in spinners:
+            p.start()
+        try:
+            for _ in range(args.rounds):
+                for one_thread in (False, True):
+                    torch.set_num_threads(1 if one_thread else threads)
+                    for name, gather in busy_variants.items():
+                        if one_thread and not name.startswith(("torch", "packdata")):
+                            continue
+                        key = f"{name}, 1 thread" if one_thread else name
+                        busy.setdefault(key, []).append(per_batch(gather, batches[:40]))
+                torch.set_num_threads(threads)
+        finally:
+            for p in spinners:
+                p.kill()
+        print("-- busy: one spinning process per core --")
+        busy_rows = summary(busy, "numpy fancy, map")
     write_results(args.json, {"command": command_line(), "count": args.count,
                               "record_bytes": RECORD, "batch": BATCH, "rounds": args.rounds,
                               "torch_threads": threads, "load_average": os.getloadavg(),
-                              "rows": rows})
+                              "rows": rows, "busy_rows": busy_rows})
+
+
+def spin() -> None:
+    """A process that keeps one core busy."""
+    while True:
+        pass
+
+
+def summary(runs: dict[str, list[tuple[float, float]]], base_name: str) -> dict[str, dict]:
+    """Per variant: median µs per batch, median ratio to ``base_name`` in the same rounds
+    (above 1: faster), median cores kept busy; printed as it goes."""
+    base = [us for us, _ in runs[base_name]]
+    rows = {}
+    for name, got in runs.items():
+        us = [u for u, _ in got]
+        rows[name] = {"us_per_batch": statistics.median(us),
+                      "vs_base": statistics.median(b / u for b, u in zip(base, us)),
+                      "cpu_per_wall": statistics.median(c for _, c in got)}
+        print(f"{name:52s} {rows[name]['us_per_batch']:9.1f} µs  "
+              f"×{rows[name]['vs_base']:.2f} {base_name}  "
+              f"{rows[name]['cpu_per_wall']:.2f} cores", flush=True)
+    return rows
 
 
 if __name__ == "__main__":

@@ -8,9 +8,8 @@ tuple) per sample, which the default collate turns back into the batch read, wit
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -32,6 +31,8 @@ from packdata.transfer import worker_arrays
 from packdata.urls import is_url
 
 Transform = Callable[[Any], Any]
+# what a kind's code raises where a manifest's facts do not fit the records
+_KIND_ERRORS = (KeyError, IndexError, TypeError, ValueError, RuntimeError, ZeroDivisionError)
 
 
 class PackedDataset(Dataset):
@@ -100,6 +101,7 @@ class PackedDataset(Dataset):
             raise
         self._pid = os.getpid()
         self._epoch = SharedEpoch()
+        self._kind_module: Any = kind
 
     @property
     def reader(self) -> Reader:
@@ -120,7 +122,7 @@ class PackedDataset(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_reader"] = None
+        state["_reader"] = state["_kind_module"] = None
         return state
 
     def __len__(self) -> int:
@@ -182,9 +184,11 @@ class PackedDataset(Dataset):
         return self._epoch.value
 
     def _read(self, indices: np.ndarray) -> tuple:
-        kind = sources.get(self.manifest.kind)  # a module: looked up, not kept (not picklable)
-        with self._samples_of(kind):  # select: e.g. one of K stored variants per record
+        kind = self._kind
+        try:  # select: e.g. one of K stored variants per record
             select = kind.select(self.manifest, indices, self.epoch) if kind.select else None
+        except _KIND_ERRORS as exc:
+            raise self._samples_error(kind, exc) from None
         if select:
             self._check_select(select)
         out = self._slot_arrays(len(indices)) if select is None else None
@@ -193,22 +197,27 @@ class PackedDataset(Dataset):
         extra: dict[str, Any] = {"decode": self.decode} if self.decode is not None else {}
         if self.channels_last:
             extra["channels_last"] = True
-        with self._samples_of(kind):
+        try:
             return kind.to_torch(batch, self.manifest, indices=indices, epoch=self.epoch, **extra)
+        except _KIND_ERRORS as exc:
+            raise self._samples_error(kind, exc) from None
 
-    @contextlib.contextmanager
-    def _samples_of(self, kind: Any) -> Iterator[None]:
+    @property
+    def _kind(self) -> Any:
+        """The module of the dataset's sample kind (kept per process: a module is not pickled)."""
+        if self._kind_module is None:
+            self._kind_module = sources.get(self.manifest.kind)
+        return self._kind_module
+
+    def _samples_error(self, kind: Any, exc: Exception) -> Exception:
         """Samples made from records by the kind's code: where the manifest's facts (fields,
         options) do not fit the records, its errors name the dataset."""
-        try:
-            yield
-        except (KeyError, IndexError, TypeError, ValueError, RuntimeError, ZeroDivisionError) as exc:
-            if isinstance(exc, PackdataError):
-                raise
-            raise DatasetError(
-                f"{self.path}: its {kind.KIND} samples cannot be made from its records "
-                f"({type(exc).__name__}: {exc}); the manifest does not fit the records (edited?) "
-                "or the dataset is damaged") from None
+        if isinstance(exc, PackdataError):
+            return exc
+        return DatasetError(
+            f"{self.path}: its {kind.KIND} samples cannot be made from its records "
+            f"({type(exc).__name__}: {exc}); the manifest does not fit the records (edited?) "
+            "or the dataset is damaged")
 
     def _check_select(self, select: dict[str, np.ndarray]) -> None:
         """The entries the kind selects exist in the stored records (e.g. variant k of K)."""

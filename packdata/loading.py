@@ -19,7 +19,7 @@ from packdata.batch_order import batch_order
 from packdata.dataset import PackedDataset
 from packdata.device import Augment, DeviceLoader, map_tensors, resolve_device
 from packdata.errors import ArgumentError, ArgumentTypeError
-from packdata.sampling import EpochBatchSampler
+from packdata.sampling import EpochBatchSampler, SeededSampler
 from packdata.transfer import leave_worker
 from packdata.units import available_cores
 
@@ -166,12 +166,17 @@ class Loader:
             if self.persistent_workers and self._pool is None:
                 self._pool = ThreadPoolExecutor(self.num_workers, "packdata-read")
             ds = self.dataset
-            samples = _threaded(lambda i: ds.read_samples(ds._indices(i)), self.batch_sampler,
+            samples = _threaded(lambda i: ds.read_samples(ds._indices(i)), self._index_batches(),
                                 self._pool or self.num_workers,
                                 self.num_workers * (self.prefetch_factor or 2))
             # batch_transform and collate here, in batch order: the same draws as with no workers
             return (self._delivered(ds.finish_batch(parts)) for parts in samples)
-        return map(self._batch, self.batch_sampler)
+        return map(self._batch, self._index_batches())
+
+    def _index_batches(self) -> Iterator[Any]:
+        """The batch sampler's batches; as arrays from packdata's samplers (no list per batch)."""
+        sampler = self.batch_sampler
+        return sampler.arrays() if isinstance(sampler, SeededSampler) else iter(sampler)
 
     def _batch(self, indices: Any) -> Any:
         return self._delivered(self.dataset._batch(self.dataset._indices(indices)))

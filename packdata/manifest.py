@@ -8,6 +8,7 @@ is still read."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
@@ -57,7 +58,7 @@ class Field:
     def variable(self) -> bool:
         return bool(self.shape) and self.shape[0] is None
 
-    @property
+    @functools.cached_property  # (read per batch; a frozen field's dtype never changes)
     def np_dtype(self) -> np.dtype:
         return np.dtype(self.dtype)
 
@@ -66,7 +67,7 @@ class Field:
         """Shape of one row along the variable axis (``()`` for a 1-D variable field)."""
         return tuple(self.shape[1:])  # type: ignore[arg-type]
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         """Bytes per record of a fixed field."""
         if self.variable:

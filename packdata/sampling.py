@@ -91,7 +91,7 @@ class SharedEpoch(SharedState):
 Plan = list[tuple[int, int]]  # an epoch's finished segments: (world size, batches each rank took)
 
 
-class _SeededSampler(Sampler[list[int]]):
+class SeededSampler(Sampler[list[int]]):
     """What every batch sampler here shares: seed, epoch, position and this process's DDP rank.
 
     The sampler owns the epoch and the position in it. :meth:`state_dict` is a handful of
@@ -123,19 +123,26 @@ class _SeededSampler(Sampler[list[int]]):
             self._pending = []
         self._next_epoch = epoch
 
-    def _begin_epoch(self) -> tuple[int, Plan]:
-        """Called as iteration starts: the epoch to run and its finished segments."""
-        self.epoch, plan = self._next_epoch, self._pending
-        self._next_epoch, self._pending = self.epoch + 1, []
-        self._served, self._done = 0, False
-        return self.epoch, plan
+    def __iter__(self) -> Iterator[list[int]]:
+        return (batch.tolist() for batch in self.arrays())
 
-    def _serve(self, epoch: int, plan: Plan, batches: list[np.ndarray]) -> Iterator[list[int]]:
+    def arrays(self) -> Iterator[np.ndarray]:
+        """Iteration as ``iter(sampler)`` (the same batches, epoch and position), each batch an
+        int64 array, not a list: what :func:`packdata.loader` reads (no list made per batch)."""
+        # a generator: the epoch begins at the first batch asked for (DataLoader calls iter() twice)
+        epoch, plan = self._next_epoch, self._pending
+        self.epoch, self._next_epoch, self._pending = epoch, epoch + 1, []
+        self._served, self._done = 0, False
+        batches = self._batches(epoch, plan)
         self._current = (epoch, plan, len(batches))
         for batch in batches:
             self._served += 1
-            yield batch.tolist()
+            yield batch
         self._done = True
+
+    def _batches(self, epoch: int, plan: Plan) -> list[np.ndarray]:
+        """This rank's batches of ``epoch`` (the rest of it after ``plan``'s segments)."""
+        raise NotImplementedError
 
     def rng(self, epoch: int) -> np.random.Generator:
         """The generator of ``epoch``: the same on every rank."""
@@ -193,7 +200,7 @@ def _merge(plan: Plan, world: int, batches: int) -> Plan:
     return [*plan, (world, batches)] if batches else list(plan)
 
 
-class EpochBatchSampler(_SeededSampler):
+class EpochBatchSampler(SeededSampler):
     """Shuffled (or sequential) batches of indices, split across DDP ranks.
 
     Each epoch draws a permutation from ``seed + epoch``; rank ``r`` of ``w`` takes every ``w``-th
@@ -242,14 +249,10 @@ class EpochBatchSampler(_SeededSampler):
             [rest, np.resize(full, pad)])
         return order[self.rank :: self.world_size]
 
-    def __iter__(self) -> Iterator[list[int]]:
-        # a generator: the epoch begins at the first batch asked for, not at iter() (DataLoader
-        # calls iter() on its sampler twice for a first epoch)
-        epoch, plan = self._begin_epoch()
+    def _batches(self, epoch: int, plan: Plan) -> list[np.ndarray]:
         order = self.indices(epoch, plan)
         stop = len(order) - len(order) % self.batch_size if self.drop_last else len(order)
-        batches = [order[a : a + self.batch_size] for a in range(0, stop, self.batch_size)]
-        yield from self._serve(epoch, plan, batches)
+        return [order[a : a + self.batch_size] for a in range(0, stop, self.batch_size)]
 
     def __len__(self) -> int:
         """Batches per epoch on each rank (every rank the same: ``ceil(size / world)`` samples,
@@ -259,7 +262,7 @@ class EpochBatchSampler(_SeededSampler):
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
 
-class LengthBucketBatchSampler(_SeededSampler):
+class LengthBucketBatchSampler(SeededSampler):
     """Batches of documents of similar length, so each batch pads little to its longest member.
 
     Each epoch: shuffle all indices, sort them by length bucket (a bucket holds lengths within a
@@ -350,11 +353,8 @@ class LengthBucketBatchSampler(_SeededSampler):
         return padding_fraction(self.batches(self._next_epoch if epoch is None else epoch),
                                 self.lengths)
 
-    def __iter__(self) -> Iterator[list[int]]:
-        # a generator: the epoch begins at the first batch asked for, not at iter() (DataLoader
-        # calls iter() on its sampler twice for a first epoch)
-        epoch, plan = self._begin_epoch()
-        yield from self._serve(epoch, plan, self.batches(epoch, plan)[self.rank :: self.world_size])
+    def _batches(self, epoch: int, plan: Plan) -> list[np.ndarray]:
+        return self.batches(epoch, plan)[self.rank :: self.world_size]
 
     def __len__(self) -> int:
         """Batches the next epoch serves on each rank (every rank the same)."""

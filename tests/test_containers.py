@@ -328,3 +328,27 @@ def test_reads_without_torch_loaded_match_reads_with_it(packed, container):
 
     batch = containers.get(container).READER(packed[container]).read(np.array(idx))
     assert done.stdout == batch["image"].tobytes().hex() + " " + batch["label"].tobytes().hex()
+
+
+def test_a_child_forked_after_parallel_reads_reads_too(packed):
+    """torch's intra-op threads do not survive a fork: a child of a process that gathered on
+    several of them reads with numpy's gather instead of hanging."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, signal, sys, numpy as np, torch\nimport packdata\n"
+        "torch.set_num_threads(2)\n"
+        f"ds = packdata.open({str(packed['hdf5'])!r})\n"
+        "want = ds[list(range(20))][0]\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    signal.alarm(20)\n"
+        "    got = packdata.open(ds.path)[list(range(20))][0]\n"
+        "    ok = np.array_equal(got.numpy(), want.numpy())  # (torch.equal: threads too)\n"
+        "    os._exit(0 if ok else 3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "sys.exit(os.waitstatus_to_exitcode(status))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).parents[1])
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])

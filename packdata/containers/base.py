@@ -175,16 +175,20 @@ def gather_rows(view: np.ndarray, rows: np.ndarray, out: np.ndarray | None = Non
     ``out``, into a new array of ``dtype`` shaped ``(len(rows), *shape)`` (by default a row of
     ``dtype`` items per record).
 
-    torch's ``index_select`` where torch is loaded: it writes into a given array (numpy's
-    gathers first copy a non-contiguous source whole, ``np.take``, or make a new one,
-    ``view[rows]``), and it gathers a CIFAR batch in 67-73 µs against numpy's 100-140 µs from
-    the same map (bench/bench_gather.py), on torch's intra-op threads as torch's own gathers
-    do. numpy's for rows of a few bytes, and where torch is not loaded (``packdata verify`` reads
-    without importing it)."""
+    On one core, always: torch's ``index_select`` where torch is loaded and set to one thread
+    (DataLoader's workers are), which writes into a given array (numpy's gathers first copy a
+    non-contiguous source whole, ``np.take``, or make a new one); numpy's fancy indexing
+    otherwise, and for rows of a few bytes. Not on torch's intra-op threads, though they
+    gather 1.4-1.6× as fast on an idle machine (bench/bench_gather.py): a child forked after
+    they ran hangs in them (tests/test_containers.py), and under contention they are erratic
+    (with two test processes on two cores, reads fell below 5× a per-file PNG loader).
+    ``packdata verify`` reads without importing torch."""
     torch = sys.modules.get("torch")
     if shape is None:
         shape = (view.shape[1] // np.dtype(dtype).itemsize,)
-    if torch is None or view.shape[1] < 64:  # small rows (labels): numpy's call costs less
+    if not len(rows):
+        return np.empty((0, *shape), dtype=dtype) if out is None else out
+    if torch is None or view.shape[1] < 64 or torch.get_num_threads() > 1:
         gathered = view[rows]  # not np.take: that copies a strided source whole first
         if out is None:
             return gathered.view(dtype).reshape(len(rows), *shape)
@@ -192,8 +196,6 @@ def gather_rows(view: np.ndarray, rows: np.ndarray, out: np.ndarray | None = Non
         return out
     if out is None:
         out = np.empty((len(rows), *shape), dtype=dtype)
-    if not len(rows):
-        return out
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # a read-only map, only read here
         source = torch.from_numpy(view)

@@ -217,9 +217,10 @@ class LMDBReader(Reader):
 
     def _read(self, indices: np.ndarray) -> Batch:
         idx = self.check_indices(indices)
-        if self.manifest.variable_fields and self._stored is not None:
+        variable = bool(self.row_bytes)  # (kept per variable field)
+        if variable and self._stored is not None:
             return self._read_stored(idx)
-        if not self.manifest.variable_fields:
+        if not variable:
             located = self._fixed_map()
             if located is not None:  # each field gathered straight from the file: one copy
                 offsets = located.locate(idx)

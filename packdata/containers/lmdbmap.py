@@ -141,10 +141,14 @@ class StoredMap:
         """File offsets of records ``idx`` (checked indices) of ``sizes`` bytes (each record's,
         or ``size``: fixed-size records), checked to lie inside data.mdb."""
         sizes = self.size if sizes is None else sizes
-        offsets = self.offsets[idx].astype(np.int64)
+        offsets = self.offsets[idx].astype(np.int64, copy=False)
         end = len(self.whole)
-        if len(offsets) and (offsets.min() < 0 or offsets.max() > end
-                             or (offsets + sizes).max() > end):
+        if not len(offsets):
+            return offsets
+        # fixed sizes: one bound (end - size, not max + size, which a damaged offset overflows)
+        past = offsets.max() > end - sizes if isinstance(sizes, (int, np.integer)) else (
+            offsets.max() > end or (offsets + sizes).max() > end)
+        if past or offsets.min() < 0:
             raise DatasetError(f"{self.path}: a record lies outside data.mdb; the dataset is "
                                "damaged")
         return offsets
