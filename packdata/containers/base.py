@@ -179,9 +179,9 @@ def gather_rows(view: np.ndarray, rows: np.ndarray, out: np.ndarray | None = Non
     (DataLoader's workers are), which writes into a given array (numpy's gathers first copy a
     non-contiguous source whole, ``np.take``, or make a new one); numpy's fancy indexing
     otherwise, and for rows of a few bytes. Not on torch's intra-op threads, though they
-    gather 1.4-1.6× as fast on an idle machine (bench/bench_gather.py): a child forked after
-    they ran hangs in them (tests/test_containers.py), and under contention they are erratic
-    (with two test processes on two cores, reads fell below 5× a per-file PNG loader).
+    gather 1.6× as fast on an idle 2-core machine: beside busy processes they fell to 0.65×
+    numpy's (bench/bench_gather.py), and a child forked after they ran hangs in them
+    (tests/test_containers.py).
     ``packdata verify`` reads without importing torch."""
     torch = sys.modules.get("torch")
     if shape is None:
