@@ -63,7 +63,6 @@ def main() -> None:
         path.write_bytes(ram.tobytes())
         mapped = map_file(path).reshape(args.count, RECORD)
         window = byte_window(map_file(path), RECORD)
-        labels = byte_window(map_file(path), 8)  # a small field at any offset (LMDB's labels)
         ram_t = torch.from_numpy(ram)
 
         def torch_take(source: np.ndarray, addresses: bool = False):
@@ -81,10 +80,6 @@ def main() -> None:
             "torch index_select, map": torch_take(mapped),
             "torch index_select, byte window": torch_take(window, True),
             "packdata gather_rows, map": lambda b: gather_rows(mapped, b),
-            "packdata gather_rows, byte window": lambda b: gather_rows(window, b * RECORD),
-            "numpy fancy, byte window, 8-byte rows (labels)": lambda b: labels[b * RECORD],
-            "packdata gather_rows, byte window, 8-byte rows (labels)":
-                lambda b: gather_rows(labels, b * RECORD),
         }
         runs: dict[str, list[tuple[float, float]]] = {}
         for _ in range(args.rounds):

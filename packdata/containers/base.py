@@ -189,13 +189,10 @@ def gather_rows(view: np.ndarray, rows: np.ndarray, out: np.ndarray | None = Non
     if not len(rows):
         return np.empty((0, *shape), dtype=dtype) if out is None else out
     if torch is None or view.shape[1] < 64 or torch.get_num_threads() > 1:
-        # each row one numpy item (a void of its bytes): a 1-D gather copies whole rows, where
-        # a 2-D one walks a strided row byte by byte; not np.take: that copies a strided source
-        # whole first
-        gathered = view.view(np.dtype((np.void, view.shape[1])))[:, 0][rows].view(np.uint8)
+        gathered = view[rows]  # not np.take: that copies a strided source whole first
         if out is None:
             return gathered.view(dtype).reshape(len(rows), *shape)
-        out.reshape(-1).view(np.uint8)[...] = gathered
+        out.reshape(len(rows), -1).view(np.uint8)[...] = gathered
         return out
     if out is None:
         out = np.empty((len(rows), *shape), dtype=dtype)
