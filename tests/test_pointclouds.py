@@ -446,6 +446,33 @@ def test_garbage_in_compressed_points_decoding_outside_the_bounding_box_is_damag
     assert packdata.open(result.path).keys == ["intact"]
 
 
+def test_a_laz_file_that_aborts_its_decoder_is_a_named_error_with_one_worker(tmp_path):
+    """Random bytes over the compressed points of a real LAZ file make lazrs abort the process
+    that decodes it (checked in a child): conversion loads point clouds in a worker process even
+    with workers=1 (the source declares ISOLATE_LOADING), so it ends in an error naming the file."""
+    import random
+
+    data = bytearray((FIXTURES / "simple.laz").read_bytes())
+    data[18022 : 18022 + 4096] = random.Random(26).randbytes(len(data[18022 : 18022 + 4096]))
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "damaged.laz").write_bytes(bytes(data))
+    shutil.copy(FIXTURES / "simple.las", folder / "intact.las")
+    decoder = subprocess.run([sys.executable, "-c", "import laspy, sys; laspy.read(sys.argv[1])",
+                              str(folder / "damaged.laz")], capture_output=True, timeout=120)
+    assert decoder.returncode < 0  # killed by a signal: the decoder itself does not survive it
+    script = ("import sys, packdata\nfrom packdata.errors import PackdataError\n"
+              "source = packdata.open_source(sys.argv[1], points=64)\n"
+              "try:\n    packdata.convert(source, sys.argv[2], workers=1)\n"
+              "except PackdataError as exc:\n    print('refused:', exc)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(folder), str(tmp_path / "out.h5")],
+                          capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).parents[1])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("refused:") and "damaged.laz" in done.stdout, done.stdout
+    assert not (tmp_path / "out.h5").exists()  # nothing that looks like a dataset is left
+
+
 def test_intact_files_lie_inside_their_bounding_box(tmp_path):
     """The check refuses no intact file: the fixtures; nor a header that states its box as the
     stored integers (as laspy's sample simple1_3.las was written), which match the points."""

@@ -192,10 +192,11 @@ def _loaded(source: Source, blocks: list[list[Item]], workers: int
             ) -> Iterator[tuple[list[Item], Rows | list[Loaded]]]:
     """Every block with what its items loaded (:func:`.rows.pack`ed), in order; at most
     ``2 × workers`` blocks in flight."""
-    if workers <= 1:
+    if workers <= 1 and not source.ISOLATE_LOADING:
         for block in blocks:
             yield block, pack(source, _load_block_with(source, block))
         return
+    workers = max(workers, 1)
     try:
         with WorkerPool(workers, _set_worker_source, (source,)) as pool:
             yield from pool.ordered(_load_block, blocks, 2 * workers)

@@ -57,6 +57,10 @@ class Source(ABC):
     ignored: dict[str, list[str]]
     #: whether :meth:`observe` does anything (conversion then hands it every record)
     OBSERVES: ClassVar[bool] = False
+    #: whether loading runs native decoders that a damaged input can crash (LAZ's): conversion
+    #: then loads in a worker process even with one worker, so a crash is an error naming the
+    #: inputs, not the end of the converting process
+    ISOLATE_LOADING: ClassVar[bool] = False
 
     @abstractmethod
     def items(self) -> list[Item]:

@@ -96,6 +96,7 @@ class PointCloudSource(Source):
 
     kind = KIND
     OBSERVES = True  # counts padded clouds and dropped points for the manifest
+    ISOLATE_LOADING = True  # lazrs aborts the process on some damaged LAZ files
 
     def __init__(self, root: str | Path, **options: Any) -> None:
         """``options``: see :data:`OPTIONS`; ``fields`` may also be a list of names."""
