@@ -9,6 +9,7 @@ so nothing half-written ever opens as a dataset.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing as mp
 import pickle
 import time
 from collections.abc import Callable, Iterator
@@ -192,7 +193,10 @@ def _loaded(source: Source, blocks: list[list[Item]], workers: int
             ) -> Iterator[tuple[list[Item], Rows | list[Loaded]]]:
     """Every block with what its items loaded (:func:`.rows.pack`ed), in order; at most
     ``2 × workers`` blocks in flight."""
-    if workers <= 1 and not source.ISOLATE_LOADING:
+    # a daemonic process (a Dask worker) can start no child: it is the isolation itself, a
+    # crash in it is a dead worker its engine names
+    isolate = source.ISOLATE_LOADING and not mp.current_process().daemon
+    if workers <= 1 and not isolate:
         for block in blocks:
             yield block, pack(source, _load_block_with(source, block))
         return
