@@ -25,13 +25,12 @@ import multiprocessing as mp
 import os
 import statistics
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
-from _shared import command_line, parser, write_results
+from _shared import command_line, drain, interleaved, parser, ratio_of_rounds, timed, write_results
 
 from packdata.containers.base import gather_rows, map_file
 from packdata.containers.joined import byte_window
@@ -40,15 +39,29 @@ RECORD = 3072
 BATCH = 256
 
 
-def per_batch(gather, batches: list[np.ndarray]) -> tuple[float, float]:
-    """(µs of wall time, CPU seconds per wall second) per batch of ``gather``."""
-    for b in batches[:20]:
-        gather(b)
-    wall, cpu = time.perf_counter(), time.process_time()
-    for b in batches:
-        gather(b)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return wall / len(batches) * 1e6, cpu / wall
+def one_round(gather, batches: list[np.ndarray], threads: int):
+    """A round of ``gather`` over ``batches`` on ``threads`` torch threads, returning (µs of
+    wall time per batch, CPU seconds per wall second)."""
+    def run() -> tuple[float, float]:
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            drain(map(gather, batches[:20]))
+            wall, cpu = timed(lambda: drain(map(gather, batches)))
+        finally:
+            torch.set_num_threads(before)
+        return wall / len(batches) * 1e6, cpu / wall
+    return run
+
+
+def rounds_of(variants: dict, batches: list[np.ndarray], rounds: int) -> dict:
+    """Interleaved rounds of every variant on torch's default threads, then of torch's and
+    packdata's on one thread (named "…, 1 thread")."""
+    threads = torch.get_num_threads()
+    runs = {name: one_round(gather, batches, threads) for name, gather in variants.items()}
+    runs |= {f"{name}, 1 thread": one_round(gather, batches, 1)
+             for name, gather in variants.items() if name.startswith(("torch", "packdata"))}
+    return interleaved(rounds, runs, progress=False)
 
 
 def main() -> None:
@@ -81,34 +94,15 @@ def main() -> None:
             "torch index_select, byte window": torch_take(window, True),
             "packdata gather_rows, map": lambda b: gather_rows(mapped, b),
         }
-        runs: dict[str, list[tuple[float, float]]] = {}
-        for _ in range(args.rounds):
-            for one_thread in (False, True):
-                torch.set_num_threads(1 if one_thread else threads)
-                for name, gather in variants.items():
-                    if one_thread and not name.startswith(("torch", "packdata")):
-                        continue
-                    key = f"{name}, 1 thread" if one_thread else name
-                    runs.setdefault(key, []).append(per_batch(gather, batches))
-            torch.set_num_threads(threads)
-        rows = summary(runs, "numpy fancy, RAM")
+        rows = summary(rounds_of(variants, batches, args.rounds), "numpy fancy, RAM")
         busy_variants = {name: variants[name] for name in (
             "numpy fancy, map", "torch index_select, map", "packdata gather_rows, map")}
-        busy: dict[str, list[tuple[float, float]]] = {}
         spinners = [mp.get_context("fork").Process(target=spin, daemon=True)
                     for _ in range(os.cpu_count() or 1)]
         for p in spinners:
             p.start()
         try:
-            for _ in range(args.rounds):
-                for one_thread in (False, True):
-                    torch.set_num_threads(1 if one_thread else threads)
-                    for name, gather in busy_variants.items():
-                        if one_thread and not name.startswith(("torch", "packdata")):
-                            continue
-                        key = f"{name}, 1 thread" if one_thread else name
-                        busy.setdefault(key, []).append(per_batch(gather, batches[:40]))
-                torch.set_num_threads(threads)
+            busy = rounds_of(busy_variants, batches[:40], args.rounds)
         finally:
             for p in spinners:
                 p.kill()
@@ -134,7 +128,7 @@ def summary(runs: dict[str, list[tuple[float, float]]], base_name: str) -> dict[
     for name, got in runs.items():
         us = [u for u, _ in got]
         rows[name] = {"us_per_batch": statistics.median(us),
-                      "vs_base": statistics.median(b / u for b, u in zip(base, us)),
+                      "vs_base": ratio_of_rounds(base, us)[0],
                       "cpu_per_wall": statistics.median(c for _, c in got)}
         print(f"{name:52s} {rows[name]['us_per_batch']:9.1f} µs  "
               f"×{rows[name]['vs_base']:.2f} {base_name}  "
