@@ -175,27 +175,25 @@ def gather_rows(view: np.ndarray, rows: np.ndarray, out: np.ndarray | None = Non
     ``out``, into a new array of ``dtype`` shaped ``(len(rows), *shape)`` (by default a row of
     ``dtype`` items per record).
 
-    On one core, always: torch's ``index_select`` where torch is loaded and set to one thread
-    (DataLoader's workers are), which writes into a given array (numpy's gathers first copy a
-    non-contiguous source whole, ``np.take``, or make a new one); numpy's fancy indexing
-    otherwise, and for rows of a few bytes. Not on torch's intra-op threads, though they
-    gather 1.6× as fast on an idle 2-core machine: beside busy processes they fell to 0.65×
-    numpy's (bench/bench_gather.py), and a child forked after they ran hangs in them
-    (tests/test_containers.py).
-    ``packdata verify`` reads without importing torch."""
+    On one core, always. Into a given ``out``: torch's ``index_select`` where torch is loaded
+    and set to one thread (DataLoader's workers are), which writes into it (numpy's gathers
+    first copy a non-contiguous source whole, ``np.take``, or make a new one). numpy's fancy
+    indexing otherwise (on one thread the two gather at the same speed), and for rows of a few
+    bytes. Not on torch's intra-op threads, though they gather 1.9× as fast on an idle 2-core
+    machine: beside busy processes they fell to 0.16× numpy's (bench/bench_gather.py), and a
+    child forked after they ran hangs in them (tests/test_containers.py). ``packdata verify``
+    reads without importing torch."""
     torch = sys.modules.get("torch")
     if shape is None:
         shape = (view.shape[1] // np.dtype(dtype).itemsize,)
     if not len(rows):
         return np.empty((0, *shape), dtype=dtype) if out is None else out
-    if torch is None or view.shape[1] < 64 or torch.get_num_threads() > 1:
+    if out is None or torch is None or view.shape[1] < 64 or torch.get_num_threads() > 1:
         gathered = view[rows]  # not np.take: that copies a strided source whole first
         if out is None:
             return gathered.view(dtype).reshape(len(rows), *shape)
         out.reshape(len(rows), -1).view(np.uint8)[...] = gathered
         return out
-    if out is None:
-        out = np.empty((len(rows), *shape), dtype=dtype)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # a read-only map, only read here
         source = torch.from_numpy(view)

@@ -217,7 +217,7 @@ class LMDBReader(Reader):
 
     def _read(self, indices: np.ndarray) -> Batch:
         idx = self.check_indices(indices)
-        variable = bool(self.row_bytes)  # (kept per variable field)
+        variable = bool(self.row_bytes)  # row_bytes: one entry per variable field
         if variable and self._stored is not None:
             return self._read_stored(idx)
         if not variable:
