@@ -20,9 +20,8 @@ import os
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import h5py
 import numpy as np
 
 from packdata.containers.base import (
@@ -40,6 +39,12 @@ from packdata.containers.spool import BLOCK_BYTES, Spool
 from packdata.errors import DatasetError, PackdataError
 from packdata.manifest import HEADER_HASH, Field, Manifest, check_manifest
 from packdata.recordmeta import DTYPES, copy_blocks, from_arrays
+
+if TYPE_CHECKING:
+    import h5py
+# h5py itself is imported where a file is opened: packdata.open of a tar or LMDB dataset asks
+# every container whether the path is its own, and importing h5py costs ~11 MiB and ~35 ms in
+# each process that never opens an HDF5 file (a spawned worker, a DDP rank)
 
 NAME = "hdf5"
 NEW_SUFFIX = ".h5"
@@ -73,6 +78,8 @@ class HDF5Writer(Writer):
     def expect(self, count: int) -> None:
         if count <= 0 or self.count or any(f.variable for f in self.fields.values()):
             return
+        import h5py
+
         with _plain_errors():
             self.file = h5py.File(self.path, "w", track_order=True)
             self.datasets = {name: self.file.create_dataset(name, shape=(count, *f.shape),
@@ -128,6 +135,8 @@ class HDF5Writer(Writer):
             with _plain_errors(), self.file as f:
                 _finish_file(f, manifest)
             return
+        import h5py
+
         with h5py.File(self.path, "w", track_order=True) as f:
             for name, spool in self.spools.items():
                 field = spool.field
@@ -200,6 +209,8 @@ class HDF5Reader(Reader):
                                f"{exc}); the dataset is damaged") from None
 
     def _open(self) -> None:
+        import h5py
+
         whole = map_file(self.path)
         with h5py.File(self.path, "r") as f:
             if MANIFEST not in f:
@@ -241,7 +252,11 @@ class HDF5Reader(Reader):
 
     @staticmethod
     def detect(path: Path) -> bool:
-        if not path.is_file() or not h5py.is_hdf5(path):
+        if not path.is_file():  # tar and LMDB datasets are folders: no h5py import for them
+            return False
+        import h5py
+
+        if not h5py.is_hdf5(path):
             return False
         try:
             with h5py.File(path, "r") as f:
@@ -299,6 +314,8 @@ def _check_field(ds: h5py.Dataset, path: Path, name: str, field: Field) -> None:
 
 def _mapped(f: h5py.File, whole: np.ndarray, path: Path, name: str) -> np.ndarray | None:
     """The contiguous 1-D dataset ``name`` as a view of the mapped file (None if absent)."""
+    import h5py
+
     ds = f.get(name)
     if not isinstance(ds, h5py.Dataset) or len(ds.shape) != 1:
         return None
