@@ -181,13 +181,16 @@ def _compare_source(reader: Reader, source: Any, report: VerifyReport, path: str
 
 
 def _loaded(source: Any) -> Iterator[tuple[Any, Any]]:
-    """``(item, loaded)`` for every input, loaded as conversion loads them: block by block
-    (one input may make several records, e.g. a text split into chunks)."""
+    """``(item, loaded)`` for every input, loaded as conversion loads them (block by block: one
+    input may make several records, e.g. a text split into chunks; in a worker process where the
+    source declares it, so a decoder that aborts is a reported problem, not the end of verify)."""
+    from packdata.conversion.local import load_blocks
+
     with warnings.catch_warnings():  # advice for converting (no labels, precision): not news
         warnings.simplefilter("ignore", InputWarning)
         items = source.items()
-    for block in source.blocks(items):
-        yield from zip(block, source.load_block(block))
+    for block, loaded in load_blocks(source, source.blocks(items), workers=1, packed=False):
+        yield from zip(block, loaded)
 
 
 def source_for(manifest: Manifest, root: str | Path) -> Any:

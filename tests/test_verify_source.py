@@ -155,3 +155,28 @@ def test_recorded_options_recreate_the_source(tmp_path, pngs, peps_dir, gpt2_jso
         source = packdata.open_source(root, **options)
         recorded = json.loads(json.dumps(source.options()))  # as a manifest holds them
         assert packdata.open_source(root, source.kind, **recorded).options() == recorded
+
+
+def test_an_input_that_aborts_its_decoder_is_reported_not_fatal(tmp_path):
+    """A LAZ file whose compressed points are overwritten with random bytes makes lazrs abort the
+    process decoding it (tests/test_pointclouds.py checks that): ``verify --source`` loads point
+    clouds in a worker process, as conversion does, so it ends with an error naming the file."""
+    import random
+    import subprocess
+    import sys
+
+    src = tmp_path / "trees"
+    src.mkdir()
+    shutil.copy(LIDAR / "simple.las", src / "intact.las")
+    shutil.copy(LIDAR / "simple.laz", src / "later.laz")
+    dst = packdata.convert(packdata.open_source(src, points=64), tmp_path / "p.h5", workers=1).path
+    data = bytearray((src / "later.laz").read_bytes())
+    data[18022 : 18022 + 4096] = random.Random(26).randbytes(len(data[18022 : 18022 + 4096]))
+    (src / "later.laz").write_bytes(bytes(data))
+    done = subprocess.run([sys.executable, "-m", "packdata", "verify", str(dst), "--source",
+                           str(src)], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).parents[1])
+    assert done.returncode > 0, (done.returncode, done.stderr[-2000:])  # not killed by a signal
+    output = done.stdout + done.stderr
+    assert "later.laz" in output and "stopped unexpectedly" in output, output
+    assert "Traceback" not in output

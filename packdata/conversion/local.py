@@ -9,10 +9,11 @@ so nothing half-written ever opens as a dataset.
 from __future__ import annotations
 
 import contextlib
+import functools
 import multiprocessing as mp
 import pickle
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from packdata import atomic
@@ -41,7 +42,7 @@ def write(job: Job, *, workers: int | None = None, progress: Progress | None = N
         records = _Records(job, partial.path, on_shard_closed)
         try:
             done = 0
-            for block, loaded in _loaded(job.source, blocks, workers):
+            for block, loaded in load_blocks(job.source, blocks, workers):
                 records.add_block(block, loaded)
                 done += len(block)
                 if progress:
@@ -189,36 +190,42 @@ def _set_worker_source(source: Source) -> None:
     _worker_source = source
 
 
-def _loaded(source: Source, blocks: list[list[Item]], workers: int
-            ) -> Iterator[tuple[list[Item], Rows | list[Loaded]]]:
-    """Every block with what its items loaded (:func:`.rows.pack`ed), in order; at most
-    ``2 × workers`` blocks in flight."""
+def load_blocks(source: Source, blocks: Iterable[list[Item]], workers: int, packed: bool = True
+                ) -> Iterator[tuple[list[Item], Rows | list[Loaded]]]:
+    """Every block with what its items loaded, in order: :func:`.rows.pack`ed for writing, or
+    each item's record (or its SampleError) with ``packed=False`` (``packdata verify --source``).
+    At most ``2 × workers`` blocks in flight; a source that declares ``ISOLATE_LOADING`` loads
+    in a worker process even with ``workers=1``, so a decoder that kills its process is an error
+    naming the input, not the end of packdata."""
     # a daemonic process (a Dask worker) can start no child: it is the isolation itself, a
     # crash in it is a dead worker its engine names
     isolate = source.ISOLATE_LOADING and not mp.current_process().daemon
     if workers <= 1 and not isolate:
         for block in blocks:
-            yield block, pack(source, _load_block_with(source, block))
+            loaded = _load_block_with(source, block)
+            yield block, pack(source, loaded) if packed else loaded
         return
     workers = max(workers, 1)
     try:
         with WorkerPool(workers, _set_worker_source, (source,)) as pool:
-            yield from pool.ordered(_load_block, blocks, 2 * workers)
+            yield from pool.ordered(functools.partial(_load_block, packed=packed), blocks,
+                                    2 * workers)
     except WorkerDied as died:  # the culprit is in this block or one queued after it
         raise PackdataError("a conversion worker stopped unexpectedly (killed, out of memory, or "
                             f"crashed in a decoder) while loading inputs from {died.task[0].path} "
                             "on") from None
 
 
-def _load_block(items: list[Item]) -> Rows | list[Loaded]:
-    """The worker's task: the block loaded and packed (the rows' checks and checksums are
-    computed here, in parallel, not in the process that writes). What it raises travels back
-    pickled: an error that cannot be (a library's own exception class) is replaced by a
-    PackdataError keeping its type and message, and nothing is chained to it (where exceptions
-    pickle their chain, as with tblib's support installed, a chained library exception would
-    not pickle either)."""
+def _load_block(items: list[Item], packed: bool = True) -> Rows | list[Loaded]:
+    """The worker's task: the block loaded and, for writing, packed (the rows' checks and
+    checksums are computed here, in parallel, not in the process that writes). What it raises
+    travels back pickled: an error that cannot be (a library's own exception class) is replaced
+    by a PackdataError keeping its type and message, and nothing is chained to it (where
+    exceptions pickle their chain, as with tblib's support installed, a chained library
+    exception would not pickle either)."""
     try:
-        return pack(_worker_source, _load_block_with(_worker_source, items))  # type: ignore[arg-type]
+        loaded = _load_block_with(_worker_source, items)  # type: ignore[arg-type]
+        return pack(_worker_source, loaded) if packed else loaded  # type: ignore[arg-type]
     except BaseException as exc:
         failure = exc
     failure.__context__ = failure.__cause__ = None
@@ -238,4 +245,4 @@ def _load_block_with(source: Source, items: list[Item]) -> list[Loaded]:
         return [safe_load(source, item) for item in items]
 
 
-__all__ = ["write"]
+__all__ = ["load_blocks", "write"]
