@@ -109,7 +109,9 @@ def test_a_step_longer_than_the_bound_still_runs_once_each():
 def test_timings_agree_with_the_wall_clock(packed):
     """Against an independent clock: reading each batch sleeps 30 ms (a batch_transform, inside
     packdata.loader's read) and each training step 15 ms. Each measurement's seconds must lie
-    within the wall-clock time of its call, and the loop must put the sleeps in their parts."""
+    within the wall-clock time of its call, and the loop must put the sleeps in their parts.
+    A sleep on a busy machine can overrun by more than the slack: up to three attempts, each
+    checked in full (a measurement that counts wrongly fails all three)."""
     load_s, train_s, steps = 0.030, 0.015, 5
     slack = 0.012  # s per step: a read of 20 CIFAR records and Python's overhead on a busy machine
 
@@ -126,17 +128,35 @@ def test_timings_agree_with_the_wall_clock(packed):
         result = measure(*args)
         return result, time.perf_counter() - start
 
-    io, io_wall = timed(measure_io, inp, settings, LoaderOptions(), CPU)
-    train, train_wall = timed(measure_train, SlowTrainer(train_s), torch.zeros(20, 3), settings)
-    loop, loop_wall = timed(measure_loop, inp, SlowTrainer(train_s), settings, LoaderOptions())
-    for result, wall, per_step in ((io, io_wall, load_s), (train, train_wall, train_s),
-                                   (loop, loop_wall, load_s + train_s)):
-        assert result["steps"] == steps and result["samples"] == steps * 20
-        # the timed steps, not the warm-up: at least steps × the step, at most the call's time
-        assert steps * per_step <= result["seconds"] <= min(wall - per_step, steps * (per_step + slack))
-    assert load_s * 1e3 <= loop["load_ms"] < (load_s + slack) * 1e3
-    assert train_s * 1e3 <= loop["train_ms"] < (train_s + slack) * 1e3
-    assert loop["load_share"] == pytest.approx(load_s / (load_s + train_s), abs=0.1)
+    def attempt() -> list[str]:
+        wrong = []
+        io, io_wall = timed(measure_io, inp, settings, LoaderOptions(), CPU)
+        train, train_wall = timed(measure_train, SlowTrainer(train_s), torch.zeros(20, 3),
+                                  settings)
+        loop, loop_wall = timed(measure_loop, inp, SlowTrainer(train_s), settings,
+                                LoaderOptions())
+        for name, result, wall, per_step in (("io", io, io_wall, load_s),
+                                             ("train", train, train_wall, train_s),
+                                             ("loop", loop, loop_wall, load_s + train_s)):
+            assert result["steps"] == steps and result["samples"] == steps * 20
+            # the timed steps, not the warm-up: at least steps × the step, at most the call's time
+            if not steps * per_step <= result["seconds"] <= min(wall - per_step,
+                                                               steps * (per_step + slack)):
+                wrong.append(f"{name}: {result['seconds']:.4f} s, call {wall:.4f} s")
+        if not load_s * 1e3 <= loop["load_ms"] < (load_s + slack) * 1e3:
+            wrong.append(f"load_ms {loop['load_ms']:.2f}")
+        if not train_s * 1e3 <= loop["train_ms"] < (train_s + slack) * 1e3:
+            wrong.append(f"train_ms {loop['train_ms']:.2f}")
+        if loop["load_share"] != pytest.approx(load_s / (load_s + train_s), abs=0.1):
+            wrong.append(f"load_share {loop['load_share']:.3f}")
+        return wrong
+
+    attempts = []
+    for _ in range(3):
+        attempts.append(attempt())
+        if not attempts[-1]:
+            break
+    assert not attempts[-1], attempts
 
 
 def test_model_that_does_not_accept_the_batch(packed):
