@@ -131,12 +131,12 @@ KILL_DURING_SHUTDOWN = r"""
 import os, signal, sys, threading, time
 from pathlib import Path
 import packdata
-from packdata.conversion.local import _loaded
+from packdata.conversion.local import load_blocks
 
 source = packdata.open_source(sys.argv[1])
 items = source.items()
 blocks = [items[i:i + 10] for i in range(0, len(items), 10)]
-records = _loaded(source, blocks, 2)
+records = load_blocks(source, blocks, 2)
 for _ in range(len(blocks)):  # every result received; the generator still holds its pool
     next(records)
 time.sleep(0.5)  # both workers idle, one of them in the task queue's get
