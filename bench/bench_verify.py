@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+import xxhash
 from _shared import CIFAR_PNG, command_line, interleaved, parser, write_results
 from bench_containers import build_folder
 
@@ -71,6 +73,24 @@ def epochs_seconds(path: Path, level: str, epochs: int, collate) -> tuple[list[f
     return times, cpu_times
 
 
+def hash_floor_seconds(path: Path, repeats: int = 200) -> float | None:
+    """Seconds XXH3 takes over one batch's bytes as one contiguous buffer (None for variable-size
+    records): what hashing a batch costs at the least."""
+    ds = packdata.open(path, verify="off")
+    fields = ds.manifest.fields
+    if any(f.variable for f in fields.values()):
+        return None
+    n = min(BATCH, len(ds))
+    batch = ds.reader.read(np.arange(n))
+    table = np.concatenate([np.ascontiguousarray(batch[name]).reshape(n, -1).view(np.uint8)
+                            for name in fields], axis=1)
+    xxhash.xxh3_64_intdigest(table)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        xxhash.xxh3_64_intdigest(table)
+    return (time.perf_counter() - start) / repeats
+
+
 def bench_one(name: str, path: Path, rounds: int, epochs: int) -> dict:
     """Default (every record checked, "full") against "off", interleaved round by round."""
     collate = packdata.PadCollate() if name.startswith("text") else None
@@ -84,6 +104,10 @@ def bench_one(name: str, path: Path, rounds: int, epochs: int) -> dict:
         return statistics.median(pick(o) / pick(f) for o, f in zip(of["off"], of["full"]))
 
     opens = {lv: open_seconds(path, lv) for lv in ("off", "full")}
+    floor = hash_floor_seconds(path)
+    batches = -(-n // BATCH)
+    off_batch = statistics.median(sum(t[1:]) / ((epochs - 1) * batches) for t in times["off"]) \
+        if epochs > 1 else None
     row = {"dataset": name, "samples": n, "epochs": epochs,
            "off_samples_per_s": statistics.median(n * epochs / sum(t) for t in times["off"]),
            "full_samples_per_s": statistics.median(n * epochs / sum(t) for t in times["full"]),
@@ -95,7 +119,11 @@ def bench_one(name: str, path: Path, rounds: int, epochs: int) -> dict:
            else None,
            "seconds_off": times["off"], "seconds_full": times["full"],
            "cpu_seconds_off": cpu["off"], "cpu_seconds_full": cpu["full"],
-           "open_ms_off": opens["off"] * 1e3, "open_ms_full": opens["full"] * 1e3}
+           "open_ms_off": opens["off"] * 1e3, "open_ms_full": opens["full"] * 1e3,
+           "off_batch_us_later_epochs": off_batch * 1e6 if off_batch else None,
+           "hash_floor_us_per_batch": floor * 1e6 if floor is not None else None,
+           "hash_floor_over_off_batch": floor / off_batch if floor is not None and off_batch
+           else None}
     print(f"{name:12s} off {row['off_samples_per_s']:>10,.0f}/s  full "
           f"{row['full_samples_per_s']:>10,.0f}/s  full/off: all {row['full_over_off_all_epochs']:.2f}"
           f", first epoch {row['full_over_off_first_epoch']:.2f}, later "
@@ -103,6 +131,10 @@ def bench_one(name: str, path: Path, rounds: int, epochs: int) -> dict:
           f"{row['cpu_full_over_off_first_epoch']:.2f}, later "
           f"{row['cpu_full_over_off_later_epochs'] or 0:.2f}); open off {row['open_ms_off']:.1f} ms, "
           f"full {row['open_ms_full']:.1f} ms", flush=True)
+    if row["hash_floor_over_off_batch"] is not None:
+        print(f"{'':12s} XXH3 over a batch in one call {row['hash_floor_us_per_batch']:.0f} µs = "
+              f"{row['hash_floor_over_off_batch']:.2f} of an unchecked batch read "
+              f"({row['off_batch_us_later_epochs']:.0f} µs)", flush=True)
     return row
 
 
