@@ -210,10 +210,35 @@ class LMDBReader(Reader):
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         try:
-            return apply_select(self._read(indices), select)  # LMDB copies whole values anyway
+            if select and not self.row_bytes:
+                located = self._fixed_map()
+                if located is not None:  # only the selected entries' bytes are gathered
+                    return self._read_selected(self.check_indices(indices), located, select)
+            return apply_select(self._read(indices), select)  # lookups copy whole values
         except lmdb.Error as exc:  # a damaged B-tree found by a lookup: name the dataset
             raise DatasetError(f"{self.path}: LMDB cannot be read ({type(exc).__name__}: {exc}); "
                                "the dataset is damaged") from None
+
+    def _read_selected(self, idx: np.ndarray, located: StoredMap | RecordMap,
+                       select: Select) -> Batch:
+        """Fixed-size records ``idx`` (checked) with one entry of the first axis of each field
+        in ``select`` (``select[name][j]`` for record ``idx[j]``), gathered from the file."""
+        offsets = located.locate(idx)
+        batch: Batch = {}
+        for name, field, a, b in self.columns:
+            if name not in select:
+                batch[name] = gather_rows(located.column(a, b), offsets, dtype=field.np_dtype,
+                                          shape=field.shape)
+                continue
+            entries = np.asarray(select[name], dtype=np.int64)
+            if len(entries) != len(idx) or (len(entries) and (
+                    entries.min() < 0 or entries.max() >= field.shape[0])):
+                raise IndexError(f"select['{name}'] must hold one entry of {field.shape[0]} per "
+                                 f"record read, got {entries!r:.80}")
+            part = (b - a) // field.shape[0]  # bytes of one entry: entry k is at a + k * part
+            batch[name] = gather_rows(located.column(a, a + part), offsets + entries * part,
+                                      dtype=field.np_dtype, shape=field.shape[1:])
+        return batch
 
     def _read(self, indices: np.ndarray) -> Batch:
         idx = self.check_indices(indices)

@@ -9,7 +9,7 @@ import lmdb
 import numpy as np
 import pytest
 
-from tests.containers.suite import ContainerSuite
+from tests.containers.suite import VARIANTS, ContainerSuite, make_records
 
 
 class TestLMDB(ContainerSuite):
@@ -37,6 +37,26 @@ class TestLMDB(ContainerSuite):
             out[name] = np.frombuffer(value[pos : pos + size], f.np_dtype).reshape(-1, *f.row_shape)
             pos += size
         return out
+
+    def test_select_gathers_from_stored_offsets_and_through_lookups_alike(self, tmp_path):
+        """A select read gathers only the selected entry of each record from the file, whether
+        its offsets were stored at conversion or found by lookups (a dataset without them):
+        the records a whole read gives, sliced; an entry past K is an IndexError."""
+        records = make_records(VARIANTS, 40)
+        path = self.write(tmp_path, VARIANTS, records)
+        copy = shutil.copytree(path, tmp_path / "old.lmdb")
+        with lmdb.open(str(copy), subdir=True) as env, env.begin(write=True) as txn:
+            txn.delete(b"__offsets__")  # as datasets written before offsets were stored
+        idx, rows = np.array([39, 0, 17, 17, 5]), np.array([2, 0, 1, 2, 2])
+        for where, stored in ((path, True), (copy, False)):
+            reader = self.reader(where)
+            assert (reader._stored is not None) == stored
+            batch = reader.read(idx, {"points": rows})
+            np.testing.assert_array_equal(
+                batch["points"], np.stack([records[i]["points"][r] for i, r in zip(idx, rows)]))
+            np.testing.assert_array_equal(batch["label"], [records[i]["label"] for i in idx])
+            with pytest.raises(IndexError, match="select"):
+                reader.read(idx, {"points": rows + 1})  # K = 3: entry 3 does not exist
 
     def record_byte(self, path, fields, index):
         data = (path / "data.mdb").read_bytes()
