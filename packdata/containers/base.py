@@ -161,6 +161,18 @@ def records_of(rows: np.ndarray, fields: dict[str, Field]) -> list[dict[str, np.
     return [{name: column[j] for name, column in columns.items()} for j in range(len(rows))]
 
 
+def selected_entries(select: Select, name: str, field: Field, count: int) -> np.ndarray:
+    """``select[name]`` as int64, checked: one entry of ``field``'s first axis for each of the
+    ``count`` records read. An IndexError otherwise, for readers that gather an entry at its
+    byte offset (an entry past the axis would be another record's bytes)."""
+    entries = np.asarray(select[name], dtype=np.int64)
+    if entries.shape != (count,) or (count and (entries.min() < 0
+                                                or entries.max() >= field.shape[0])):
+        raise IndexError(f"select['{name}'] must hold one entry of {field.shape[0]} per record "
+                         f"read, got {entries!r:.80}")
+    return entries
+
+
 def apply_select(batch: Batch, select: Select | None) -> Batch:
     """``select`` applied after a full read: for containers that cannot read less."""
     for name, rows in (select or {}).items():

@@ -34,6 +34,7 @@ from packdata.containers.base import (
     gather_rows,
     map_file,
     same_destination,
+    selected_entries,
 )
 from packdata.containers.spool import BLOCK_BYTES, Spool
 from packdata.errors import DatasetError, PackdataError
@@ -274,8 +275,12 @@ class HDF5Reader(Reader):
             if field.variable:
                 off = self.offsets[name]
                 batch[name] = [np.array(data[off[i] : off[i + 1]]) for i in idx]
-            elif name in select:
-                batch[name] = data[idx, select[name]]  # only the selected entries are read
+            elif name in select:  # only the selected entries' bytes are gathered
+                parts = field.shape[0]
+                entries = selected_entries(select, name, field, len(idx))
+                batch[name] = gather_rows(self.rows[name].reshape(-1, field.nbytes // parts),
+                                          idx * parts + entries, dtype=field.np_dtype,
+                                          shape=field.shape[1:])
             else:
                 batch[name] = gather_rows(self.rows[name], idx, dtype=field.np_dtype,
                                           shape=field.shape)

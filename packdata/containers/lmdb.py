@@ -39,6 +39,7 @@ from packdata.containers.base import (
     attach_record_file,
     gather_rows,
     same_destination,
+    selected_entries,
 )
 from packdata.containers.lmdbcheck import Tree
 from packdata.containers.lmdbenv import checked_env, shared_env, shared_tree
@@ -230,11 +231,7 @@ class LMDBReader(Reader):
                 batch[name] = gather_rows(located.column(a, b), offsets, dtype=field.np_dtype,
                                           shape=field.shape)
                 continue
-            entries = np.asarray(select[name], dtype=np.int64)
-            if len(entries) != len(idx) or (len(entries) and (
-                    entries.min() < 0 or entries.max() >= field.shape[0])):
-                raise IndexError(f"select['{name}'] must hold one entry of {field.shape[0]} per "
-                                 f"record read, got {entries!r:.80}")
+            entries = selected_entries(select, name, field, len(idx))
             part = (b - a) // field.shape[0]  # bytes of one entry: entry k is at a + k * part
             batch[name] = gather_rows(located.column(a, a + part), offsets + entries * part,
                                       dtype=field.np_dtype, shape=field.shape[1:])

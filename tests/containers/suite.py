@@ -141,6 +141,15 @@ class ContainerSuite:
             batch["points"], np.stack([records[i]["points"][r] for i, r in zip(idx, rows)]))
         np.testing.assert_array_equal(batch["label"], [records[i]["label"] for i in idx])
 
+    def test_a_selected_entry_past_the_axis_is_an_index_error(self, tmp_path):
+        """Readers gather a selected entry at its byte offset: an entry past K, a negative one
+        or one too few fail by name, never read another record's bytes."""
+        records = make_records(VARIANTS, 6)
+        reader = self.reader(self.write(tmp_path, VARIANTS, records, self.options(5)))
+        for bad in ([0, 3], [-1, 0], [0]):
+            with pytest.raises(IndexError, match="select"):
+                reader.read(np.array([4, 5]), {"points": np.array(bad)})
+
     def test_one_record(self, tmp_path):
         records = make_records(VARIABLE, 1)
         reader = self.reader(self.write(tmp_path, VARIABLE, records))

@@ -13,7 +13,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from packdata.containers.base import Batch, Reader, Select, gather_rows, map_file
+from packdata.containers.base import (
+    Batch,
+    Reader,
+    Select,
+    gather_rows,
+    map_file,
+    selected_entries,
+)
 from packdata.containers.joined import byte_window, map_joined
 from packdata.containers.tar.layout import (
     INDEX,
@@ -265,7 +272,8 @@ class TarReader(Reader):
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         idx = self.check_indices(indices)
         self._check_records(idx)
-        select = select or {}
+        select = {name: selected_entries(select, name, self.manifest.fields[name], len(idx))
+                  for name in select or {}}
         batch: Batch = {}
         for name, field in self.manifest.fields.items():
             if f"{name}.values" in self.index:
