@@ -32,6 +32,10 @@ from packdata.errors import DatasetError
 DTYPES = {"keys": "|u1", "key_offsets": "<i8", "key_hashes": "<u8", "key_order": "<i8",
           "checksums": "<u8"}
 FLUSH = 1 << 16  # records buffered by MetaSpool between writes
+#: key hashes sorted in memory up to this many records; beyond, bucket by bucket on disk
+SORT_IN_MEMORY = 1 << 20
+BUCKET_BITS = 8  # 256 buckets by the hashes' top bits: ~4 M records in 64 MiB a bucket at 10⁹
+SORT_BLOCK = 1 << 20  # hashes read (and let go) at a time while bucketing
 
 
 def key_hash(key: str) -> int:
@@ -205,20 +209,55 @@ class MetaSpool:
         self._flush()
         for f in self.files.values():
             f.close()
-        hashes = map_array(self.path("hashes"), "<u8")
-        order = np.argsort(hashes, kind="stable")
-        np.asarray(hashes[order]).tofile(self.path("sorted"))
-        order.astype("<i8").tofile(self.path("order"))
-        del order, hashes
+        self._sort_hashes()
         keys = Keys(map_array(self.path("keys"), "|u1"), map_array(self.path("offsets"), "<i8"),
                     map_array(self.path("sorted"), "<u8"), map_array(self.path("order"), "<i8"))
         return keys, map_array(self.path("checksums"), "<u8")
+
+    def _sort_hashes(self) -> None:
+        """Write the key hashes sorted (``sorted``) and each one's record (``order``), equal
+        hashes in record order. Beyond :data:`SORT_IN_MEMORY` records in memory flat in their
+        number: the hashes are split by their top bits into bucket files (XXH3 spreads them
+        evenly), filled in record order, then each bucket is sorted alone and appended."""
+        hashes = map_array(self.path("hashes"), "<u8")
+        if len(hashes) <= SORT_IN_MEMORY:
+            order = np.argsort(hashes, kind="stable")
+            np.asarray(hashes[order]).tofile(self.path("sorted"))
+            order.astype("<i8").tofile(self.path("order"))
+            return
+        pair = np.dtype([("hash", "<u8"), ("record", "<i8")])
+        buckets = 1 << BUCKET_BITS
+        with contextlib.ExitStack() as stack:
+            parts = [stack.enter_context(open(self._bucket(b), "wb")) for b in range(buckets)]
+            start = 0
+            for block in copy_blocks(hashes, SORT_BLOCK):
+                bucket = (block >> np.uint64(64 - BUCKET_BITS)).astype(np.intp)
+                by = np.argsort(bucket, kind="stable")  # record order kept within a bucket
+                pairs = np.empty(len(block), dtype=pair)
+                pairs["hash"], pairs["record"] = block[by], by + start
+                ends = np.cumsum(np.bincount(bucket, minlength=buckets))
+                for b, (a, e) in enumerate(zip([0, *ends[:-1].tolist()], ends.tolist())):
+                    if e > a:
+                        parts[b].write(pairs[a:e].tobytes())
+                start += len(block)
+        with open(self.path("sorted"), "wb") as out, open(self.path("order"), "wb") as records:
+            for b in range(buckets):
+                pairs = np.fromfile(self._bucket(b), dtype=pair)
+                self._bucket(b).unlink()
+                by = np.argsort(pairs["hash"], kind="stable")
+                out.write(pairs["hash"][by].tobytes())
+                records.write(pairs["record"][by].tobytes())
+
+    def _bucket(self, b: int) -> Path:
+        return self.path(f"bucket-{b:03d}")
 
     def remove(self) -> None:
         for f in self.files.values():
             f.close()
         for name in ("keys", "offsets", "hashes", "checksums", "sorted", "order"):
             self.path(name).unlink(missing_ok=True)
+        for b in range(1 << BUCKET_BITS):  # left by an interrupted sort
+            self._bucket(b).unlink(missing_ok=True)
 
 
 def copy_blocks(array: np.ndarray, block: int = 1 << 20) -> Iterator[np.ndarray]:

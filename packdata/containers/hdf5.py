@@ -141,15 +141,14 @@ class HDF5Writer(Writer):
         with h5py.File(self.path, "w", track_order=True) as f:
             for name, spool in self.spools.items():
                 field = spool.field
-                if field.variable:  # offsets block by block: no second per-record array
-                    rows = np.frombuffer(spool.rows, dtype=np.int64)
+                if field.variable:  # offsets block by block from the spooled row counts
                     ends = f.create_dataset(_offsets_name(name), shape=(self.count + 1,),
                                             dtype=np.int64)
-                    ends[0], total = 0, 0
-                    for a in range(0, len(rows), BLOCK):
-                        block = np.cumsum(rows[a : a + BLOCK]) + total
+                    ends[0], total, a = 0, 0, 0
+                    for counts in copy_blocks(spool.row_counts(), BLOCK):
+                        block = np.cumsum(counts) + total
                         ends[a + 1 : a + 1 + len(block)] = block
-                        total = int(block[-1])
+                        total, a = int(block[-1]), a + len(block)
                     shape = (total, *field.row_shape)
                 else:
                     shape = (self.count, *field.shape)

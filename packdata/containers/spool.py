@@ -12,27 +12,46 @@ from pathlib import Path
 import numpy as np
 
 from packdata.manifest import Field
+from packdata.recordmeta import FLUSH, map_array
 
 BLOCK_BYTES = 16 << 20
 
 
 class Spool:
-    """One field's records appended as raw bytes, plus per-record row counts for variable fields."""
+    """One field's records appended as raw bytes, plus per-record row counts for variable fields
+    (spooled too: a file beside it, so memory does not grow with the records)."""
 
     def __init__(self, path: Path, field: Field) -> None:
         self.path = path
         self.field = field
         self.file = open(path, "wb")  # noqa: SIM115 - closed in close()
-        self.rows = array("q")  # 8 bytes a record, not a Python int object each
+        self.counts_path = path.with_name(f"{path.name}.rows")
+        self.counts = open(self.counts_path, "wb") if field.variable else None  # noqa: SIM115
+        self.pending = array("q")  # row counts not written yet
 
     def append(self, value: np.ndarray) -> None:
         self.file.write(np.ascontiguousarray(value).data)
-        if self.field.variable:
-            self.rows.append(len(value))
+        if self.counts is not None:
+            self.pending.append(len(value))
+            if len(self.pending) >= FLUSH:
+                self._write_counts()
+
+    def _write_counts(self) -> None:
+        self.counts.write(self.pending.tobytes())  # type: ignore[union-attr]
+        del self.pending[:]
+
+    def row_counts(self) -> np.ndarray:
+        """Each record's row count (a variable field's), mapped from the spooled file."""
+        if not self.counts.closed:  # type: ignore[union-attr]
+            self._write_counts()
+            self.counts.close()  # type: ignore[union-attr]
+        return map_array(self.counts_path, "<i8")
 
     def close(self) -> None:
         if not self.file.closed:
             self.file.close()
+        if self.counts is not None and not self.counts.closed:
+            self.counts.close()
 
     def blocks(self, row_bytes: int):
         """Yield the spooled bytes as uint8 arrays of about ``BLOCK_BYTES``, each a whole number
@@ -47,3 +66,4 @@ class Spool:
     def remove(self) -> None:
         self.close()
         self.path.unlink(missing_ok=True)
+        self.counts_path.unlink(missing_ok=True)
