@@ -186,7 +186,7 @@ def write_offsets(path: Path, env: lmdb.Environment, count: int) -> bool:
     if found is None or found[1] != 8 * count:
         return False
     with open(path / "data.mdb", "r+b") as f:
-        os.pwrite(f.fileno(), offsets.tobytes(), found[0])
+        os.pwrite(f.fileno(), offsets, found[0])  # the array's own buffer, not a copy
         os.fsync(f.fileno())
     return True
 
@@ -216,7 +216,8 @@ def record_offsets(path: Path, env: lmdb.Environment, count: int, size: int
     if found is None:
         return None
     start, file_offset = found
-    return (addresses - start + file_offset).astype("<i8")
+    addresses -= start - file_offset  # in place: at 10⁷ records each copy is 80 MB more
+    return addresses.astype("<i8", copy=False)
 
 
 def _let_go(lo: int, hi: int) -> None:
