@@ -274,3 +274,29 @@ def test_docs_packed_batch_mask_and_cu_seqlens(packed_text):
                 same = segments[b, i] == segments[b, j]
                 assert bool(mask[b, i, j]) == bool(same and j <= i)
     assert mask[:, range(t), range(t)].all()  # no empty row, padding included
+
+
+def test_scan_lines_matches_splitlines_across_reads_and_growth(tmp_path, monkeypatch):
+    """The lines of a JSONL file as ``bytes.splitlines`` finds them (\\n, \\r\\n, a lone \\r,
+    blank lines, a last line without an ending), read 4 KiB at a time, with more lines than the
+    columns' first allocation."""
+    import random
+
+    from packdata.sources import lines
+
+    rng = random.Random(3)
+    parts = [("" if rng.random() < 0.1 else f"doc {i}" + " " * rng.randint(0, 3))
+             + rng.choice(["\n", "\r\n", "\r"]) for i in range(80_000)]
+    raw = ("".join(parts) + "a last line").encode()
+    (tmp_path / "c.jsonl").write_bytes(raw)
+    monkeypatch.setattr(lines, "SCAN_BYTES", 4096)
+    numbers, starts, ends, blank = lines.scan_lines(tmp_path / "c.jsonl", np.int32)
+    want, at, blanks = [], 0, 0
+    for number, text in enumerate(raw.splitlines(keepends=True), 1):
+        if text.strip():
+            want.append((number, at, at + len(text)))
+        else:
+            blanks += 1
+        at += len(text)
+    assert list(zip(numbers.tolist(), starts.tolist(), ends.tolist())) == want
+    assert blank == blanks and numbers.dtype == np.int32 and len(want) > 1 << 16

@@ -107,7 +107,9 @@ class TarWriter(Writer):
         """The closed shard's index entries appended to their spool files, then let go."""
         for key, (values, dtype) in self._spool_arrays().items():
             with open(self._spool(key), "ab") as f:
-                f.write(np.asarray(values, dtype=dtype).tobytes())
+                # a copy, not a view: a view exports the array's buffer, and while anything
+                # holds it (a sampling profiler's frame did) the array cannot be emptied
+                f.write(np.array(values, dtype=dtype).tobytes())
             del values[:]
         self.shard_keys = []
         for suffixes in self.suffixes.values():
