@@ -356,7 +356,7 @@ def test_a_child_forked_after_parallel_reads_reads_too(packed):
 
 def test_opening_a_tar_or_lmdb_dataset_leaves_h5py_unloaded(packed):
     """``packdata.open`` asks every container whether a path is its own; only an HDF5 file
-    loads h5py (about 11 MiB and 35 ms in every fresh process: a spawned worker, a DDP rank)."""
+    loads h5py (its import costs every fresh process: a spawned worker, a DDP rank)."""
     import subprocess
     import sys
 

@@ -44,8 +44,8 @@ from packdata.recordmeta import DTYPES, copy_blocks, from_arrays
 if TYPE_CHECKING:
     import h5py
 # h5py itself is imported where a file is opened: packdata.open of a tar or LMDB dataset asks
-# every container whether the path is its own, and importing h5py costs ~11 MiB and ~35 ms in
-# each process that never opens an HDF5 file (a spawned worker, a DDP rank)
+# every container whether the path is its own, and a process that never opens an HDF5 file (a
+# spawned worker, a DDP rank) should not pay h5py's import in time and memory
 
 NAME = "hdf5"
 NEW_SUFFIX = ".h5"
