@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from packdata import containers, sources
-from packdata.containers.base import Reader
+from packdata.containers.base import Reader, selected_entries
 from packdata.containers.integrity import ChecksummedReader, at_open
 from packdata.errors import ArgumentError, ArgumentTypeError, DatasetError, PackdataError
 from packdata.manifest import Manifest
@@ -190,7 +190,7 @@ class PackedDataset(Dataset):
         except _KIND_ERRORS as exc:
             raise self._samples_error(kind, exc) from None
         if select:
-            self._check_select(select)
+            self._check_select(select, len(indices))
         out = self._slot_arrays(len(indices)) if select is None else None
         batch = self.reader.read(indices, select) if out is None else \
             self.reader.read_into(indices, out)
@@ -219,16 +219,23 @@ class PackedDataset(Dataset):
             f"({type(exc).__name__}: {exc}); the manifest does not fit the records (edited?) "
             "or the dataset is damaged")
 
-    def _check_select(self, select: dict[str, np.ndarray]) -> None:
-        """The entries the kind selects exist in the stored records (e.g. variant k of K)."""
+    def _check_select(self, select: dict[str, np.ndarray], count: int) -> None:
+        """The entries the kind selects exist in the stored records (e.g. variant k of K): the
+        containers' check (:func:`selected_entries`), failing by the dataset's name."""
         for name, rows in select.items():
+            if not len(rows):
+                continue
             field = self.manifest.fields.get(name)
             stored = field.shape[0] if field is not None and field.shape else 0
-            if len(rows) and (field is None or field.variable or rows.min() < 0
-                              or rows.max() >= stored):
+            try:
+                if field is None or field.variable:
+                    raise IndexError(name)
+                selected_entries(select, name, field, count)
+            except IndexError:
                 raise DatasetError(
-                    f"{self.path}: the manifest asks for entry {int(rows.max())} of '{name}', "
-                    f"which stores {stored}; the manifest was edited or the dataset is damaged")
+                    f"{self.path}: the manifest asks for entry {int(np.max(rows))} of '{name}', "
+                    f"which stores {stored}; the manifest was edited or the dataset is damaged"
+                ) from None
 
     def _slot_arrays(self, n: int) -> dict[str, np.ndarray] | None:
         """In a DataLoader worker, where the batch is handed over as read (fixed fields, no
