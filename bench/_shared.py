@@ -22,6 +22,7 @@ T = TypeVar("T")
 
 #: the real CIFAR-10 test images most benches read, relative to the repository root
 CIFAR_PNG = Path("../shared/data/cifar10/test-png")
+LIDAR_TREES = Path("../shared/data/lidar/trees")
 
 
 def parser(doc: str | None, *, dataset: bool = False, data: Path | None = None,
@@ -42,6 +43,20 @@ def parser(doc: str | None, *, dataset: bool = False, data: Path | None = None,
     p.add_argument("--json", type=Path, default=Path("bench/results") / results if results else None,
                    help="write the results here")
     return p
+
+
+def tile_clouds(src: Path, out: Path, count: int) -> Path:
+    """A folder of ``count`` point clouds: the LAS/LAZ files of ``src`` copied round-robin under
+    numbered names. SystemExit naming ``src`` when it holds none."""
+    import shutil
+
+    files = sorted(src.glob("*.la[sz]"))
+    if not files:
+        raise SystemExit(f"{src}: no .las or .laz files in this folder")
+    out.mkdir(parents=True)
+    for i in range(count):
+        shutil.copy(files[i % len(files)], out / f"{i:05d}_{files[i % len(files)].name}")
+    return out
 
 
 def drain(batches: Iterable[Any]) -> None:

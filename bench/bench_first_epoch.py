@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -39,7 +38,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _shared import CIFAR_PNG, command_line, drain, interleaved, parser, timed, write_results
+from _shared import (
+    CIFAR_PNG,
+    command_line,
+    drain,
+    interleaved,
+    parser,
+    tile_clouds,
+    timed,
+    write_results,
+)
 from bench_containers import TARGETS, SortedGather, build_folder
 
 import packdata
@@ -115,13 +123,7 @@ def cifar_runs(args, tmp: Path):
 
 
 def lidar_runs(args, tmp: Path):
-    files = sorted(args.lidar.glob("*.la[sz]"))
-    if not files:
-        raise SystemExit(f"{args.lidar}: no .las or .laz files in this folder")
-    folder = tmp / "clouds"
-    folder.mkdir()
-    for i in range(args.clouds):
-        shutil.copy(files[i % len(files)], folder / f"{i:05d}_{files[i % len(files)].name}")
+    folder = tile_clouds(args.lidar, tmp / "clouds", args.clouds)
     source = packdata.open_source(folder, points=4096, variants=4, sampling="random")
     paths = {c: packdata.convert(source, tmp / f"pc-{t}", workers=2).path
              for c, t in TARGETS.items()}

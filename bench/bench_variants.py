@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from _shared import command_line, parser, write_results
+from _shared import LIDAR_TREES, command_line, parser, tile_clouds, write_results
 
 import packdata
 from packdata import sources
@@ -34,19 +33,13 @@ def best_rate(fn, batches, repeats: int = 5) -> float:
 
 
 def main() -> None:
-    p = parser(__doc__, data=Path("../shared/data/lidar/trees"), results="variants.json")
+    p = parser(__doc__, data=LIDAR_TREES, results="variants.json")
     p.add_argument("--clouds", type=int, default=160)
     args = p.parse_args()
     rows = []
     kind = sources.get("pointcloud")
     with tempfile.TemporaryDirectory(prefix="packdata-bench-") as tmp:
-        folder = Path(tmp) / "clouds"
-        folder.mkdir()
-        files = sorted(args.data.glob("*.la[sz]"))
-        if not files:
-            p.error(f"{args.data}: no .las or .laz files in this folder")
-        for i in range(args.clouds):
-            shutil.copy(files[i % len(files)], folder / f"{i:04d}_{files[i % len(files)].name}")
+        folder = tile_clouds(args.data, Path(tmp) / "clouds", args.clouds)
         source = packdata.open_source(folder, points=4096, variants=4, sampling="random")
         print("| container | all K read, slice (clouds/s) | selected variant (clouds/s) | ratio |")
         print("|---|---:|---:|---:|")
