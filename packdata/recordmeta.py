@@ -235,10 +235,9 @@ class MetaSpool:
                 by = np.argsort(bucket, kind="stable")  # record order kept within a bucket
                 pairs = np.empty(len(block), dtype=pair)
                 pairs["hash"], pairs["record"] = block[by], by + start
-                ends = np.cumsum(np.bincount(bucket, minlength=buckets))
-                for b, (a, e) in enumerate(zip([0, *ends[:-1].tolist()], ends.tolist())):
-                    if e > a:
-                        parts[b].write(pairs[a:e].tobytes())
+                cuts = np.cumsum(np.bincount(bucket, minlength=buckets))[:-1]
+                for part, pairs_of_bucket in zip(parts, np.split(pairs, cuts)):
+                    part.write(pairs_of_bucket)  # a view's buffer: no copy
                 start += len(block)
         with open(self.path("sorted"), "wb") as out, open(self.path("order"), "wb") as records:
             for b in range(buckets):
