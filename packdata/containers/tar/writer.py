@@ -107,8 +107,8 @@ class TarWriter(Writer):
         """The closed shard's index entries appended to their spool files, then let go."""
         for key, (values, dtype) in self._spool_arrays().items():
             with open(self._spool(key), "ab") as f:
-                # a copy, not a view: a view exports the array's buffer, and while anything
-                # holds it (a sampling profiler's frame did) the array cannot be emptied
+                # a copy, not a view: while a view's export of the array's buffer lives, the
+                # array cannot be emptied (BufferError, seen once with a sampling thread)
                 f.write(np.array(values, dtype=dtype).tobytes())
             del values[:]
         self.shard_keys = []
