@@ -26,7 +26,19 @@ def main() -> int:
         return run()
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
+        _forget_unhandled_interrupt()
         return 130
+
+
+def _forget_unhandled_interrupt() -> None:
+    """Let the process exit with the status :func:`main` returns.
+
+    A KeyboardInterrupt that leaves code run from a string (``exec``/``eval`` of source text, as
+    dataclasses and namedtuples do while modules import) sets CPython's "unhandled interrupt"
+    flag, and the interpreter then ends by killing itself with SIGINT even though the interrupt
+    was handled here. Each string evaluation clears the flag first, so one that succeeds leaves
+    it clear."""
+    eval("None")
 
 
 if __name__ == "__main__":

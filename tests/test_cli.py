@@ -158,6 +158,24 @@ def test_ctrl_c_at_any_moment_is_one_line(tmp_path, png_folder, moment):
     assert [p.name for p in tmp_path.iterdir()] == ["in"]
 
 
+def test_an_interrupt_out_of_evaluated_source_still_exits_130(tmp_path):
+    """A KeyboardInterrupt raised inside code run from a string (a dataclass or namedtuple being
+    built while a module imports, when Ctrl-C lands there) leaves CPython set to end a
+    ``python -m`` process by SIGINT once it exits; the command line's status stays 130."""
+    (tmp_path / "interrupted_command.py").write_text(
+        "import sys\n"
+        "import packdata.cli\n"
+        "from packdata import __main__ as command_line\n"
+        "def interrupted_while_importing():\n"
+        "    exec('raise KeyboardInterrupt')\n"
+        "packdata.cli.run = interrupted_while_importing\n"
+        "sys.exit(command_line.main())\n"
+    )
+    done = subprocess.run([sys.executable, "-m", "interrupted_command"], capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path)
+    assert (done.returncode, done.stderr) == (130, "interrupted\n")
+
+
 def test_an_interrupt_python_swallowed_still_counts():
     """A KeyboardInterrupt raised inside a finaliser is dropped by Python ("Exception ignored");
     the command line still notices it at its next check."""
