@@ -15,12 +15,21 @@ words can cancel out) and a second algorithm to keep for datasets already writte
 :func:`batch_checksums` computes a whole batch's and :func:`rows_checksums` those of records
 laid out as the rows of one table (one native call per record, driven from C);
 :func:`chunks_checksum` a record whose bytes arrive as separate buffers.
+
+**Entry checksums.** A record may hold K entries of some fields (K presampled variants of a
+point cloud) of which a read serves one. Its checksum covers all K, so checking a read of one
+entry would mean reading and hashing K times the bytes served. Such a record also stores, in a
+uint64 field of K values declared in the manifest (:class:`EntryChecks`), one checksum per
+entry: entry ``k``'s is XXH3-64 over the record's other fields' bytes, then each entry field's
+entry ``k``, in manifest order (:func:`entry_checksums`). What a read of entry ``k`` returns is
+then checked by hashing it alone; the record checksum covers the entry checksums in turn.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -94,3 +103,59 @@ def rows_checksums(table: np.ndarray, algorithm: str = XXH3) -> np.ndarray:
     digest = xxhash.xxh3_64_intdigest if algorithm == XXH3 else zlib.crc32
     return np.fromiter(map(digest, np.ascontiguousarray(table)), dtype=np.uint64,
                        count=len(table))
+
+
+@dataclass(frozen=True)
+class EntryChecks:
+    """Where a record's per-entry checksums are (see the module's docstring): ``field`` holds K
+    uint64 values, one per entry of the fields ``entries_of`` (each K on its first axis);
+    ``shared`` are the record's other fields, hashed with every entry."""
+
+    field: str
+    entries_of: tuple[str, ...]
+    shared: tuple[str, ...]
+    count: int  # K
+
+    @classmethod
+    def declared(cls, fields: Mapping[str, Any]) -> EntryChecks | None:
+        """The entry checks a manifest's ``fields`` declare (a field's ``checks_entries_of``),
+        or None. The declaration itself is checked by :func:`packdata.manifest.check_manifest`."""
+        for name, field in fields.items():
+            if field.checks_entries_of:
+                entries = tuple(field.checks_entries_of)
+                return cls(name, entries, tuple(n for n in fields if n != name and n not in entries),
+                           int(field.shape[0]))
+        return None
+
+    def selects_one_entry(self, select: Mapping[str, Any] | None) -> np.ndarray | None:
+        """The entry ``select`` picks per record where it picks the same one of every entry
+        field (as the point-cloud kind does): what a read of single entries can be checked by.
+        None otherwise."""
+        if not select or set(select) != set(self.entries_of):
+            return None
+        first, *others = (np.asarray(select[name], dtype=np.int64) for name in self.entries_of)
+        return first if all(np.array_equal(first, other) for other in others) else None
+
+
+def entry_checksums(batch: Mapping[str, Any], checks: EntryChecks, n: int,
+                    entries: np.ndarray | None = None) -> np.ndarray:
+    """The entry checksums (uint64) of ``n`` records read in one go: (n, K) where ``batch``
+    holds every entry, or (n,) where it holds the entry ``entries[j]`` of record ``j`` (a read
+    through ``select``). Fixed fields only (:func:`packdata.manifest.check_manifest` refuses
+    entry checks beside a variable field)."""
+    if not n:
+        return np.zeros((0,) if entries is not None else (0, checks.count), dtype=np.uint64)
+
+    def row_bytes(value: Any) -> np.ndarray:
+        return np.ascontiguousarray(value).reshape(n, -1).view(np.uint8)
+
+    shared = [row_bytes(batch[name]) for name in checks.shared]
+    if entries is not None:
+        return rows_checksums(np.concatenate(
+            shared + [row_bytes(batch[name]) for name in checks.entries_of], axis=1))
+    out = np.empty((n, checks.count), dtype=np.uint64)
+    for k in range(checks.count):
+        out[:, k] = rows_checksums(np.concatenate(
+            shared + [row_bytes(np.asarray(batch[name])[:, k]) for name in checks.entries_of],
+            axis=1))
+    return out

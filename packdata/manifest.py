@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from packdata.checksum import EntryChecks
 from packdata.errors import ArgumentError, DatasetError
 from packdata.recordmeta import Keys, arrays_of
 
@@ -46,6 +47,9 @@ class Field:
     dtype: str
     shape: tuple[int | None, ...]
     codec: str | None = None  # how to decode the stored bytes, e.g. "image" for PNG/JPEG bytes
+    #: this field holds one checksum per entry of these fields' first axis
+    #: (:class:`packdata.checksum.EntryChecks`): a read of one entry is checked by hashing it alone
+    checks_entries_of: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         # byte order pinned: "<f4", "|u1" (an invalid one is refused by check_manifest)
@@ -53,6 +57,8 @@ class Field:
             object.__setattr__(self, "dtype", np.dtype(self.dtype).str)
         if any(s is None for s in self.shape[1:]):
             raise ArgumentError(f"only the first axis may be variable, got shape {self.shape}")
+        if self.checks_entries_of is not None:
+            object.__setattr__(self, "checks_entries_of", tuple(self.checks_entries_of))
 
     @property
     def variable(self) -> bool:
@@ -78,11 +84,14 @@ class Field:
         d: dict[str, Any] = {"dtype": self.dtype, "shape": list(self.shape)}
         if self.codec:
             d["codec"] = self.codec
+        if self.checks_entries_of:
+            d["checks_entries_of"] = list(self.checks_entries_of)
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Field:
-        return cls(dtype=d["dtype"], shape=tuple(d["shape"]), codec=d.get("codec"))
+        return cls(dtype=d["dtype"], shape=tuple(d["shape"]), codec=d.get("codec"),
+                   checks_entries_of=d.get("checks_entries_of"))
 
     def check(self, name: str, value: np.ndarray) -> None:
         """Raise ValueError unless ``value`` fits this field."""
@@ -190,6 +199,11 @@ class Manifest:
         return made
 
     @property
+    def entry_checks(self) -> EntryChecks | None:
+        """The per-entry checksums its fields declare, if any (format 2)."""
+        return EntryChecks.declared(self.fields) if self.version >= 2 else None
+
+    @property
     def fixed_fields(self) -> dict[str, Field]:
         return {k: f for k, f in self.fields.items() if not f.variable}
 
@@ -224,9 +238,35 @@ def check_manifest(manifest: Manifest, where: str | Path) -> None:
         if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in sizes):
             raise DatasetError(f"{where}: field '{name}' has shape {list(f.shape)}; the manifest "
                                "is damaged")
+    _check_entry_checks(manifest, where)
     if len(manifest.keys) != count:
         raise DatasetError(f"{where}: the manifest lists {len(manifest.keys)} keys for {count} "
                            "records; the dataset is damaged")
     if len(manifest.checksums) and len(manifest.checksums) != count:
         raise DatasetError(f"{where}: the manifest lists {len(manifest.checksums)} checksums for "
                            f"{count} records; the dataset is damaged")
+
+
+def _check_entry_checks(manifest: Manifest, where: str | Path) -> None:
+    """A declaration of entry checksums names fields that hold K entries each, beside fixed
+    fields only, in one uint64 field of K values."""
+    declaring = [n for n, f in manifest.fields.items() if f.checks_entries_of is not None]
+    if not declaring:
+        return
+    name = declaring[0]
+    f = manifest.fields[name]
+    entries_of = f.checks_entries_of or ()
+    problem = None
+    if len(declaring) > 1:
+        problem = f"fields {declaring} each declare entry checksums (one may)"
+    elif manifest.version < 2 or f.dtype != "<u8" or len(f.shape) != 1:
+        problem = f"'{name}' declares entry checksums but is {f.dtype} {list(f.shape)}"
+    elif not entries_of or not all(isinstance(e, str) and e in manifest.fields and e != name
+                                   for e in entries_of):
+        problem = f"'{name}' checks entries of {list(entries_of)}, not fields of the dataset"
+    elif manifest.variable_fields:
+        problem = f"entry checksums beside variable fields {list(manifest.variable_fields)}"
+    elif any(manifest.fields[e].shape[:1] != f.shape for e in entries_of):
+        problem = f"'{name}' holds {f.shape[0]} checksums, not one per entry of {list(entries_of)}"
+    if problem:
+        raise DatasetError(f"{where}: {problem}; the manifest is damaged")

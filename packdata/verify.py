@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from packdata.checksum import algorithm_of, record_checksum
+from packdata.checksum import algorithm_of, entry_checksums, record_checksum
 from packdata.containers.base import Batch, Reader
 from packdata.containers.integrity import read_checked
 from packdata.dataset import open_dataset
@@ -123,6 +123,11 @@ def _record_problem(record: dict[str, np.ndarray], m: Manifest, i: int, deep: bo
             return str(exc)
     if len(m.checksums) and record_checksum(record, m.fields, algorithm_of(m.version)) != m.checksums[i]:
         return "checksum does not match the manifest"
+    checks = m.entry_checks
+    if checks is not None and len(m.checksums) and (entry_checksums(
+            {name: value[None] for name, value in record.items()}, checks, 1)[0]
+            != record[checks.field]).any():
+        return f"entries do not match their checksums ('{checks.field}')"
     if deep:
         for name, f in m.fields.items():
             if f.codec == "image":

@@ -18,9 +18,11 @@ from typer.testing import CliRunner
 import packdata
 from packdata.cli import app
 from packdata.containers import get as get_container
-from packdata.errors import InputWarning, MissingExtraError, PackdataError, SampleError
+from packdata.errors import DatasetError, InputWarning, MissingExtraError, PackdataError, SampleError
+from packdata.manifest import Field
 from packdata.prep.pointsample import coverage_radius
 from packdata.sources import pointfiles
+from packdata.verify import verify
 
 FIXTURES = Path(__file__).parent / "fixtures" / "lidar"
 FILTERED = sorted(FIXTURES.glob("ahn_filtered_*.las"))  # 4,040 and 3,317 points
@@ -128,6 +130,77 @@ def test_epochs_serve_different_variants(fps_h5):
         assert np.array_equal(served[epoch][0], stored[0, epoch % K])
         assert np.array_equal(served[epoch][1], stored[1, (1 + epoch) % K])
     assert np.array_equal(served[K], served[0])
+
+
+@pytest.fixture(scope="module")
+def twelve_trees(tmp_path_factory) -> Path:
+    """The four real trees, three times each (under other names: sampled afresh), in their class
+    folders: more records than a default open checks (8), so a read meets records unchecked."""
+    root = tmp_path_factory.mktemp("twelve")
+    for name, files in (("filtered", FILTERED), ("surf", SURF)):
+        (root / name).mkdir()
+        for copy in range(3):
+            for f in files:
+                shutil.copy(f, root / name / f"{f.stem}_{copy}{f.suffix}")
+    return root
+
+
+def flip_stored_bytes(path: Path, stored: np.ndarray) -> None:
+    """Flip a byte in the middle of ``stored``'s bytes where the container holds them, found by
+    content (raw in LMDB, HDF5 and tar alike, and in one place only)."""
+    needle = np.ascontiguousarray(stored).tobytes()
+    for f in [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()):
+        data = bytearray(f.read_bytes())
+        at = data.find(needle)
+        if at >= 0:
+            assert data.find(needle, at + 1) < 0, "the bytes are stored twice"
+            data[at + len(needle) // 2] ^= 0x40
+            f.write_bytes(bytes(data))
+            return
+    raise AssertionError(f"{len(needle)} bytes not found under {path}")
+
+
+@pytest.mark.parametrize("target", ["v.lmdb", "v.h5", "v-tar"])
+def test_a_variant_read_is_checked_by_that_variant_alone(tmp_path, twelve_trees, target):
+    """Each variant has its checksum (with the record's other fields): the default open serves
+    the intact variants of a record whose other variant is damaged, refuses the damaged one
+    whenever it is served (by any path), and packdata verify names the record."""
+    path = convert(twelve_trees, tmp_path / target).path
+    fields = packdata.open(path, verify="off").manifest.fields
+    assert fields["variant_checksums"] == Field("<u8", (K,), checks_entries_of=("points",))
+    stored = raw_records(path)["points"]
+    record = 2  # records 0, 1, 3, 4, 6, 7, 9, 11 are checked at open
+    flip_stored_bytes(path, stored[record, 1])
+    ds = packdata.open(path)
+    ds.set_epoch(0)  # record i serves variant (i + epoch) % K: record 2, variant 2
+    assert np.array_equal(ds[record][0].numpy(), stored[record, 2])
+    assert sum(len(b[0]) for b in packdata.loader(ds, batch_size=5, shuffle=True)) == 12
+    ds.set_epoch(2)  # variant 1: damaged, though the record was read (and checked) before
+    with pytest.raises(DatasetError, match=f"record {record} .*does not match its checksum"):
+        ds[record]
+    with pytest.raises(DatasetError, match=f"record {record} "):
+        list(packdata.loader(ds, batch_size=5, epoch=2))
+    ds.set_epoch(1)  # variant 0, intact
+    assert np.array_equal(ds[[record, 5]][0][0].numpy(), stored[record, 0])
+    report = verify(path)
+    assert [bad["index"] for bad in report.bad] == [record], report.bad
+
+
+def test_a_damaged_variant_checksum_refuses_its_variant(tmp_path, twelve_trees):
+    """The stored checksums are data too: a byte flipped in variant 1's refuses variant 1
+    (the others are checked by their own), and a whole-record read names the record."""
+    path = convert(twelve_trees, tmp_path / "c.h5").path
+    record = 5
+    stored = raw_records(path)
+    flip_stored_bytes(path, stored["variant_checksums"][record])  # the middle byte: variant 1's
+    ds = packdata.open(path)
+    for epoch, variant in ((0, 2), (1, 0)):  # record 5 serves variant (5 + epoch) % 3
+        ds.set_epoch(epoch)
+        assert np.array_equal(ds[record][0].numpy(), stored["points"][record, variant])
+    ds.set_epoch(2)
+    with pytest.raises(DatasetError, match=f"record {record} "):
+        ds[record]
+    assert [bad["index"] for bad in verify(path).bad] == [record]
 
 
 def test_set_epoch_reaches_persistent_workers(fps_h5):

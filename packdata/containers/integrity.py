@@ -3,6 +3,8 @@
 - ``verify="full"`` (the default): every record a read returns has been checked
   (:class:`ChecksummedReader`): hashed on its first read in this process, then remembered in a
   bitmap of verified records (the data is a read-only map), so later epochs cost a bit test;
+  where records declare entry checksums (:class:`packdata.checksum.EntryChecks`), a read of one
+  entry per record (a point cloud's variant) is checked, and remembered, entry by entry;
 - ``verify="sample"``: the checksums of a few records spread over the dataset, checked once at
   open (:func:`check_sample`);
 - ``verify="off"``: neither. The structural checks every Reader makes when it opens (the manifest,
@@ -19,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from packdata.checksum import algorithm_of, batch_checksums
-from packdata.containers.base import Batch, Reader, Select, apply_select
+from packdata.checksum import algorithm_of, batch_checksums, entry_checksums
+from packdata.containers.base import Batch, Reader, Select, apply_select, selected_entries
 from packdata.errors import ArgumentError, DatasetError, PackdataError
 
 LEVELS = ("off", "sample", "full")
@@ -30,12 +32,16 @@ _BITS_SET = np.array([bin(b).count("1") for b in range(256)], dtype=np.int64)
 
 
 def bad_checksums(reader: Reader, idx: np.ndarray, batch: Batch) -> list[int]:
-    """The indices among ``idx`` whose record in ``batch`` does not match its checksum."""
+    """The indices among ``idx`` whose record in ``batch`` does not match its checksum (nor,
+    where declared, its entries their entry checksums)."""
     m = reader.manifest
     if not len(m.checksums):
         return []
-    got = batch_checksums(batch, m.fields, len(idx), algorithm_of(m.version))
-    return idx[got != m.checksums[idx]].tolist()
+    bad = batch_checksums(batch, m.fields, len(idx), algorithm_of(m.version)) != m.checksums[idx]
+    checks = m.entry_checks
+    if checks is not None:
+        bad |= (entry_checksums(batch, checks, len(idx)) != batch[checks.field]).any(axis=1)
+    return idx[bad].tolist()
 
 
 def mismatch(where: str | Path, reader: Reader, index: int) -> DatasetError:
@@ -75,40 +81,65 @@ class ChecksummedReader(Reader):
 
     A wrapper, so the plain readers' hot paths stay as they are. Each record is hashed the first
     time this reader returns it and marked in a bitmap (one bit a record, this process's own:
-    readers are opened per process); a batch of records all marked is the inner read itself. A
-    ``select`` read of records not all checked yet fetches whole records (the checksum covers
-    all of a record), then selects."""
+    readers are opened per process); a batch of records all marked is the inner read itself.
+    Where records declare entry checksums, the bitmap holds a bit per entry: a ``select`` read
+    of one entry per record hashes and marks only those entries; a ``select`` read otherwise
+    (of records not all checked yet) fetches whole records (the checksum covers all of a
+    record), then selects."""
 
     def __init__(self, inner: Reader, where: str | Path) -> None:
         self.inner = inner
         self.where = where
         self.manifest = inner.manifest
+        checked = len(self.manifest.checksums) > 0
+        self.entry_checks = self.manifest.entry_checks if checked else None
+        #: bits a record has in the bitmap: one, or one per entry (entry checksums)
+        self.bits_per_record = self.entry_checks.count if self.entry_checks else 1
+        bits = self.manifest.count * self.bits_per_record
         # calloc'd: pages are touched only as records are checked
-        self.verified = np.zeros((self.manifest.count + 7) // 8, dtype=np.uint8)
-        #: at most the records not checked yet (exact once it reaches 0: see _mark); at 0 (after
-        #: an epoch) a read is the inner read itself
-        self.remaining = self.manifest.count if len(self.manifest.checksums) else 0
+        self.verified = np.zeros((bits + 7) // 8, dtype=np.uint8)
+        #: at most the bits not set yet (exact once it reaches 0: see _mark); at 0 (after an
+        #: epoch) a read is the inner read itself
+        self.remaining = bits if checked else 0
         self._lock = threading.Lock()  # loader threads share a reader: the count must stay exact
 
-    def _unchecked(self, idx: np.ndarray) -> np.ndarray:
-        """Whether each of ``idx`` is still to be checked."""
-        return self.verified[idx >> 3] & _BIT[idx & 7] == 0
+    def _unchecked(self, bits: np.ndarray) -> np.ndarray:
+        """Whether each of ``bits`` is still to be checked (record ``i``'s bits are
+        ``i * bits_per_record`` onwards)."""
+        return self.verified[bits >> 3] & _BIT[bits & 7] == 0
+
+    def _unchecked_records(self, idx: np.ndarray) -> np.ndarray:
+        """Whether each of records ``idx`` has a bit still to be checked."""
+        if self.bits_per_record == 1:
+            return self._unchecked(idx)
+        return self._unchecked(self._record_bits(idx)).any(axis=1)
+
+    def _record_bits(self, idx: np.ndarray) -> np.ndarray:
+        """Every bit of records ``idx``, one row per record."""
+        if self.bits_per_record == 1:
+            return idx[:, None]
+        return idx[:, None] * self.bits_per_record + np.arange(self.bits_per_record)
 
     def _mark(self, fresh: np.ndarray) -> None:
-        """Mark records ``fresh`` checked. The count drops by their number, a duplicate counted
-        twice (exact for a batch without duplicates, with no sort to find them): reaching 0 it
-        is recounted from the bitmap, so it never reads 0 while a record is unchecked."""
+        """Set bits ``fresh``. The count drops by their number, a duplicate counted twice
+        (exact for a batch without duplicates, with no sort to find them): reaching 0 it is
+        recounted from the bitmap, so it never reads 0 while a bit is unset."""
         with self._lock:
             np.bitwise_or.at(self.verified, fresh >> 3, _BIT[fresh & 7])
             self.remaining -= len(fresh)
             if self.remaining <= 0:
-                self.remaining = self.manifest.count - int(_BITS_SET[self.verified].sum())
+                self.remaining = (self.manifest.count * self.bits_per_record
+                                  - int(_BITS_SET[self.verified].sum()))
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         if not self.remaining:
             return read_checked(self.inner, indices, self.where, select)
         idx = self.inner.check_indices(indices)
-        unchecked = self._unchecked(idx)
+        if self.entry_checks is not None:
+            entries = self.entry_checks.selects_one_entry(select)
+            if entries is not None:
+                return self._read_entries(idx, select, entries)  # type: ignore[arg-type]
+        unchecked = self._unchecked_records(idx)
         if not unchecked.any():
             return read_checked(self.inner, idx, self.where, select)
         batch = read_checked(self.inner, idx, self.where)
@@ -120,26 +151,39 @@ class ChecksummedReader(Reader):
             return read_checked(self.inner, indices, self.where, out=out)
         idx = self.inner.check_indices(indices)
         batch = read_checked(self.inner, idx, self.where, out=out)
-        unchecked = self._unchecked(idx)
+        unchecked = self._unchecked_records(idx)
         if unchecked.any():  # hashed where they were gathered (e.g. the slot they leave by)
             self._check(idx, unchecked, batch)
         return batch
 
     def _check(self, idx: np.ndarray, unchecked: np.ndarray, batch: Batch) -> None:
-        """Check the records of ``batch`` (records ``idx``) that are ``unchecked``, then mark
-        them; a DatasetError naming the first that fails."""
-        if unchecked.all():  # the usual case (a first epoch): the batch as read is hashed
-            bad = bad_checksums(self.inner, idx, batch)
-            fresh = idx
-        else:  # only the records not checked yet: their rows taken out first
-            at = np.flatnonzero(unchecked)
-            fresh = idx[at]
-            bad = bad_checksums(self.inner, fresh, {
-                name: [value[j] for j in at.tolist()] if isinstance(value, list) else value[at]
-                for name, value in batch.items()})
+        """Check the whole records of ``batch`` (records ``idx``) that are ``unchecked``, then
+        mark them; a DatasetError naming the first that fails."""
+        fresh, fresh_batch = _taken(idx, unchecked, batch)
+        bad = bad_checksums(self.inner, fresh, fresh_batch)
         if bad:
             raise mismatch(self.where, self.inner, bad[0])
-        self._mark(fresh)
+        self._mark(self._record_bits(fresh).reshape(-1))
+
+    def _read_entries(self, idx: np.ndarray, select: Select, entries: np.ndarray) -> Batch:
+        """Entry ``entries[j]`` of record ``idx[j]`` (a ``select`` read), each checked by its
+        entry checksum the first time it is read here."""
+        checks = self.entry_checks
+        assert checks is not None
+        first = checks.entries_of[0]
+        entries = selected_entries(select, first, self.manifest.fields[first], len(idx))
+        batch = read_checked(self.inner, idx, self.where, select)
+        bits = idx * self.bits_per_record + entries
+        unchecked = self._unchecked(bits)
+        if unchecked.any():
+            fresh, fresh_batch = _taken(idx, unchecked, batch)
+            fresh_entries = entries[unchecked] if not unchecked.all() else entries
+            stored = np.asarray(fresh_batch[checks.field])[np.arange(len(fresh)), fresh_entries]
+            bad = fresh[entry_checksums(fresh_batch, checks, len(fresh), fresh_entries) != stored]
+            if len(bad):
+                raise mismatch(self.where, self.inner, int(bad[0]))
+            self._mark(bits[unchecked])
+        return batch
 
     def lengths(self, name: str) -> np.ndarray:
         return self.inner.lengths(name)
@@ -155,6 +199,15 @@ class ChecksummedReader(Reader):
         if name == "inner":  # not set yet (unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.inner, name)
+
+
+def _taken(idx: np.ndarray, wanted: np.ndarray, batch: Batch) -> tuple[np.ndarray, Batch]:
+    """Records ``idx[wanted]`` and their rows of ``batch`` (the batch itself when all are)."""
+    if wanted.all():  # the usual case (a first epoch): the batch as read
+        return idx, batch
+    at = np.flatnonzero(wanted)
+    return idx[at], {name: [value[j] for j in at.tolist()] if isinstance(value, list) else value[at]
+                     for name, value in batch.items()}
 
 
 def at_open(reader: Reader, where: str | Path, level: str) -> Reader:

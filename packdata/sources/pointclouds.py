@@ -7,7 +7,10 @@ Each cloud becomes one fixed-shape record, so a batch is one contiguous gather:
 - ``num_points`` / ``num_valid``: points in the file / with finite coordinates (int64);
 - ``label`` (int64) from class sub-folders or a labels file; ``point_labels`` (K, N) int32 from a
   per-point column (e.g. LAS ``classification``); ``mask`` (K, N) bool with ``fewer="pad"``;
-- ``center`` (3,) float64 and ``scale`` when normalised, to map points back to file coordinates.
+- ``center`` (3,) float64 and ``scale`` when normalised, to map points back to file coordinates;
+- ``variant_checksums`` (K,) uint64 when K > 1: each variant's checksum (with the record's other
+  fields), so that a read of the variant served is checked by hashing that variant alone
+  (:class:`packdata.checksum.EntryChecks`).
 
 Loading serves one variant per sample: ``(index + epoch) % K`` (``variant_order="epoch"``), or a
 seeded hash of (seed, epoch, index) (``"random"``).
@@ -24,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from packdata.checksum import EntryChecks, entry_checksums
 from packdata.errors import (
     InputWarning,
     MissingExtraError,
@@ -217,7 +221,18 @@ class PointCloudSource(Source):
             record["scale"] = np.asarray(scale, dtype=np.float64)
         if item.label is not None:
             record["label"] = np.asarray(item.label, dtype=np.int64)
+        if self.spec.variants > 1:
+            checks = self._entry_checks(record)
+            record[checks.field] = entry_checksums({n: v[None] for n, v in record.items()},
+                                                   checks, 1)[0]
         return record
+
+    def _entry_checks(self, record: dict[str, np.ndarray]) -> EntryChecks:
+        """The variant checksums of ``record`` (without them yet): K, one per variant."""
+        entries = tuple(n for n in record if n in VARIANT_FIELDS)
+        return EntryChecks(VARIANT_CHECKSUMS, entries,
+                           tuple(n for n in record if n not in entries and n != VARIANT_CHECKSUMS),
+                           self.spec.variants)
 
     def _point_labels(self, table: dict, path: Path) -> np.ndarray:
         column = pointfiles.lookup(table, self.point_labels or "")
@@ -231,7 +246,12 @@ class PointCloudSource(Source):
         return values.astype(np.int32)
 
     def fields(self, record: dict[str, np.ndarray]) -> dict[str, Field]:
-        return {name: Field(str(value.dtype), tuple(value.shape)) for name, value in record.items()}
+        fields = {name: Field(str(value.dtype), tuple(value.shape)) for name, value in record.items()}
+        if VARIANT_CHECKSUMS in fields:  # declared, so that readers check variants by them
+            fields[VARIANT_CHECKSUMS] = Field(fields[VARIANT_CHECKSUMS].dtype,
+                                              fields[VARIANT_CHECKSUMS].shape,
+                                              checks_entries_of=self._entry_checks(record).entries_of)
+        return fields
 
     def observe(self, record: dict[str, np.ndarray]) -> None:
         total, valid = int(record["num_points"]), int(record["num_valid"])
@@ -282,6 +302,7 @@ def variant_of(indices: np.ndarray, manifest: Manifest, epoch: int) -> np.ndarra
 
 
 VARIANT_FIELDS = ("points", "point_labels", "mask")
+VARIANT_CHECKSUMS = "variant_checksums"
 
 
 def select(manifest: Manifest, indices: np.ndarray, epoch: int) -> dict[str, np.ndarray]:
