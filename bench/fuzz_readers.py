@@ -14,11 +14,13 @@ tar headers), truncations, zeroed 4 KiB blocks, and edited manifest values (vali
 facts: a hand edit); targets are every file of the dataset (shards, index.npz, manifest.json,
 data.mdb, records.npz, the .h5 file).
 
-Every mutant must either read back exactly the original records (all of them, in batches) or
-raise a packdata error naming the dataset. Outcomes counted per dataset and verify level:
-``same``, ``named_error`` (the goal), and the failures ``silent_wrong``, ``crash`` (a signal,
-e.g. SIGSEGV/SIGBUS), ``hang``, ``memory`` (MemoryError under the limit), ``unnamed_error``
-(a packdata error not naming the path) and ``foreign_error`` (any other exception).
+Every mutant must either read back exactly the original records (all of them, in batches, and
+where records declare entry checksums, each entry read alone through ``select`` first, by a
+reader that has checked nothing yet) or raise a packdata error naming the dataset. Outcomes
+counted per dataset and verify level: ``same``, ``named_error`` (the goal), and the failures
+``silent_wrong``, ``crash`` (a signal, e.g. SIGSEGV/SIGBUS), ``hang``, ``memory`` (MemoryError
+under the limit), ``unnamed_error`` (a packdata error not naming the path) and
+``foreign_error`` (any other exception).
 """
 
 from __future__ import annotations
@@ -92,9 +94,10 @@ def build_datasets(work: Path) -> dict[str, Path]:
 
 
 def digest(path: Path) -> list[str]:
-    """One hash per record (every field's dtype, shape and bytes), read from the original."""
+    """One hash per record (every field's dtype, shape and bytes), read from the original, then
+    one per record and entry where records declare entry checksums (:func:`entry_digests`)."""
     reader = containers.for_existing(path).READER(path)
-    return record_digests(reader, reader.manifest.count)
+    return record_digests(reader, reader.manifest.count) + entry_digests(reader)
 
 
 def record_digest(batch, fields, j: int) -> str:
@@ -113,6 +116,21 @@ def record_digests(reader, count: int) -> list[str]:
         idx = np.arange(a, min(count, a + 16))
         batch = reader.read(idx)
         out.extend(record_digest(batch, reader.manifest.fields, j) for j in range(len(idx)))
+    return out
+
+
+def entry_digests(reader) -> list[str]:
+    """Where records declare entry checksums (a point cloud's K variants): one hash per record
+    and entry, each entry read alone through ``select``, as the point-cloud kind reads them."""
+    checks = reader.manifest.entry_checks
+    if checks is None:
+        return []
+    out = []
+    for entry in range(checks.count):
+        for a in range(0, reader.manifest.count, 16):
+            idx = np.arange(a, min(reader.manifest.count, a + 16))
+            batch = reader.read(idx, {name: np.full(len(idx), entry) for name in checks.entries_of})
+            out.extend(record_digest(batch, reader.manifest.fields, j) for j in range(len(idx)))
     return out
 
 
@@ -224,7 +242,8 @@ def child_read(path: Path, digests: list[str], level: str) -> dict:
         count = reader.manifest.count
         for name in reader.manifest.variable_fields:
             reader.lengths(name)
-        got = record_digests(reader, count)
+        entries = entry_digests(reader)  # first: a fresh reader checks them entry by entry
+        got = record_digests(reader, count) + entries
     except PackdataError as exc:
         named = str(path) in str(exc) or any(str(f) in str(exc) for f in files_of(path))
         return {"outcome": "named_error" if named else "unnamed_error", "error": str(exc)[:300]}
@@ -343,7 +362,9 @@ def main() -> None:
                     counts[r["level"]][r["outcome"]] += 1
                     if r["outcome"] in FAILURES:
                         examples.setdefault(f"{r['level']} {r['outcome']}", []).append(r)
-            results[name] = {"records": len(digests), "mutants": args.mutants,
+            records = containers.for_existing(path).READER(path).manifest.count
+            results[name] = {"records": records, "entry_reads": len(digests) - records,
+                             "mutants": args.mutants,
                              "seconds": round(time.time() - began, 1),
                              "outcomes": {lv: {o: c[o] for o in OUTCOMES}
                                           for lv, c in counts.items()},
