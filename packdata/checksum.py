@@ -127,30 +127,29 @@ class EntryChecks:
                            int(field.shape[0]))
         return None
 
-    def selects_one_entry(self, select: Mapping[str, Any] | None) -> np.ndarray | None:
-        """The entry ``select`` picks per record where it picks the same one of every entry
-        field (as the point-cloud kind does): what a read of single entries can be checked by.
-        None otherwise."""
+    def selects_one_entry(self, select: Mapping[str, Any] | None) -> bool:
+        """Whether ``select`` picks the same entry of every entry field per record (as the
+        point-cloud kind does): a read that entry checksums can check."""
         if not select or set(select) != set(self.entries_of):
-            return None
-        first, *others = (np.asarray(select[name], dtype=np.int64) for name in self.entries_of)
-        return first if all(np.array_equal(first, other) for other in others) else None
+            return False
+        first, *others = (np.asarray(select[name]) for name in self.entries_of)
+        return all(np.array_equal(first, other) for other in others)
 
 
 def entry_checksums(batch: Mapping[str, Any], checks: EntryChecks, n: int,
-                    entries: np.ndarray | None = None) -> np.ndarray:
+                    one_entry: bool = False) -> np.ndarray:
     """The entry checksums (uint64) of ``n`` records read in one go: (n, K) where ``batch``
-    holds every entry, or (n,) where it holds the entry ``entries[j]`` of record ``j`` (a read
-    through ``select``). Fixed fields only (:func:`packdata.manifest.check_manifest` refuses
-    entry checks beside a variable field)."""
+    holds every entry, or (n,) with ``one_entry``, where it holds one entry of each record (a
+    read through ``select``). Fixed fields only (:func:`packdata.manifest.check_manifest`
+    refuses entry checks beside a variable field)."""
     if not n:
-        return np.zeros((0,) if entries is not None else (0, checks.count), dtype=np.uint64)
+        return np.zeros((0,) if one_entry else (0, checks.count), dtype=np.uint64)
 
     def row_bytes(value: Any) -> np.ndarray:
         return np.ascontiguousarray(value).reshape(n, -1).view(np.uint8)
 
     shared = [row_bytes(batch[name]) for name in checks.shared]
-    if entries is not None:
+    if one_entry:
         return rows_checksums(np.concatenate(
             shared + [row_bytes(batch[name]) for name in checks.entries_of], axis=1))
     out = np.empty((n, checks.count), dtype=np.uint64)

@@ -41,7 +41,7 @@ def test_each_entry_checksum_is_its_entry_and_the_shared_fields():
     entries = np.array([2, 0, 1, 2])
     selected = {"label": batch["label"], "points": batch["points"][np.arange(4), entries],
                 "mask": batch["mask"][np.arange(4), entries]}
-    assert entry_checksums(selected, checks, 4, entries).tolist() == \
+    assert entry_checksums(selected, checks, 4, one_entry=True).tolist() == \
         full[np.arange(4), entries].tolist()
     # one byte of entry 1 changes entry 1's checksum only; one of a shared field, every entry's
     changed = {name: value.copy() for name, value in batch.items()}
@@ -54,10 +54,10 @@ def test_each_entry_checksum_is_its_entry_and_the_shared_fields():
 def test_one_entry_is_selected_only_when_every_entry_field_selects_it():
     checks = EntryChecks.declared(FIELDS)
     same = np.array([0, 2])
-    assert checks.selects_one_entry({"points": same, "mask": same}).tolist() == [0, 2]
-    assert checks.selects_one_entry({"points": same, "mask": np.array([0, 1])}) is None
-    assert checks.selects_one_entry({"points": same}) is None
-    assert checks.selects_one_entry(None) is None
+    assert checks.selects_one_entry({"points": same, "mask": same})
+    assert not checks.selects_one_entry({"points": same, "mask": np.array([0, 1])})
+    assert not checks.selects_one_entry({"points": same})
+    assert not checks.selects_one_entry(None)
     assert EntryChecks.declared({"points": FIELDS["points"]}) is None
 
 

@@ -135,10 +135,8 @@ class ChecksummedReader(Reader):
         if not self.remaining:
             return read_checked(self.inner, indices, self.where, select)
         idx = self.inner.check_indices(indices)
-        if self.entry_checks is not None:
-            entries = self.entry_checks.selects_one_entry(select)
-            if entries is not None:
-                return self._read_entries(idx, select, entries)  # type: ignore[arg-type]
+        if self.entry_checks is not None and self.entry_checks.selects_one_entry(select):
+            return self._read_entries(idx, select)  # type: ignore[arg-type]
         unchecked = self._unchecked_records(idx)
         if not unchecked.any():
             return read_checked(self.inner, idx, self.where, select)
@@ -165,12 +163,13 @@ class ChecksummedReader(Reader):
             raise mismatch(self.where, self.inner, bad[0])
         self._mark(self._record_bits(fresh).reshape(-1))
 
-    def _read_entries(self, idx: np.ndarray, select: Select, entries: np.ndarray) -> Batch:
-        """Entry ``entries[j]`` of record ``idx[j]`` (a ``select`` read), each checked by its
-        entry checksum the first time it is read here."""
+    def _read_entries(self, idx: np.ndarray, select: Select) -> Batch:
+        """One entry of each of records ``idx`` (the same of every entry field: ``select``),
+        each checked by its entry checksum the first time it is read here."""
         checks = self.entry_checks
         assert checks is not None
         first = checks.entries_of[0]
+        # checked here too: an entry past K would name another record's bit
         entries = selected_entries(select, first, self.manifest.fields[first], len(idx))
         batch = read_checked(self.inner, idx, self.where, select)
         bits = idx * self.bits_per_record + entries
@@ -179,7 +178,7 @@ class ChecksummedReader(Reader):
             fresh, fresh_batch = _taken(idx, unchecked, batch)
             fresh_entries = entries[unchecked] if not unchecked.all() else entries
             stored = np.asarray(fresh_batch[checks.field])[np.arange(len(fresh)), fresh_entries]
-            bad = fresh[entry_checksums(fresh_batch, checks, len(fresh), fresh_entries) != stored]
+            bad = fresh[entry_checksums(fresh_batch, checks, len(fresh), one_entry=True) != stored]
             if len(bad):
                 raise mismatch(self.where, self.inner, int(bad[0]))
             self._mark(bits[unchecked])
