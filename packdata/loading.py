@@ -118,10 +118,9 @@ class Loader:
         return len(self.batch_sampler)
 
     def __iter__(self) -> Iterator[Any]:
-        # the sampler owns the epoch: the dataset (e.g. point-cloud variants) follows it
-        epoch = getattr(self.batch_sampler, "next_epoch", None)
-        if epoch is not None:
-            self.dataset.set_epoch(epoch)
+        # packdata's samplers own the epoch: the dataset (e.g. point-cloud variants) follows it
+        if isinstance(self.batch_sampler, SeededSampler):
+            self.dataset.set_epoch(self.batch_sampler.next_epoch)
         # the state at this epoch's start (read before the sampler begins it)
         self._start_state = getattr(self.batch_sampler, "state_dict", dict)()
         host = self._host_batches()
@@ -135,7 +134,7 @@ class Loader:
             self._delivered_count += 1
             yield batch
         self._delivered_count = None
-        if getattr(self.batch_sampler, "shuffle", False):
+        if isinstance(self.batch_sampler, SeededSampler) and self.batch_sampler.shuffle:
             # a dataset that cannot be weakly referenced gets no warning
             with contextlib.suppress(TypeError):
                 _SERVED[self.dataset] = True

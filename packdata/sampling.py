@@ -101,11 +101,11 @@ class SeededSampler(Sampler[list[int]]):
     ranks (each sample of the epoch still served once).
     """
 
+    shuffle: bool  # whether each epoch's order is drawn at random (every sampler here sets it)
+
     def __init__(self, seed: int, rank: int | None, world_size: int | None) -> None:
         self.rank, self.world_size = rank_and_world(rank, world_size)
-        self.seed = seed
-        self.epoch = 0
-        self._next_epoch = 0
+        self.seed, self.epoch, self._next_epoch = seed, 0, 0
         self._pending: Plan = []  # finished segments of the next epoch (after a resume)
         self._current: tuple[int, Plan, int] | None = None  # (epoch, plan, batches) iterating
         self._served = 0

@@ -18,7 +18,7 @@ import numpy as np
 
 from packdata.errors import InputWarning, PackdataError, SampleError
 from packdata.manifest import Field
-from packdata.remote.files import fetch_all
+from packdata.remote.files import RemotePath, fetch_all
 from packdata.units import plural
 
 #: the nouns :meth:`Source.ignore` counts, one of each
@@ -159,7 +159,7 @@ def list_files(root: Path, suffixes: tuple[str, ...], others: list[str] | None =
     if root.is_file():
         return [root.name]
     found, rest = [], []
-    if hasattr(root, "files"):  # a folder at a URL (packdata.remote.files.RemotePath): one listing
+    if isinstance(root, RemotePath):  # a folder at a URL: one listing
         listed = root.files()
     else:
         listed = []
