@@ -203,6 +203,13 @@ def test_a_damaged_variant_checksum_refuses_its_variant(tmp_path, twelve_trees):
     assert [bad["index"] for bad in verify(path).bad] == [record]
 
 
+def test_one_variant_is_checked_by_its_record_checksum_alone(tmp_path, tree_folder):
+    result = convert(tree_folder, tmp_path / "one.h5", variants=1)
+    assert "variant_checksums" not in result.manifest.fields
+    assert result.manifest.entry_checks is None
+    assert packdata.open(result.path)[3][0].shape == (N, 3)
+
+
 def test_set_epoch_reaches_persistent_workers(fps_h5):
     ds = packdata.open(fps_h5)
     stored = raw_records(fps_h5)["points"]
