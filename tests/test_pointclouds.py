@@ -203,6 +203,13 @@ def test_a_damaged_variant_checksum_refuses_its_variant(tmp_path, twelve_trees):
     assert [bad["index"] for bad in verify(path).bad] == [record]
 
 
+def test_inspect_says_what_the_variant_checksums_check(tmp_path, tree_folder):
+    path = convert(tree_folder, tmp_path / "i.h5", point_labels="classification").path
+    result = CliRunner().invoke(app, ["inspect", str(path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "a checksum per entry of points, point_labels" in result.output
+
+
 def test_one_variant_is_checked_by_its_record_checksum_alone(tmp_path, tree_folder):
     result = convert(tree_folder, tmp_path / "one.h5", variants=1)
     assert "variant_checksums" not in result.manifest.fields

@@ -49,7 +49,9 @@ def inspect(
     for name, f in info["fields"].items():
         shape = "×".join("N" if s is None else str(s) for s in f["shape"]) or "scalar"
         codec = f" ({f['codec']})" if f.get("codec") else ""
-        add_row(f"field {name}", f"{f['dtype']} {shape}{codec}")
+        checks = (f", a checksum per entry of {', '.join(f['checks_entries_of'])}"
+                  if f.get("checks_entries_of") else "")
+        add_row(f"field {name}", f"{f['dtype']} {shape}{codec}{checks}")
     for name, stats in info.get("lengths", {}).items():
         add_row(f"{name} lengths", ", ".join(f"{k} {_number(v)}" for k, v in stats.items()))
     if "padding" in info:
