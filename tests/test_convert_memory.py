@@ -53,15 +53,22 @@ def test_peak_memory_does_not_grow_with_the_records(tmp_path_factory, target):
         if not folder.exists():
             tile_image_folder(CIFAR, folder, n)
     out = tmp_path_factory.mktemp("memory")
-    peaks = {n: peak_rss(folder, out / f"{n}-{target}") for n, folder in folders.items()}
     more_data = (large - small) * RECORD
-    grew = {part: peaks[large][part] - peaks[small][part] for part in ("main", "worker")}
     # what the README allows: per-record metadata (keys, checksums: ~0.5 KB a record) and, for
     # LMDB, one 64 MB write transaction; plus 20 MiB for a busy machine's noise
-    allowed = (large - small) * 512 + (64 << 20 if target.endswith("lmdb") else 0) + (20 << 20)
-    assert allowed < more_data
-    assert grew["main"] < allowed, (grew, more_data)
-    assert grew["worker"] < 20 << 20, (grew, more_data)
+    allowed = {"main": (large - small) * 512 + (64 << 20 if target.endswith("lmdb") else 0)
+               + (20 << 20), "worker": 20 << 20}
+    assert allowed["main"] < more_data
+    # a second measurement where the first exceeds: once, in a full test run on the 2-core
+    # machine, a worker's peak was 36 MiB higher (not seen again alone, nor with a second
+    # conversion running beside it); records kept would exceed the bounds every time
+    for _attempt in range(2):
+        peaks = {n: peak_rss(folder, out / f"{n}-{target}") for n, folder in folders.items()}
+        grew = {part: peaks[large][part] - peaks[small][part] for part in ("main", "worker")}
+        if all(grew[part] < allowed[part] for part in grew):
+            break
+    assert grew["main"] < allowed["main"], (grew, more_data)
+    assert grew["worker"] < allowed["worker"], (grew, more_data)
 
 
 TEXT_CHILD = r"""
