@@ -141,7 +141,8 @@ class RemoteTarReader(tar.TarReader):
         batch: Batch = {}
         for name, spec in self.manifest.fields.items():
             if f"{name}.values" in self.index:
-                batch[name] = self.index[f"{name}.values"][idx]
+                values, rows = self.index[f"{name}.values"], (select or {}).get(name)
+                batch[name] = values[idx] if rows is None else values[idx, rows]
             elif spec.variable:
                 batch[name] = [np.frombuffer(b, spec.np_dtype).reshape(-1, *spec.row_shape).copy()
                                for b in blobs[name]]

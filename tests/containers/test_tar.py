@@ -50,3 +50,33 @@ class TestTar(ContainerSuite):
         with np.load(path / "index.npz") as z:
             shard, offset = int(z[f"{name}.shard"][index]), int(z[f"{name}.offset"][index])
         return path / manifest["extra"]["shards"][shard]["name"], offset + 3
+
+    def test_small_fields_are_read_from_the_index(self, tmp_path):
+        """Fields of at most INDEX_VALUE_BYTES a record (here 3 entries of 4 int16: 24 bytes)
+        are kept in the index beside their members: read (whole, one entry selected, into
+        given arrays) with no shard page touched, the same values as the members hold."""
+        from packdata.containers.tar.reader import TarReader
+        from packdata.manifest import Field
+        from tests.containers.suite import make_records
+
+        fields = {"points": Field("float16", (3, 16, 3)), "small": Field("int16", (3, 4))}
+        records = make_records(fields, 30)
+        path = self.write(tmp_path, fields, records, self.options(8))
+        with np.load(path / "index.npz") as z:
+            assert z["small.values"].shape == (30, 3, 4) and "points.values" not in z.files
+            members = zip(z["small.shard"].tolist(), z["small.offset"].tolist(),
+                          z["small.nbytes"].tolist())
+            shards = sorted(path.glob("*.tar"))
+            for shard, offset, nbytes in members:  # the members' copies zeroed: not what is read
+                with open(shards[shard], "r+b") as f:
+                    f.seek(offset)
+                    f.write(bytes(nbytes))
+        reader = TarReader(path)
+        order, entry = np.array([29, 3, 3, 17]), np.array([2, 0, 1, 2])
+        stored = np.stack([r["small"] for r in records])
+        np.testing.assert_array_equal(reader.read(order)["small"], stored[order])
+        np.testing.assert_array_equal(
+            reader.read(order, {"points": entry, "small": entry})["small"], stored[order, entry])
+        out = {name: np.empty((4, *f.shape), f.np_dtype) for name, f in fields.items()}
+        np.testing.assert_array_equal(reader.read_into(order, out)["small"], stored[order])
+        assert reader.read_into(order, out)["small"] is out["small"]

@@ -3,8 +3,10 @@ and checked against the others before any shard is mapped.
 
 A dataset folder holds ``shard-000000.tar`` … (see :mod:`.members` for their members),
 ``index.npz`` (numpy, no pickle: per field ``<field>.shard`` (int32), ``<field>.offset`` and
-``<field>.nbytes`` (int64) locating each record's payload bytes, and ``<field>.values`` for scalar
-fields, so labels need no member reads; ``__records__.<array>``, the record keys and checksums
+``<field>.nbytes`` (int64) locating each record's payload bytes, and ``<field>.values`` (records
+× the field's shape) for fixed fields of at most :data:`INDEX_VALUE_BYTES` bytes a record (labels,
+a point cloud's centre or variant checksums), so that reading them touches no shard page;
+``__records__.<array>``, the record keys and checksums
 of format version 2, :mod:`packdata.recordmeta`), stored uncompressed and mapped in place, not
 loaded; ``manifest.json`` (``extra.shards`` lists shard names and
 record counts) and the indexes other readers use (:mod:`.indexes`).
@@ -24,6 +26,10 @@ from packdata.recordmeta import from_arrays, map_npz
 
 MANIFEST = "manifest.json"
 INDEX = "index.npz"
+#: fixed fields of at most this many bytes a record are also kept in the index, beside their
+#: members: a batch takes them with one gather from the index instead of faulting in a shard page
+#: per record for a few bytes (a page fault costs more than the gather of a whole batch of them)
+INDEX_VALUE_BYTES = 32
 RECORDS = "__records__"
 
 
@@ -95,6 +101,7 @@ def check_index(path: Path, index: dict[str, np.ndarray], manifest: Manifest) ->
             raise DatasetError(f"{path}: the index of '{name}' points outside its shards; the "
                                "dataset is damaged")
         values = index.get(f"{name}.values")
-        if values is not None and (values.dtype != field.np_dtype or len(values) != manifest.count):
+        if values is not None and (values.dtype != field.np_dtype or len(values) != manifest.count
+                                   or field.variable or values.shape[1:] != tuple(field.shape)):
             raise DatasetError(f"{path}: the index's values of '{name}' do not match the "
                                "manifest; the dataset is damaged")

@@ -276,8 +276,9 @@ class TarReader(Reader):
                   for name in select or {}}
         batch: Batch = {}
         for name, field in self.manifest.fields.items():
-            if f"{name}.values" in self.index:
-                batch[name] = self.index[f"{name}.values"][idx]
+            if f"{name}.values" in self.index:  # kept in the index: no shard page touched
+                values, rows = self.index[f"{name}.values"], select.get(name)
+                batch[name] = values[idx] if rows is None else values[idx, rows]
             elif field.variable:
                 batch[name] = [
                     p.view(field.np_dtype).reshape(-1, *field.row_shape)
@@ -295,7 +296,8 @@ class TarReader(Reader):
         batch: Batch = {}
         for name, field in self.manifest.fields.items():
             if f"{name}.values" in self.index:  # kept in the index (labels): a small gather
-                batch[name] = np.take(self.index[f"{name}.values"], idx, out=out[name], mode="clip")
+                batch[name] = np.take(self.index[f"{name}.values"], idx, axis=0, out=out[name],
+                                      mode="clip")
                 continue
             joined = self._window(name, field.nbytes)
             if joined is None:  # shards not mapped as one range: read, then copy

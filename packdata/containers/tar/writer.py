@@ -14,7 +14,7 @@ import xxhash
 
 from packdata.containers.base import ShardClosed, Writer
 from packdata.containers.tar.indexes import idx_path, write_idx, write_wids_index
-from packdata.containers.tar.layout import INDEX, MANIFEST, RECORDS
+from packdata.containers.tar.layout import INDEX, INDEX_VALUE_BYTES, MANIFEST, RECORDS
 from packdata.containers.tar.members import member_key as key_of_members
 from packdata.containers.tar.members import member_suffix, npy_header, ustar_header
 from packdata.errors import PackdataError
@@ -51,7 +51,8 @@ class TarWriter(Writer):
         self.index: dict[str, array] = {
             f"{n}.{col}": array("q") for n in fields for col in ("shard", "offset", "nbytes")
         }
-        self.values = {n: [] for n, f in fields.items() if f.shape == ()}
+        self.values = {n: [] for n, f in fields.items()
+                       if not f.variable and f.nbytes <= INDEX_VALUE_BYTES}
         self.columns = {n: tuple(self.index[f"{n}.{col}"] for col in ("shard", "offset", "nbytes"))
                         for n in fields}  # the index lists each record appends to
         # each record's member name stem, hashed (8 bytes a record, not a dict of every key):
@@ -174,6 +175,9 @@ class TarWriter(Writer):
         arrays = {key: map_array(path, dtype.str)
                   for (key, path), (_, dtype) in zip(spooled.items(),
                                                      self._spool_arrays().values())}
+        for name in self.values:  # spooled flat: one row of the field's shape per record
+            arrays[f"{name}.values"] = arrays[f"{name}.values"].reshape(
+                -1, *self.fields[name].shape)
         manifest.extra["shards"] = self.shards  # first: the arrays hold the JSON's checksum
         for name, values in manifest.record_arrays().items():
             arrays[f"{RECORDS}.{name}"] = values
