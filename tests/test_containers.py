@@ -370,3 +370,18 @@ def test_opening_a_tar_or_lmdb_dataset_leaves_h5py_unloaded(packed):
                           cwd=Path(__file__).parents[1])
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "False", "True"]
+
+
+def test_select_after_a_full_read_checks_its_entries():
+    """apply_select (LMDB's lookups, a checked read of records not checked yet) refuses what
+    the readers that gather only the selected bytes refuse: numpy alone takes -1 as the last."""
+    from packdata.containers.base import apply_select
+    from packdata.manifest import Field
+
+    fields = {"points": Field("<i8", (3, 2))}
+    whole = np.arange(12).reshape(2, 3, 2)
+    got = apply_select({"points": whole.copy()}, {"points": np.array([2, 0])}, fields)
+    np.testing.assert_array_equal(got["points"], whole[[0, 1], [2, 0]])
+    for bad in ([0, 3], [-1, 0], [0]):
+        with pytest.raises(IndexError, match="select"):
+            apply_select({"points": whole.copy()}, {"points": np.array(bad)}, fields)

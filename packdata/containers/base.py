@@ -173,10 +173,13 @@ def selected_entries(select: Select, name: str, field: Field, count: int) -> np.
     return entries
 
 
-def apply_select(batch: Batch, select: Select | None) -> Batch:
-    """``select`` applied after a full read: for containers that cannot read less."""
-    for name, rows in (select or {}).items():
-        batch[name] = batch[name][np.arange(len(rows)), rows]  # type: ignore[index]
+def apply_select(batch: Batch, select: Select | None, fields: dict[str, Field]) -> Batch:
+    """``select`` applied after a full read: for containers that cannot read less. Its entries
+    are checked as where only they are read (:func:`selected_entries`): numpy would take entry
+    -1 as the last one."""
+    for name in select or {}:
+        entries = selected_entries(select, name, fields[name], len(batch[name]))  # type: ignore[arg-type]
+        batch[name] = batch[name][np.arange(len(entries)), entries]  # type: ignore[index]
     return batch
 
 

@@ -142,7 +142,7 @@ class ChecksummedReader(Reader):
             return read_checked(self.inner, idx, self.where, select)
         batch = read_checked(self.inner, idx, self.where)
         self._check(idx, unchecked, batch)
-        return apply_select(batch, select)
+        return apply_select(batch, select, self.manifest.fields)
 
     def read_into(self, indices: np.ndarray, out: dict[str, np.ndarray]) -> Batch:
         if not self.remaining:

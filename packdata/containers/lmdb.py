@@ -215,7 +215,8 @@ class LMDBReader(Reader):
                 located = self._fixed_map()
                 if located is not None:  # only the selected entries' bytes are gathered
                     return self._read_selected(self.check_indices(indices), located, select)
-            return apply_select(self._read(indices), select)  # lookups copy whole values
+            # lookups copy whole values
+            return apply_select(self._read(indices), select, self.manifest.fields)
         except lmdb.Error as exc:  # a damaged B-tree found by a lookup: name the dataset
             raise DatasetError(f"{self.path}: LMDB cannot be read ({type(exc).__name__}: {exc}); "
                                "the dataset is damaged") from None
