@@ -117,14 +117,21 @@ class EntryChecks:
     count: int  # K
 
     @classmethod
+    def over(cls, field: str, entries_of: Iterable[str], names: Iterable[str],
+             count: int) -> EntryChecks:
+        """Entry checks in ``field`` of ``entries_of``, every other of the record's field
+        ``names`` (in their order) shared."""
+        entries = tuple(entries_of)
+        return cls(field, entries, tuple(n for n in names if n != field and n not in entries),
+                   count)
+
+    @classmethod
     def declared(cls, fields: Mapping[str, Any]) -> EntryChecks | None:
         """The entry checks a manifest's ``fields`` declare (a field's ``checks_entries_of``),
         or None. The declaration itself is checked by :func:`packdata.manifest.check_manifest`."""
         for name, field in fields.items():
             if field.checks_entries_of:
-                entries = tuple(field.checks_entries_of)
-                return cls(name, entries, tuple(n for n in fields if n != name and n not in entries),
-                           int(field.shape[0]))
+                return cls.over(name, field.checks_entries_of, fields, int(field.shape[0]))
         return None
 
     def selects_one_entry(self, select: Mapping[str, Any] | None) -> bool:

@@ -116,8 +116,6 @@ class ChecksummedReader(Reader):
 
     def _record_bits(self, idx: np.ndarray) -> np.ndarray:
         """Every bit of records ``idx``, one row per record."""
-        if self.bits_per_record == 1:
-            return idx[:, None]
         return idx[:, None] * self.bits_per_record + np.arange(self.bits_per_record)
 
     def _mark(self, fresh: np.ndarray) -> None:

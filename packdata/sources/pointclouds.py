@@ -229,10 +229,8 @@ class PointCloudSource(Source):
 
     def _entry_checks(self, record: dict[str, np.ndarray]) -> EntryChecks:
         """The variant checksums of ``record`` (without them yet): K, one per variant."""
-        entries = tuple(n for n in record if n in VARIANT_FIELDS)
-        return EntryChecks(VARIANT_CHECKSUMS, entries,
-                           tuple(n for n in record if n not in entries and n != VARIANT_CHECKSUMS),
-                           self.spec.variants)
+        return EntryChecks.over(VARIANT_CHECKSUMS, (n for n in record if n in VARIANT_FIELDS),
+                                record, self.spec.variants)
 
     def _point_labels(self, table: dict, path: Path) -> np.ndarray:
         column = pointfiles.lookup(table, self.point_labels or "")
