@@ -21,7 +21,7 @@ from packdata import containers, sources
 from packdata.containers.base import Reader, selected_entries
 from packdata.containers.integrity import ChecksummedReader, at_open
 from packdata.errors import ArgumentError, ArgumentTypeError, DatasetError, PackdataError
-from packdata.manifest import Manifest
+from packdata.manifest import Field, Manifest
 from packdata.recordmeta import Keys
 from packdata.remote.storage import CACHE_LIMIT, Storage
 from packdata.remote.tar_reader import RemoteTarReader
@@ -33,6 +33,15 @@ from packdata.urls import is_url
 Transform = Callable[[Any], Any]
 # what a kind's code raises where a manifest's facts do not fit the records
 _KIND_ERRORS = (KeyError, IndexError, TypeError, ValueError, RuntimeError, ZeroDivisionError)
+
+
+def _selects_stored(select: dict[str, np.ndarray], name: str, field: Field, count: int) -> bool:
+    """Whether ``select[name]`` picks entries the field stores (the containers' check)."""
+    try:
+        selected_entries(select, name, field, count)
+    except IndexError:
+        return False
+    return True
 
 
 class PackedDataset(Dataset):
@@ -223,19 +232,14 @@ class PackedDataset(Dataset):
         """The entries the kind selects exist in the stored records (e.g. variant k of K): the
         containers' check (:func:`selected_entries`), failing by the dataset's name."""
         for name, rows in select.items():
-            if not len(rows):
-                continue
             field = self.manifest.fields.get(name)
+            if not len(rows) or (field is not None and not field.variable
+                                 and _selects_stored(select, name, field, count)):
+                continue
             stored = field.shape[0] if field is not None and field.shape else 0
-            try:
-                if field is None or field.variable:
-                    raise IndexError(name)
-                selected_entries(select, name, field, count)
-            except IndexError:
-                raise DatasetError(
-                    f"{self.path}: the manifest asks for entry {int(np.max(rows))} of '{name}', "
-                    f"which stores {stored}; the manifest was edited or the dataset is damaged"
-                ) from None
+            raise DatasetError(
+                f"{self.path}: the manifest asks for entry {int(np.max(rows))} of '{name}', "
+                f"which stores {stored}; the manifest was edited or the dataset is damaged")
 
     def _slot_arrays(self, n: int) -> dict[str, np.ndarray] | None:
         """In a DataLoader worker, where the batch is handed over as read (fixed fields, no

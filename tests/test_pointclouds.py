@@ -217,6 +217,16 @@ def test_one_variant_is_checked_by_its_record_checksum_alone(tmp_path, tree_fold
     assert packdata.open(result.path)[3][0].shape == (N, 3)
 
 
+def test_a_variant_the_records_do_not_store_is_named(fps_h5):
+    """A manifest whose variant count exceeds what the records store (an edit the manifest's
+    own checksum would refuse at open, made here in memory) fails by the dataset's name."""
+    ds = packdata.open(fps_h5)
+    ds.manifest.options["variants"] = K + 3
+    ds.set_epoch(K + 2)  # record 0 serves variant K + 2
+    with pytest.raises(DatasetError, match=f"asks for entry {K + 2} of 'points', which stores {K}"):
+        ds[0]
+
+
 def test_set_epoch_reaches_persistent_workers(fps_h5):
     ds = packdata.open(fps_h5)
     stored = raw_records(fps_h5)["points"]
