@@ -27,8 +27,8 @@ from packdata.recordmeta import from_arrays, map_npz
 MANIFEST = "manifest.json"
 INDEX = "index.npz"
 #: fixed fields of at most this many bytes a record are also kept in the index, beside their
-#: members: a batch takes them with one gather from the index instead of faulting in a shard page
-#: per record for a few bytes (a page fault costs more than the gather of a whole batch of them)
+#: members: a batch takes them with one gather from the index instead of mapping a shard page
+#: per record for a few bytes
 INDEX_VALUE_BYTES = 32
 RECORDS = "__records__"
 
