@@ -5,9 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from packdata import containers
 from packdata.checksum import EntryChecks, entry_checksums, record_checksum
+from packdata.containers.integrity import ChecksummedReader
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest, check_manifest
+from packdata.verify import verify
 
 K = 3
 FIELDS = {
@@ -82,3 +85,27 @@ def test_the_declaration_survives_the_json():
     check_manifest(manifest, "d.h5")
     again = Manifest.from_json(manifest.to_json(), "d.h5")
     assert again.fields == FIELDS and again.entry_checks == manifest.entry_checks
+
+
+def test_verify_names_entries_that_do_not_match_their_checksums(tmp_path):
+    """Entry checksums written wrong (record checksums right, over them): verify, hashing
+    each batch's entries at once, names the record; a read of that entry refuses it."""
+    batch = records(12)
+    checks = EntryChecks.declared(FIELDS)
+    batch["variant_checksums"] = entry_checksums(batch, checks, 12)
+    batch["variant_checksums"][7, 1] ^= 1
+    rows = [{name: value[j] for name, value in batch.items()} for j in range(12)]
+    path = tmp_path / "d.h5"
+    writer = containers.get("hdf5").WRITER(path, FIELDS, {})
+    for j, row in enumerate(rows):
+        writer.append(f"r{j}", row)
+    writer.finish(Manifest(container="hdf5", kind="test", fields=FIELDS, count=12,
+                           keys=[f"r{j}" for j in range(12)],
+                           checksums=[record_checksum(row, FIELDS) for row in rows]))
+    report = verify(path, batch_size=5)
+    assert [(b["index"], b["problem"]) for b in report.bad] == \
+        [(7, "entries do not match their checksums ('variant_checksums')")]
+    checked = ChecksummedReader(containers.get("hdf5").READER(path), path)
+    checked.read(np.array([7]), {"points": np.array([0]), "mask": np.array([0])})
+    with pytest.raises(DatasetError, match="record 7 "):
+        checked.read(np.array([6, 7]), {"points": np.array([1, 1]), "mask": np.array([1, 1])})
