@@ -31,7 +31,7 @@ from packdata.errors import DatasetError
 
 DTYPES = {"keys": "|u1", "key_offsets": "<i8", "key_hashes": "<u8", "key_order": "<i8",
           "checksums": "<u8"}
-FLUSH = 1 << 16  # records buffered by MetaSpool between writes
+FLUSH = 1 << 16  # values a ColumnSpool buffers between writes
 #: key hashes sorted in memory up to this many records; beyond, bucket by bucket on disk
 SORT_IN_MEMORY = 1 << 20
 BUCKET_BITS = 8  # 256 buckets by the hashes' top bits: ~4 M records in 64 MiB a bucket at 10⁹
@@ -143,88 +143,118 @@ def from_arrays(arrays: dict[str, np.ndarray], count: int, where: Any) -> tuple[
     return keys, arrays["checksums"]
 
 
+class ColumnSpool:
+    """One column of per-record values (``dtype``, each of ``shape``) appended to a file as
+    records are written, :data:`FLUSH` at a time, and mapped back by :meth:`finish`: memory
+    stays at one buffer whatever the record count."""
+
+    def __init__(self, path: Path, dtype: Any, shape: tuple[int, ...] = ()) -> None:
+        self.path, self.dtype, self.shape = path, np.dtype(dtype), tuple(shape)
+        self.file = open(path, "wb")  # noqa: SIM115 - closed by finish or remove
+        self.pending: list[Any] = []
+
+    def append(self, value: Any) -> None:
+        self.pending.append(value)
+        if len(self.pending) >= FLUSH:
+            self.flush()
+
+    def extend(self, values: Any) -> None:
+        """Many values at once (an array, or a list of values), after those appended."""
+        self.flush()
+        # a copy, not a view: while a view's export of a caller's buffer lives, the buffer
+        # cannot be emptied or resized (BufferError, seen once with a sampling thread)
+        self.file.write(np.array(values, dtype=self.dtype).tobytes())
+
+    def flush(self) -> None:
+        if self.pending:
+            self.file.write(np.array(self.pending, dtype=self.dtype).tobytes())
+            self.pending.clear()
+
+    def finish(self) -> np.ndarray:
+        """Every value written, as an array over the file (memory-mapped)."""
+        if not self.file.closed:
+            self.flush()
+            self.file.close()
+        return map_array(self.path, self.dtype.str).reshape(-1, *self.shape)
+
+    def remove(self) -> None:
+        """Close and delete the file (an array :meth:`finish` gave stays readable until dropped)."""
+        self.file.close()
+        self.path.unlink(missing_ok=True)
+
+
 class MetaSpool:
     """Keys and checksums appended record by record to files beside the output (``stem`` +
     ``.<array>``), buffered a few thousand records at a time."""
 
     def __init__(self, stem: Path) -> None:
         self.stem = stem
-        self.files = {n: open(self.path(n), "wb") for n in ("keys", "offsets", "hashes",  # noqa: SIM115
-                                                            "checksums")}
+        self.columns = {n: ColumnSpool(self.path(n), dtype) for n, dtype in
+                        (("keys", "|u1"), ("offsets", "<i8"), ("hashes", "<u8"),
+                         ("checksums", "<u8"))}
         self.count, self.nbytes = 0, 0
-        self.pending: dict[str, list] = {"offsets": [], "hashes": [], "checksums": []}
-        self.files["offsets"].write(np.zeros(1, "<i8").tobytes())
+        self.columns["offsets"].append(0)
 
     def path(self, name: str) -> Path:
         return self.stem.with_name(f"{self.stem.name}.{name}")
 
     def append(self, key: str, checksum: int) -> None:
         encoded = key.encode()
-        self.files["keys"].write(encoded)
+        self.columns["keys"].extend(np.frombuffer(encoded, dtype=np.uint8))
         self.nbytes += len(encoded)
-        self.pending["offsets"].append(self.nbytes)
-        self.pending["hashes"].append(xxhash.xxh3_64_intdigest(encoded))
-        self.pending["checksums"].append(checksum)
+        self.columns["offsets"].append(self.nbytes)
+        self.columns["hashes"].append(xxhash.xxh3_64_intdigest(encoded))
+        self.columns["checksums"].append(checksum)
         self.count += 1
-        if len(self.pending["checksums"]) >= FLUSH:
-            self._flush()
 
     def append_block(self, keys: Sequence[str], checksums: np.ndarray) -> None:
         """Records ``keys`` with their ``checksums``, as many :meth:`append` calls would."""
         encoded = [key.encode() for key in keys]
         ends = np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
-        self._flush()
-        self.files["keys"].write(b"".join(encoded))
-        self.files["offsets"].write((ends + self.nbytes).astype("<i8").tobytes())
+        self.columns["keys"].extend(np.frombuffer(b"".join(encoded), dtype=np.uint8))
+        self.columns["offsets"].extend(ends + self.nbytes)
         digest = xxhash.xxh3_64_intdigest
-        self.files["hashes"].write(np.array([digest(k) for k in encoded], dtype="<u8").tobytes())
-        self.files["checksums"].write(np.asarray(checksums, dtype="<u8").tobytes())
+        self.columns["hashes"].extend([digest(k) for k in encoded])
+        self.columns["checksums"].extend(checksums)
         self.nbytes += int(ends[-1]) if len(ends) else 0
         self.count += len(encoded)
-
-    def _flush(self) -> None:
-        for name, dtype in (("offsets", "<i8"), ("hashes", "<u8"), ("checksums", "<u8")):
-            self.files[name].write(np.asarray(self.pending[name], dtype=dtype).tobytes())
-            self.pending[name].clear()
 
     def extend(self, keys: Keys, checksums: np.ndarray, block: int = FLUSH) -> None:
         """Another dataset's keys and checksums appended (a part's), block by block."""
         for a in range(0, len(keys), block):
             b = min(a + block, len(keys))
             lo, hi = int(keys.offsets[a]), int(keys.offsets[b])
-            self._flush()
-            self.files["keys"].write(np.asarray(keys.data[lo:hi]).tobytes())
-            offsets = np.asarray(keys.offsets[a + 1 : b + 1], dtype="<i8") - lo + self.nbytes
-            self.files["offsets"].write(offsets.tobytes())
+            self.columns["keys"].extend(keys.data[lo:hi])
+            self.columns["offsets"].extend(keys.offsets[a + 1 : b + 1] - lo + self.nbytes)
             self.nbytes += hi - lo
-            got = [xxhash.xxh3_64_intdigest(keys.data[int(keys.offsets[i]):
-                                                       int(keys.offsets[i + 1])].tobytes())
-                   for i in range(a, b)]
-            self.files["hashes"].write(np.asarray(got, dtype="<u8").tobytes())
-            self.files["checksums"].write(np.asarray(checksums[a:b], dtype="<u8").tobytes())
+            self.columns["hashes"].extend(
+                [xxhash.xxh3_64_intdigest(keys.data[int(keys.offsets[i]):
+                                                    int(keys.offsets[i + 1])].tobytes())
+                 for i in range(a, b)])
+            self.columns["checksums"].extend(checksums[a:b])
             self.count += b - a
 
     def finish(self) -> tuple[Keys, np.ndarray]:
         """Keys and checksums over the spooled files (memory-mapped), hashes sorted."""
-        self._flush()
-        for f in self.files.values():
-            f.close()
-        self._sort_hashes()
-        keys = Keys(map_array(self.path("keys"), "|u1"), map_array(self.path("offsets"), "<i8"),
-                    map_array(self.path("sorted"), "<u8"), map_array(self.path("order"), "<i8"))
-        return keys, map_array(self.path("checksums"), "<u8")
+        data, offsets, hashes, checksums = (c.finish() for c in self.columns.values())
+        sorted_hashes, order = self._sort_hashes(hashes)
+        return Keys(data, offsets, sorted_hashes, order), checksums
 
-    def _sort_hashes(self) -> None:
-        """Write the key hashes sorted (``sorted``) and each one's record (``order``), equal
-        hashes in record order. Beyond :data:`SORT_IN_MEMORY` records in memory flat in their
-        number: the hashes are split by their top bits into bucket files (XXH3 spreads them
-        evenly), filled in record order, then each bucket is sorted alone and appended."""
-        hashes = map_array(self.path("hashes"), "<u8")
+    def _sort_hashes(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The key hashes sorted and each one's record, equal hashes in record order, written
+        to files (``sorted``, ``order``) and mapped. Beyond :data:`SORT_IN_MEMORY` records in
+        memory flat in their number: the hashes are split by their top bits into bucket files
+        (XXH3 spreads them evenly), filled in record order, then each bucket is sorted alone
+        and appended."""
         if len(hashes) <= SORT_IN_MEMORY:
             order = np.argsort(hashes, kind="stable")
             np.asarray(hashes[order]).tofile(self.path("sorted"))
             order.astype("<i8").tofile(self.path("order"))
-            return
+        else:
+            self._sort_in_buckets(hashes)
+        return map_array(self.path("sorted"), "<u8"), map_array(self.path("order"), "<i8")
+
+    def _sort_in_buckets(self, hashes: np.ndarray) -> None:
         pair = np.dtype([("hash", "<u8"), ("record", "<i8")])
         buckets = 1 << BUCKET_BITS
         with contextlib.ExitStack() as stack:
@@ -251,9 +281,9 @@ class MetaSpool:
         return self.path(f"bucket-{b:03d}")
 
     def remove(self) -> None:
-        for f in self.files.values():
-            f.close()
-        for name in ("keys", "offsets", "hashes", "checksums", "sorted", "order"):
+        for column in self.columns.values():
+            column.remove()
+        for name in ("sorted", "order"):
             self.path(name).unlink(missing_ok=True)
         for b in range(1 << BUCKET_BITS):  # left by an interrupted sort
             self._bucket(b).unlink(missing_ok=True)

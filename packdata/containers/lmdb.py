@@ -21,7 +21,6 @@ a read leave the file. Datasets without stored offsets are read through LMDB's l
 from __future__ import annotations
 
 import os
-from array import array
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -52,7 +51,7 @@ from packdata.containers.lmdbmap import (
 )
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest, check_manifest
-from packdata.recordmeta import save_npz
+from packdata.recordmeta import ColumnSpool, save_npz
 
 NAME = "lmdb"
 NEW_SUFFIX = ".lmdb"
@@ -83,7 +82,9 @@ class LMDBWriter(Writer):
         self.pending = self.pending_records = 0
         self.fixed = [n for n, f in fields.items() if not f.variable]
         self.variable = [n for n, f in fields.items() if f.variable]
-        self.rows = {n: array("q") for n in self.variable}  # 8 bytes a record
+        # each record's row count of each variable field, spooled beside the data (removed
+        # before the manifest is written): memory stays flat in the records
+        self.rows = {n: ColumnSpool(path / f".{n}.rows.spool", "<i8") for n in self.variable}
 
     def append(self, key: str, record: dict[str, np.ndarray]) -> None:
         parts = [np.ascontiguousarray(record[n]).tobytes() for n in self.fixed]
@@ -127,9 +128,9 @@ class LMDBWriter(Writer):
         if self.count:  # room for the offsets (zeros from calloc: no pages of ours touched),
             # written once no record moves any more
             self.txn.put(OFFSETS_KEY, memoryview(np.zeros(self.count, "<i8")).cast("B"))
-        for n in self.variable:
-            lengths = np.frombuffer(self.rows[n], dtype=np.int64).astype("<i8", copy=False)
-            self.txn.put(lengths_key(n), memoryview(lengths).cast("B"))  # no copies of ours
+        for n, rows in self.rows.items():
+            self.txn.put(lengths_key(n), memoryview(rows.finish()).cast("B"))  # mapped, no copy
+            rows.remove()
         save_npz(self.path / RECORDS, manifest.record_arrays())
         self.txn.put(MANIFEST_KEY, manifest.to_json().encode())
         self.txn.commit()
@@ -142,6 +143,8 @@ class LMDBWriter(Writer):
     def abort(self) -> None:
         self.txn.abort()
         self.env.close()
+        for rows in self.rows.values():
+            rows.remove()
 
 
 class LMDBReader(Reader):

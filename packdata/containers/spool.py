@@ -6,52 +6,39 @@ container lay every field out contiguously once the final record count is known.
 
 from __future__ import annotations
 
-from array import array
 from pathlib import Path
 
 import numpy as np
 
 from packdata.manifest import Field
-from packdata.recordmeta import FLUSH, map_array
+from packdata.recordmeta import ColumnSpool
 
 BLOCK_BYTES = 16 << 20
 
 
 class Spool:
     """One field's records appended as raw bytes, plus per-record row counts for variable fields
-    (spooled too: a file beside it, so memory does not grow with the records)."""
+    (spooled too: a column beside it, so memory does not grow with the records)."""
 
     def __init__(self, path: Path, field: Field) -> None:
         self.path = path
         self.field = field
         self.file = open(path, "wb")  # noqa: SIM115 - closed in close()
-        self.counts_path = path.with_name(f"{path.name}.rows")
-        self.counts = open(self.counts_path, "wb") if field.variable else None  # noqa: SIM115
-        self.pending = array("q")  # row counts not written yet
+        self.counts = (ColumnSpool(path.with_name(f"{path.name}.rows"), "<i8")
+                       if field.variable else None)
 
     def append(self, value: np.ndarray) -> None:
         self.file.write(np.ascontiguousarray(value).data)
         if self.counts is not None:
-            self.pending.append(len(value))
-            if len(self.pending) >= FLUSH:
-                self._write_counts()
-
-    def _write_counts(self) -> None:
-        self.counts.write(self.pending.tobytes())  # type: ignore[union-attr]
-        del self.pending[:]
+            self.counts.append(len(value))
 
     def row_counts(self) -> np.ndarray:
         """Each record's row count (a variable field's), mapped from the spooled file."""
-        if not self.counts.closed:  # type: ignore[union-attr]
-            self._write_counts()
-            self.counts.close()  # type: ignore[union-attr]
-        return map_array(self.counts_path, "<i8")
+        return self.counts.finish()  # type: ignore[union-attr]
 
     def close(self) -> None:
         if not self.file.closed:
             self.file.close()
-        if self.counts is not None and not self.counts.closed:
-            self.counts.close()
 
     def blocks(self, row_bytes: int):
         """Yield the spooled bytes as uint8 arrays of about ``BLOCK_BYTES``, each a whole number
@@ -66,4 +53,5 @@ class Spool:
     def remove(self) -> None:
         self.close()
         self.path.unlink(missing_ok=True)
-        self.counts_path.unlink(missing_ok=True)
+        if self.counts is not None:
+            self.counts.remove()

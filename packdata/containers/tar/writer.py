@@ -20,7 +20,7 @@ from packdata.containers.tar.members import member_suffix, npy_header, ustar_hea
 from packdata.errors import PackdataError
 from packdata.manifest import Field, Manifest
 from packdata.options import Option
-from packdata.recordmeta import map_array, save_npz
+from packdata.recordmeta import ColumnSpool, save_npz
 from packdata.units import parse_count_or_bytes
 
 
@@ -47,7 +47,7 @@ class TarWriter(Writer):
         self.file: Any = None  # the open shard
         self.offset = 0  # bytes written to the open shard
         # the open shard's index entries (8 bytes a record each, not Python int objects),
-        # appended to spool files in the dataset folder as each shard closes: memory stays flat
+        # appended to the spooled columns below as each shard closes: memory stays flat
         self.index: dict[str, array] = {
             f"{n}.{col}": array("q") for n in fields for col in ("shard", "offset", "nbytes")
         }
@@ -60,6 +60,13 @@ class TarWriter(Writer):
         self.member_hashes = array("Q")
         self.shard_keys: list[str] = []  # its records' member keys, for its DALI index
         self.suffixes = {n: [] for n, f in fields.items() if f.codec}  # png/jpg vary per record
+        # the whole index's columns, a shard at a time (removed before the manifest is written)
+        self.spools = {key: ColumnSpool(self.path / f".{key}.spool",
+                                        "<i4" if key.endswith(".shard") else "<i8")
+                       for key in self.index}
+        self.spools.update({f"{n}.values": ColumnSpool(self.path / f".{n}.values.spool",
+                                                       fields[n].np_dtype, fields[n].shape)
+                            for n in self.values})
 
     def _shard(self) -> Any:
         full = self.file is not None and (
@@ -93,25 +100,14 @@ class TarWriter(Writer):
             if self.on_shard_closed is not None:
                 self.on_shard_closed([self.path / name, idx_path(self.path, name)])
 
-    def _spool(self, key: str) -> Path:
-        return self.path / f".{key}.spool"  # removed before the manifest is written
-
-    def _spool_arrays(self) -> dict[str, tuple[list | array, np.dtype]]:
-        arrays: dict[str, tuple[list | array, np.dtype]] = {
-            k: (v, np.dtype("<i4" if k.endswith(".shard") else "<i8"))
-            for k, v in self.index.items()}
-        for name, values in self.values.items():
-            arrays[f"{name}.values"] = (values, self.fields[name].np_dtype)
-        return arrays
-
     def _spool_index(self) -> None:
-        """The closed shard's index entries appended to their spool files, then let go."""
-        for key, (values, dtype) in self._spool_arrays().items():
-            with open(self._spool(key), "ab") as f:
-                # a copy, not a view: while a view's export of the array's buffer lives, the
-                # array cannot be emptied (BufferError, seen once with a sampling thread)
-                f.write(np.array(values, dtype=dtype).tobytes())
+        """The closed shard's index entries appended to their spooled columns, then let go."""
+        for key, values in self.index.items():
+            self.spools[key].extend(values)
             del values[:]
+        for name, values in self.values.items():
+            self.spools[f"{name}.values"].extend(values)
+            values.clear()
         self.shard_keys = []
         for suffixes in self.suffixes.values():
             suffixes.clear()
@@ -169,24 +165,18 @@ class TarWriter(Writer):
     def finish(self, manifest: Manifest) -> None:
         self._close_shard()
         self._check_member_names(manifest.keys)
-        spooled = {key: self._spool(key) for key in self._spool_arrays()}
-        for path in spooled.values():
-            path.touch()  # no shard (no record): an empty column
-        arrays = {key: map_array(path, dtype.str)
-                  for (key, path), (_, dtype) in zip(spooled.items(),
-                                                     self._spool_arrays().values())}
-        for name in self.values:  # spooled flat: one row of the field's shape per record
-            arrays[f"{name}.values"] = arrays[f"{name}.values"].reshape(
-                -1, *self.fields[name].shape)
+        arrays = {key: spool.finish() for key, spool in self.spools.items()}
         manifest.extra["shards"] = self.shards  # first: the arrays hold the JSON's checksum
         for name, values in manifest.record_arrays().items():
             arrays[f"{RECORDS}.{name}"] = values
         save_npz(self.path / INDEX, arrays)  # spooled arrays block by block
-        for path in spooled.values():
-            path.unlink()
+        for spool in self.spools.values():
+            spool.remove()
         write_wids_index(self.path, self.shards)
         (self.path / MANIFEST).write_text(manifest.to_json())  # last: what makes it a dataset
 
     def abort(self) -> None:
         if self.file is not None:
             self.file.close()
+        for spool in self.spools.values():
+            spool.remove()
