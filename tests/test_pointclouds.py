@@ -203,6 +203,20 @@ def test_a_damaged_variant_checksum_refuses_its_variant(tmp_path, twelve_trees):
     assert [bad["index"] for bad in verify(path).bad] == [record]
 
 
+@pytest.mark.parametrize("container", ["tar", "lmdb", "hdf5"])
+def test_parts_joined_hold_the_records_of_one_process(tmp_path, twelve_trees, container):
+    """Converted in parts of 5 records and joined, the dataset reads as one written at once:
+    tar's index keeps each record's K variant checksums as a row of K, as a single writer's."""
+    source = packdata.open_source(twelve_trees, points=N, variants=K)
+    one = packdata.convert(source, tmp_path / "one", container=container, workers=1).path
+    parts = packdata.convert(source, tmp_path / "parts", container=container, part_size=5,
+                             workers=1).path
+    expected, joined = raw_records(one), raw_records(parts)
+    for name in expected:
+        assert np.array_equal(joined[name], expected[name]), name
+    assert verify(parts).ok
+
+
 def test_inspect_says_what_the_variant_checksums_check(tmp_path, tree_folder):
     path = convert(tree_folder, tmp_path / "i.h5", point_labels="classification").path
     result = CliRunner().invoke(app, ["inspect", str(path)], env={"COLUMNS": "200"})

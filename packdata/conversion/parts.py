@@ -30,7 +30,7 @@ from packdata.conversion.job import ConvertResult, Job
 from packdata.errors import PackdataError
 from packdata.interrupts import term_as_interrupt
 from packdata.manifest import Manifest
-from packdata.recordmeta import Keys, MetaSpool, copy_blocks, map_array, map_npz, save_npz
+from packdata.recordmeta import ColumnSpool, Keys, MetaSpool, copy_blocks, map_npz, save_npz
 from packdata.sources.base import Source
 from packdata.units import available_cores
 
@@ -223,18 +223,18 @@ def _join_tar(work: Path, paths: list[Path], manifest: Manifest,
     pattern = options.get("pattern") or next(o.default for o in tar.WRITER.OPTIONS
                                               if o.name == "pattern")
     shards: list[dict[str, Any]] = []
-    spools: dict[str, tuple[Path, str]] = {}  # each index column, appended part by part
+    # each index column, appended part by part (a killed earlier join's are started afresh)
+    spools: dict[str, ColumnSpool] = {}
     for path in paths:
         part = Manifest.from_json((path / tar.MANIFEST).read_text(), str(path))
         index = map_npz(path / tar.INDEX, map_file(path / tar.INDEX))  # mapped, not loaded
         for key, column in index.items():
             if key.startswith(RECORDS):  # the parts' own: the joined ones are written below
                 continue
-            first = key not in spools  # a killed earlier join's spool is started afresh
-            spool, _ = spools.setdefault(key, (work / f".{key}.spool", column.dtype.str))
-            with open(spool, "wb" if first else "ab") as f:
-                for block in copy_blocks(column):
-                    f.write((block + len(shards) if key.endswith(".shard") else block).tobytes())
+            if key not in spools:  # rows of the column's shape: K variant checksums a record
+                spools[key] = ColumnSpool(work / f".{key}.spool", column.dtype, column.shape[1:])
+            for block in copy_blocks(column):
+                spools[key].extend(block + len(shards) if key.endswith(".shard") else block)
         del index
         for shard in part.extra["shards"]:
             name = pattern % len(shards)
@@ -249,10 +249,10 @@ def _join_tar(work: Path, paths: list[Path], manifest: Manifest,
     manifest.extra["shards"] = shards
     # after the manifest's last change: the arrays hold its JSON's checksum
     records = {f"{RECORDS}.{k}": v for k, v in manifest.record_arrays().items()}
-    save_npz(work / tar.INDEX, {**{k: map_array(spool, dtype) for k, (spool, dtype)
-                                   in spools.items()}, **records})
-    for spool, _ in spools.values():
-        spool.unlink()
+    save_npz(work / tar.INDEX, {**{k: spool.finish() for k, spool in spools.items()},
+                                **records})
+    for spool in spools.values():
+        spool.remove()
     write_wids_index(work, shards)
     for path in paths:  # manifests first: a part half deleted is no longer taken as finished
         (path / tar.MANIFEST).unlink()
