@@ -199,6 +199,25 @@ def test_point_clouds_and_text_lines_read_in_place(s3, kind, folder, options, tm
     assert there.keys == here.keys and np.array_equal(there.checksums, here.checksums) and len(here.keys) > 3
 
 
+def test_ranged_reads_of_variants_serve_and_check_entries_as_local_reads(s3, tmp_path):
+    """Presampled clouds read by ranges: a select serves the local reader's entries, and an
+    entry outside the variants (-1 too, which numpy would take as the last) is refused."""
+    url = f"s3://{BUCKET}/variants"
+    source = packdata.open_source(FIXTURES / "lidar-pieces", "pointcloud", points=64, variants=3)
+    local = packdata.convert(source, tmp_path / "here", container="tar", workers=1).path
+    packdata.convert(source, url, workers=1, storage_options=s3)
+    here = packdata.open(local, verify="off").reader
+    there = _open(url, s3, tmp_path, access="ranges", verify="off").reader
+    idx = np.arange(here.manifest.count)[::-1]
+    entries = idx % 3
+    assert np.array_equal(there.read(idx, {"points": entries})["points"],
+                          here.read(idx, {"points": entries})["points"])
+    for bad in (-1, 3):
+        for reader in (here, there):
+            with pytest.raises(IndexError, match="select\\['points'\\] must hold one entry of 3"):
+                reader.read(idx[:2], {"points": [0, bad]})
+
+
 def _watched(source, at_block, look):
     """``source`` loading blocks of 10 items, calling ``look()`` before loading block
     ``at_block`` (by then the records of the blocks before it have been written)."""

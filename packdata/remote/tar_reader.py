@@ -22,7 +22,7 @@ import numpy as np
 from packdata import atomic
 from packdata.checksum import algorithm_of, chunks_checksum
 from packdata.containers import tar
-from packdata.containers.base import Batch, Select
+from packdata.containers.base import Batch, Select, selected_entries
 from packdata.errors import DatasetError
 from packdata.remote.storage import Storage, errors
 from packdata.units import parse_bytes
@@ -137,11 +137,13 @@ class RemoteTarReader(tar.TarReader):
             return super().read(indices, select)
         idx = self.check_indices(indices)
         self.check_entries(idx)  # before any range is asked for
+        select = {name: selected_entries(select, name, self.manifest.fields[name], len(idx))
+                  for name in select or {}}
         blobs = self._ranges(idx)
         batch: Batch = {}
         for name, spec in self.manifest.fields.items():
             if f"{name}.values" in self.index:
-                values, rows = self.index[f"{name}.values"], (select or {}).get(name)
+                values, rows = self.index[f"{name}.values"], select.get(name)
                 batch[name] = values[idx] if rows is None else values[idx, rows]
             elif spec.variable:
                 batch[name] = [np.frombuffer(b, spec.np_dtype).reshape(-1, *spec.row_shape).copy()
@@ -149,7 +151,7 @@ class RemoteTarReader(tar.TarReader):
             else:
                 out = np.frombuffer(b"".join(blobs[name]), spec.np_dtype)
                 out = out.reshape(len(idx), *spec.shape).copy()
-                rows = (select or {}).get(name)
+                rows = select.get(name)
                 batch[name] = out if rows is None else out[np.arange(len(idx)), rows]
         return batch
 
