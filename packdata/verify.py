@@ -71,13 +71,13 @@ def verify(path: str | Path, source: Any = None, deep: bool = False,
     if m.count and not len(m.checksums):
         report.problems.append("the manifest holds no checksums: records checked for shape only")
     for idx in _chunks(m.count, batch_size):
-        for i, record, error, entries_match in _records(reader, idx, path):
+        for i, record, error, mismatch in _records(reader, idx, path):
             report.checked += 1
             key = m.keys[i]
             if error:
                 report.add_bad(i, key, error)
                 continue
-            problem = _record_problem(record, m, i, deep, entries_match)
+            problem = _record_problem(record, m, i, deep, mismatch)
             if problem:
                 report.add_bad(i, key, problem)
             elif deep and (alone := _read_alone(reader, i, path)) is not None \
@@ -98,11 +98,13 @@ def _chunks(n: int, size: int) -> Iterator[np.ndarray]:
 
 
 def _records(reader: Reader, idx: np.ndarray, path: str | Path):
-    """``(index, record, error, entries_match)`` for each of ``idx``: a failed batch is retried
-    record by record, so one damaged record does not hide the others. ``entries_match``: the
-    record's entries match its entry checksums, where declared (hashed for the batch at once)."""
+    """``(index, record, error, mismatch)`` for each of ``idx``: a failed batch is retried
+    record by record, so one damaged record does not hide the others. ``mismatch`` says what
+    the record's checksum does not cover: entries that do not match their entry checksums
+    (hashed for the batch at once), or a second copy of a field that differs (tar's members)."""
     try:
         batch = read_checked(reader, idx, path)
+        copies = reader.second_copies(idx)
     except (PackdataError, IndexError):
         if len(idx) == 1:
             raise
@@ -110,18 +112,25 @@ def _records(reader: Reader, idx: np.ndarray, path: str | Path):
             try:
                 yield from _records(reader, np.array([i]), path)
             except (PackdataError, IndexError) as exc:
-                yield i, None, str(exc), True
+                yield i, None, str(exc), None
         return
     m = reader.manifest
     checks = m.entry_checks if len(m.checksums) else None
     entries_match = np.ones(len(idx), dtype=bool) if checks is None else \
         (entry_checksums(batch, checks, len(idx)) == batch[checks.field]).all(axis=1)
     for j, i in enumerate(idx.tolist()):
-        yield i, record_at(batch, j, m), None, bool(entries_match[j])
+        mismatch = None
+        if not entries_match[j]:
+            mismatch = f"entries do not match their checksums ('{checks.field}')"  # type: ignore[union-attr]
+        for name, copy in copies.items():
+            if copy[j] is None or not np.array_equal(copy[j], batch[name][j]):
+                mismatch = (f"its member copy of '{name}' does not hold the value in the index "
+                            "(webdataset and other tar readers read the member)")
+        yield i, record_at(batch, j, m), None, mismatch
 
 
 def _record_problem(record: dict[str, np.ndarray], m: Manifest, i: int, deep: bool,
-                    entries_match: bool) -> str | None:
+                    mismatch: str | None) -> str | None:
     for name, f in m.fields.items():
         try:
             f.check(name, record[name])
@@ -129,8 +138,8 @@ def _record_problem(record: dict[str, np.ndarray], m: Manifest, i: int, deep: bo
             return str(exc)
     if len(m.checksums) and record_checksum(record, m.fields, algorithm_of(m.version)) != m.checksums[i]:
         return "checksum does not match the manifest"
-    if not entries_match:
-        return f"entries do not match their checksums ('{m.entry_checks.field}')"  # type: ignore[union-attr]
+    if mismatch:
+        return mismatch
     if deep:
         for name, f in m.fields.items():
             if f.codec == "image":

@@ -294,6 +294,30 @@ def test_verify_a_truncated_shard_lists_only_the_records_past_the_cut(tmp_path, 
         packdata.open(path)[kept[0]]
 
 
+def test_verify_names_a_tar_member_that_differs_from_its_index_copy(tmp_path, packed):
+    """Tar keeps labels in its index (packdata reads them there) and as ``.cls`` members (what
+    webdataset reads): a member edited alone still reads right through packdata, but the
+    dataset is no longer one dataset to every reader, and verify names the record."""
+    wds = pytest.importorskip("webdataset")
+    path = tmp_path / "t"
+    shutil.copytree(packed["tar"], path)
+    with np.load(path / "index.npz") as z:
+        shard, offset = int(z["label.shard"][5]), int(z["label.offset"][5])
+        label = int(z["label.values"][5])
+    with open(shard_paths(path)[shard], "r+b") as f:
+        f.seek(offset)
+        f.write(str((label + 1) % 10).encode())  # one digit for another
+    key = packdata.open(path).keys[5]
+    members = {s["__key__"]: int(s["cls"]) for s in wds.WebDataset(
+        [str(p) for p in shard_paths(path)], shardshuffle=False)}
+    assert members[key] == (label + 1) % 10  # what another tar reader now gets
+    assert int(packdata.open(path)[5][1]) == label  # packdata reads the index's copy
+    report = verify(path)
+    assert [b["index"] for b in report.bad] == [5]
+    assert report.bad[0]["problem"].startswith("its member copy of 'label' does not hold the "
+                                               "value in the index")
+
+
 @pytest.mark.parametrize("missing", ["index.npz", "manifest.json"])
 def test_a_missing_manifest_or_index_is_named(tmp_path, packed, missing):
     path = tmp_path / "incomplete"

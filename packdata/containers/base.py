@@ -124,6 +124,12 @@ class Reader(ABC):
         there, bytes the index needs). None in a container without shards."""
         return {}
 
+    def second_copies(self, indices: np.ndarray) -> dict[str, list[np.ndarray | None]]:
+        """Fields this container stores twice, as their second copy holds them for records
+        ``indices`` (None where it does not decode): ``packdata verify`` compares them with
+        what reads return. A container that stores each field once has none."""
+        return {}
+
     def check_indices(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """``indices`` as int64, negative ones counted from the end; IndexError if out of range."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)

@@ -30,6 +30,7 @@ from packdata.containers.tar.layout import (
     read_manifest,
     shard_list,
 )
+from packdata.containers.tar.members import member_suffix
 from packdata.errors import DatasetError, PackdataError
 from packdata.manifest import Field, check_manifest
 
@@ -165,6 +166,24 @@ class TarReader(Reader):
                                    "the dataset is damaged (or the manifest edited)")
             entries[name] = (shard, offset, nbytes)
         return entries
+
+    def second_copies(self, indices: np.ndarray) -> dict[str, list[np.ndarray | None]]:
+        """The members of the fields kept in the index (what webdataset, DALI and tar itself
+        read), decoded as the writer encoded them: ``.cls`` text, else the value's bytes."""
+        idx = self.check_indices(indices)
+        expected = (np.searchsorted(self.shard_start, idx, "right") - 1).tolist()
+        copies: dict[str, list[np.ndarray | None]] = {}
+        for name, field in self.manifest.fields.items():
+            if f"{name}.values" not in self.index:
+                continue
+            text = member_suffix(name, field, np.zeros(0, field.np_dtype)) == "cls"
+            columns = (self.index[f"{name}.{c}"][idx].tolist() for c in ("shard", "offset",
+                                                                          "nbytes"))
+            copies[name] = [
+                _decoded(self._map(s)[o : o + n].tobytes(), field, text)
+                if s == at and o >= 0 and n >= 0 and o + n <= len(self._map(s)) else None
+                for at, s, o, n in zip(expected, *columns)]
+        return copies
 
     def _stored_fields(self) -> dict[str, tuple[Field, int]]:
         """The fields stored in shards (not kept in the index), each with its record's bytes
@@ -319,3 +338,13 @@ class TarReader(Reader):
         self._joined = False
 
 
+def _decoded(payload: bytes, field: Field, text: bool) -> np.ndarray | None:
+    """A member's payload as its field's value, or None where it is not one."""
+    if text:
+        try:
+            return np.asarray(int(payload.decode("ascii")), dtype=field.np_dtype)
+        except (ValueError, OverflowError):
+            return None
+    if len(payload) != field.nbytes:
+        return None
+    return np.frombuffer(payload, dtype=field.np_dtype).reshape(field.shape)
