@@ -2,15 +2,15 @@
 
 A record's checksum is XXH3-64 (:mod:`xxhash`) over its fields' bytes in manifest order (for a
 variable field, its rows' bytes): any single-byte change alters it, and it hashes at memory
-speed (about 26 µs for a 786 KB batch of CIFAR records, against ~185 µs for CRC-32), cheap
-enough to check every record a read returns. Datasets of format version 1 carry CRC-32
+speed, cheap enough to check every record a read returns (docs/reliability.md gives what that
+costs a read, from bench/bench_verify.py, and what CRC-32 cost). Datasets of format version 1 carry CRC-32
 checksums; :func:`algorithm_of` names the one a manifest's version uses.
 
 Why XXH3 and not a vectorised sum: a numpy position-weighted sum over each record's 64-bit
-words (one call for a whole batch) hashes no faster (38 µs against 40 µs of CPU for 256 CIFAR
-records, measured in one run), and would save only the copy that puts a record's fields side
-by side (~28 µs) where they are stored apart, at the cost of a weaker check (changes in two
-words can cancel out) and a second algorithm to keep for datasets already written.
+words (one call for a whole batch) hashed a CIFAR batch no faster when timed beside it, and
+would save only the copy that puts a record's fields side by side where they are stored apart,
+at the cost of a weaker check (changes in two words can cancel out) and a second algorithm to
+keep for datasets already written.
 
 :func:`batch_checksums` computes a whole batch's and :func:`rows_checksums` those of records
 laid out as the rows of one table (one native call per record, driven from C);
@@ -96,8 +96,8 @@ def rows_checksums(table: np.ndarray, algorithm: str = XXH3) -> np.ndarray:
     ``j`` is record ``j``'s bytes in manifest order.
 
     One native hash call per row, driven from C (``map`` over the table's rows): no Python
-    bytecode runs per record (measured in CPU time for 256 CIFAR records: 40 µs, against 55 µs
-    slicing one memoryview in a Python loop and 47 µs mapping over cached slices of it)."""
+    bytecode runs per record (it took less CPU than slicing one memoryview in a Python loop, or
+    mapping over cached slices of it, when the three were timed on CIFAR batches)."""
     if not len(table):
         return np.zeros(0, dtype=np.uint64)
     digest = xxhash.xxh3_64_intdigest if algorithm == XXH3 else zlib.crc32

@@ -85,7 +85,7 @@ class RandomCrop(BatchAugment):
 
     def _apply_numpy(self, x: torch.Tensor, params: Params) -> torch.Tensor:
         """The same gather in numpy, whose fancy indexing copies each w·C run with one memcpy:
-        about 2× torch's CPU index kernel on CIFAR batches."""
+        faster than torch's CPU index kernel on CIFAR batches when timed."""
         n, c, height, width = x.shape
         h, w, pad = *self.size, self.padding
         padded = np.full((n, height + 2 * pad, width + 2 * pad, c), self.fill,
@@ -233,8 +233,8 @@ class ColorJitter(BatchAugment):
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
         n, c, h, w = x.shape
-        # channel planes, not pixel rows: a batched (3×3)·(3×HW) matmul is ~6x faster on CPU
-        # than (HW×3)·(3×3), so channels-last input is converted to NCHW here, once
+        # channel planes, not pixel rows: a batched (3×3)·(3×HW) matmul ran several times faster
+        # on CPU than (HW×3)·(3×3), so channels-last input is converted to NCHW here, once
         planes = x.to(torch.float32, memory_format=torch.contiguous_format).view(n, c, h * w)
         scale = 1 / 255 if x.dtype == torch.uint8 else 1.0
         m, t = self.matrices(planes.mean(dim=2) * scale, params)

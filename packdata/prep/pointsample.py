@@ -144,8 +144,8 @@ def farthest_point_sample(xyz: np.ndarray, k: int, start: int = 0, per_cell: int
     """Exact farthest-point sampling of ``k`` indices from ``xyz`` (n×3), starting at ``start``.
 
     Each step adds the point farthest from the samples so far. The textbook loop updates every
-    point's nearest-sample distance at every step (n·k work: ~18 s for 10⁶→4096 in numpy). Here
-    points are sorted into grid cells of ~``per_cell`` points, each cell keeps its box and its
+    point's nearest-sample distance at every step (n·k work; bench/bench_pointclouds.py times
+    both). Here points are sorted into grid cells of ~``per_cell`` points, each cell keeps its box and its
     largest distance; a new sample only updates the cells its distance could lower, which after
     the first few dozen steps is a small neighbourhood. Steps touching most cells run dense.
     """

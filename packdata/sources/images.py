@@ -332,8 +332,8 @@ def _contiguous(x: torch.Tensor, pinned: bool) -> torch.Tensor:
     if x.is_contiguous():
         return x
     out = torch.empty(x.shape, dtype=x.dtype, pin_memory=pinned)
-    # numpy's copy, not torch's: torch splits this transpose over its intra-op threads, which on
-    # a busy machine made it 30× slower (8 ms against 0.23 ms for a CIFAR batch of 256, measured)
+    # numpy's copy, not torch's: torch splits this transpose over its intra-op threads, which
+    # beside busy processes ran many times slower (as the gather does: bench/bench_gather.py)
     np.copyto(out.numpy(), x.numpy())
     return out
 
@@ -345,9 +345,9 @@ def _channels_last(x: torch.Tensor) -> torch.Tensor:
     n, c, h, w = x.shape
     out = torch.empty((n, h, w, c), dtype=x.dtype)
     if x.is_contiguous():
-        # one strided copy per channel: 4× faster than numpy's copy of the transposed view,
-        # whose innermost source axis strides by a whole plane (0.24 against 1.0 ms for a CIFAR
-        # batch of 256, measured); torch's copy was slower still (see _contiguous)
+        # one strided copy per channel: faster than numpy's copy of the transposed view, whose
+        # innermost source axis strides by a whole plane, when timed on CIFAR batches; torch's
+        # copy was slower still (see _contiguous)
         rows, planes = out.numpy().reshape(n, h * w, c), x.numpy().reshape(n, c, h * w)
         for channel in range(c):
             rows[:, :, channel] = planes[:, channel]
