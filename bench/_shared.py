@@ -45,17 +45,24 @@ def parser(doc: str | None, *, dataset: bool = False, data: Path | None = None,
     return p
 
 
-def tile_clouds(src: Path, out: Path, count: int) -> Path:
-    """A folder of ``count`` point clouds: the LAS/LAZ files of ``src`` copied round-robin under
-    numbered names. SystemExit naming ``src`` when it holds none."""
+def tile_clouds(src: Path, out: Path, count: int, link: bool = False) -> Path:
+    """A folder of ``count`` point clouds: the LAS/LAZ files under ``src`` repeated round-robin
+    under numbered names, each in the sub-folder (class) it has under ``src``; copied, or with
+    ``link`` symbolic links. SystemExit naming ``src`` when it holds none."""
     import shutil
 
-    files = sorted(src.glob("*.la[sz]"))
+    files = sorted(p for p in src.rglob("*") if p.suffix.lower() in (".las", ".laz"))
     if not files:
         raise SystemExit(f"{src}: no .las or .laz files in this folder")
-    out.mkdir(parents=True)
     for i in range(count):
-        shutil.copy(files[i % len(files)], out / f"{i:05d}_{files[i % len(files)].name}")
+        cloud = files[i % len(files)]
+        folder = out / cloud.parent.relative_to(src)
+        folder.mkdir(parents=True, exist_ok=True)
+        tiled = folder / f"{i:05d}_{cloud.name}"
+        if link:
+            tiled.symlink_to(cloud.resolve())
+        else:
+            shutil.copy(cloud, tiled)
     return out
 
 

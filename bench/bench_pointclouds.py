@@ -27,7 +27,7 @@ from pathlib import Path
 import laspy
 import numpy as np
 import torch
-from _shared import parser, write_results
+from _shared import parser, tile_clouds, write_results
 from torch.utils.data import DataLoader, Dataset
 
 import packdata
@@ -61,17 +61,12 @@ class RawLasDataset(Dataset):
 
 
 def tile(data: Path, dst: Path, count: int) -> tuple[list[Path], list[int]]:
-    real = sorted(p for p in data.rglob("*") if p.suffix.lower() in (".las", ".laz"))
-    files, labels = [], []
-    for i in range(count):
-        src = real[i % len(real)]
-        folder = dst / src.parent.name
-        folder.mkdir(parents=True, exist_ok=True)
-        link = folder / f"{i:05d}_{src.name}"
-        link.symlink_to(src.resolve())
-        files.append(link)
-        labels.append(sorted({p.parent.name for p in real}).index(src.parent.name))
-    return files, labels
+    """``count`` clouds linked under ``dst/<data's name>`` (class sub-folders of ``data`` kept)
+    and each one's class: the index of its folder's name."""
+    tile_clouds(data, dst / data.name, count, link=True)
+    files = sorted(p for p in dst.rglob("*") if p.suffix.lower() in (".las", ".laz"))
+    classes = sorted({f.parent.name for f in files})
+    return files, [classes.index(f.parent.name) for f in files]
 
 
 def epoch_seconds(loader, repeats: int) -> list[float]:
