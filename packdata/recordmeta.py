@@ -237,56 +237,66 @@ class MetaSpool:
     def finish(self) -> tuple[Keys, np.ndarray]:
         """Keys and checksums over the spooled files (memory-mapped), hashes sorted."""
         data, offsets, hashes, checksums = (c.finish() for c in self.columns.values())
-        sorted_hashes, order = self._sort_hashes(hashes)
+        sorted_hashes, order = sort_hashes(hashes, self.path(""))
         return Keys(data, offsets, sorted_hashes, order), checksums
-
-    def _sort_hashes(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The key hashes sorted and each one's record, equal hashes in record order, written
-        to files (``sorted``, ``order``) and mapped. Beyond :data:`SORT_IN_MEMORY` records in
-        memory flat in their number: the hashes are split by their top bits into bucket files
-        (XXH3 spreads them evenly), filled in record order, then each bucket is sorted alone
-        and appended."""
-        if len(hashes) <= SORT_IN_MEMORY:
-            order = np.argsort(hashes, kind="stable")
-            np.asarray(hashes[order]).tofile(self.path("sorted"))
-            order.astype("<i8").tofile(self.path("order"))
-        else:
-            self._sort_in_buckets(hashes)
-        return map_array(self.path("sorted"), "<u8"), map_array(self.path("order"), "<i8")
-
-    def _sort_in_buckets(self, hashes: np.ndarray) -> None:
-        pair = np.dtype([("hash", "<u8"), ("record", "<i8")])
-        buckets = 1 << BUCKET_BITS
-        with contextlib.ExitStack() as stack:
-            parts = [stack.enter_context(open(self._bucket(b), "wb")) for b in range(buckets)]
-            start = 0
-            for block in copy_blocks(hashes, SORT_BLOCK):
-                bucket = (block >> np.uint64(64 - BUCKET_BITS)).astype(np.intp)
-                by = np.argsort(bucket, kind="stable")  # record order kept within a bucket
-                pairs = np.empty(len(block), dtype=pair)
-                pairs["hash"], pairs["record"] = block[by], by + start
-                cuts = np.cumsum(np.bincount(bucket, minlength=buckets))[:-1]
-                for part, pairs_of_bucket in zip(parts, np.split(pairs, cuts)):
-                    part.write(pairs_of_bucket)  # a view's buffer: no copy
-                start += len(block)
-        with open(self.path("sorted"), "wb") as out, open(self.path("order"), "wb") as records:
-            for b in range(buckets):
-                pairs = np.fromfile(self._bucket(b), dtype=pair)
-                self._bucket(b).unlink()
-                by = np.argsort(pairs["hash"], kind="stable")
-                out.write(pairs["hash"][by].tobytes())
-                records.write(pairs["record"][by].tobytes())
-
-    def _bucket(self, b: int) -> Path:
-        return self.path(f"bucket-{b:03d}")
 
     def remove(self) -> None:
         for column in self.columns.values():
             column.remove()
-        for name in ("sorted", "order"):
-            self.path(name).unlink(missing_ok=True)
-        for b in range(1 << BUCKET_BITS):  # left by an interrupted sort
-            self._bucket(b).unlink(missing_ok=True)
+        remove_sorted(self.path(""))
+
+
+def sort_hashes(hashes: np.ndarray, stem: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``hashes`` sorted, and each one's position in ``hashes`` (equal hashes in their order),
+    written to files (``stem`` + ``sorted``, ``order``) and mapped. Beyond
+    :data:`SORT_IN_MEMORY` hashes in memory flat in their number: they are split by their top
+    bits into bucket files (XXH3 spreads them evenly), filled in order, then each bucket is
+    sorted alone and appended. :func:`remove_sorted` deletes the files."""
+    if len(hashes) <= SORT_IN_MEMORY:
+        order = np.argsort(hashes, kind="stable")
+        np.asarray(hashes[order]).tofile(_named(stem, "sorted"))
+        order.astype("<i8").tofile(_named(stem, "order"))
+    else:
+        _sort_in_buckets(hashes, stem)
+    return map_array(_named(stem, "sorted"), "<u8"), map_array(_named(stem, "order"), "<i8")
+
+
+def _sort_in_buckets(hashes: np.ndarray, stem: Path) -> None:
+    pair = np.dtype([("hash", "<u8"), ("record", "<i8")])
+    buckets = 1 << BUCKET_BITS
+    with contextlib.ExitStack() as stack:
+        parts = [stack.enter_context(open(_bucket(stem, b), "wb")) for b in range(buckets)]
+        start = 0
+        for block in copy_blocks(hashes, SORT_BLOCK):
+            bucket = (block >> np.uint64(64 - BUCKET_BITS)).astype(np.intp)
+            by = np.argsort(bucket, kind="stable")  # record order kept within a bucket
+            pairs = np.empty(len(block), dtype=pair)
+            pairs["hash"], pairs["record"] = block[by], by + start
+            cuts = np.cumsum(np.bincount(bucket, minlength=buckets))[:-1]
+            for part, pairs_of_bucket in zip(parts, np.split(pairs, cuts)):
+                part.write(pairs_of_bucket)  # a view's buffer: no copy
+            start += len(block)
+    with open(_named(stem, "sorted"), "wb") as out, open(_named(stem, "order"), "wb") as records:
+        for b in range(buckets):
+            pairs = np.fromfile(_bucket(stem, b), dtype=pair)
+            _bucket(stem, b).unlink()
+            by = np.argsort(pairs["hash"], kind="stable")
+            out.write(pairs["hash"][by].tobytes())
+            records.write(pairs["record"][by].tobytes())
+
+
+def remove_sorted(stem: Path) -> None:
+    """The files of :func:`sort_hashes`, and those an interrupted sort left."""
+    for name in ("sorted", "order", *(f"bucket-{b:03d}" for b in range(1 << BUCKET_BITS))):
+        _named(stem, name).unlink(missing_ok=True)
+
+
+def _bucket(stem: Path, b: int) -> Path:
+    return _named(stem, f"bucket-{b:03d}")
+
+
+def _named(stem: Path, name: str) -> Path:
+    return stem.with_name(stem.name + name)
 
 
 def copy_blocks(array: np.ndarray, block: int = 1 << 20) -> Iterator[np.ndarray]:

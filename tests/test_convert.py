@@ -149,7 +149,17 @@ def test_inputs_sharing_a_key_are_refused(tmp_path):
                          tmp_path / "o.h5")
 
 
-def test_keys_that_collide_as_tar_members_are_refused(tmp_path):
+@pytest.mark.parametrize("on_disk_block", [None, 1, 3])
+def test_keys_that_collide_as_tar_members_are_refused(tmp_path, monkeypatch, on_disk_block):
+    """Found by sorting the member names' hashes: in memory, or on disk in blocks (of 1: the
+    pair always straddles two blocks)."""
+    if on_disk_block:
+        from packdata import recordmeta
+        from packdata.containers.tar import writer
+
+        monkeypatch.setattr(recordmeta, "SORT_IN_MEMORY", 2)
+        monkeypatch.setattr(recordmeta, "SORT_BLOCK", on_disk_block)
+        monkeypatch.setattr(writer, "SORT_BLOCK", on_disk_block)
     folder = copy_sample(tmp_path / "dots", count=10)
     names = sorted(folder.glob("*.png"))
     labels = json.loads((folder / "labels.json").read_text())

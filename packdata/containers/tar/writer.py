@@ -20,7 +20,14 @@ from packdata.containers.tar.members import member_suffix, npy_header, ustar_hea
 from packdata.errors import PackdataError
 from packdata.manifest import Field, Manifest
 from packdata.options import Option
-from packdata.recordmeta import ColumnSpool, save_npz
+from packdata.recordmeta import (
+    SORT_BLOCK,
+    ColumnSpool,
+    copy_blocks,
+    remove_sorted,
+    save_npz,
+    sort_hashes,
+)
 from packdata.units import parse_count_or_bytes
 
 
@@ -55,9 +62,9 @@ class TarWriter(Writer):
                        if not f.variable and f.nbytes <= INDEX_VALUE_BYTES}
         self.columns = {n: tuple(self.index[f"{n}.{col}"] for col in ("shard", "offset", "nbytes"))
                         for n in fields}  # the index lists each record appends to
-        # each record's member name stem, hashed (8 bytes a record, not a dict of every key):
-        # two keys that make one stem are found at finish, by sorting
-        self.member_hashes = array("Q")
+        # each record's member name stem, hashed and spooled (not a dict of every key): two
+        # keys that make one stem are found at finish, by sorting
+        self.member_hashes = ColumnSpool(self.path / ".members.spool", "<u8")
         self.shard_keys: list[str] = []  # its records' member keys, for its DALI index
         self.suffixes = {n: [] for n, f in fields.items() if f.codec}  # png/jpg vary per record
         # the whole index's columns, a shard at a time (removed before the manifest is written)
@@ -144,12 +151,17 @@ class TarWriter(Writer):
 
     def _check_member_names(self, keys: Sequence[str]) -> None:
         """Refuse two records whose keys make the same member names (``a.b`` and ``a_b``)."""
-        hashes = np.frombuffer(self.member_hashes, dtype=np.uint64)
-        # sorted in place, as they are not needed in record order again: an argsort and the
-        # sorted copies held 24 bytes a record more at the end of a conversion
-        hashes.sort()
-        repeated = set(hashes[1:][hashes[1:] == hashes[:-1]].tolist())
-        del hashes  # lets the array be appended to again
+        stem = self.path / ".members."
+        sorted_hashes, _ = sort_hashes(self.member_hashes.finish(), stem)  # flat in memory
+        repeated: set[int] = set()
+        last = np.zeros(0, np.uint64)  # the block before's last hash: equal ones may straddle
+        for block in copy_blocks(sorted_hashes, SORT_BLOCK):
+            joined = np.concatenate([last, block])
+            repeated.update(joined[1:][joined[1:] == joined[:-1]].tolist())
+            last = block[-1:]
+        del sorted_hashes
+        self.member_hashes.remove()
+        remove_sorted(stem)
         if not repeated:
             return
         first: dict[tuple[int, str], str] = {}  # (hash, member stem) → the first key making it
@@ -178,5 +190,5 @@ class TarWriter(Writer):
     def abort(self) -> None:
         if self.file is not None:
             self.file.close()
-        for spool in self.spools.values():
+        for spool in (*self.spools.values(), self.member_hashes):
             spool.remove()
