@@ -16,8 +16,6 @@ datasets keep their arrays in one).
 
 from __future__ import annotations
 
-import contextlib
-import mmap
 import struct
 import zipfile
 from collections.abc import Iterable, Iterator, Sequence
@@ -28,14 +26,10 @@ import numpy as np
 import xxhash
 
 from packdata.errors import DatasetError
+from packdata.spooling import FLUSH, ColumnSpool, remove_sorted, sort_hashes
 
 DTYPES = {"keys": "|u1", "key_offsets": "<i8", "key_hashes": "<u8", "key_order": "<i8",
           "checksums": "<u8"}
-FLUSH = 1 << 16  # values a ColumnSpool buffers between writes
-#: key hashes sorted in memory up to this many records; beyond, bucket by bucket on disk
-SORT_IN_MEMORY = 1 << 20
-BUCKET_BITS = 8  # 256 buckets by the hashes' top bits: ~4 M records in 64 MiB a bucket at 10⁹
-SORT_BLOCK = 1 << 20  # hashes read (and let go) at a time while bucketing
 
 
 def key_hash(key: str) -> int:
@@ -143,46 +137,6 @@ def from_arrays(arrays: dict[str, np.ndarray], count: int, where: Any) -> tuple[
     return keys, arrays["checksums"]
 
 
-class ColumnSpool:
-    """One column of per-record values (``dtype``, each of ``shape``) appended to a file as
-    records are written, :data:`FLUSH` at a time, and mapped back by :meth:`finish`: memory
-    stays at one buffer whatever the record count."""
-
-    def __init__(self, path: Path, dtype: Any, shape: tuple[int, ...] = ()) -> None:
-        self.path, self.dtype, self.shape = path, np.dtype(dtype), tuple(shape)
-        self.file = open(path, "wb")  # noqa: SIM115 - closed by finish or remove
-        self.pending: list[Any] = []
-
-    def append(self, value: Any) -> None:
-        self.pending.append(value)
-        if len(self.pending) >= FLUSH:
-            self.flush()
-
-    def extend(self, values: Any) -> None:
-        """Many values at once (an array, or a list of values), after those appended."""
-        self.flush()
-        # a copy, not a view: while a view's export of a caller's buffer lives, the buffer
-        # cannot be emptied or resized (BufferError, seen once with a sampling thread)
-        self.file.write(np.array(values, dtype=self.dtype).tobytes())
-
-    def flush(self) -> None:
-        if self.pending:
-            self.file.write(np.array(self.pending, dtype=self.dtype).tobytes())
-            self.pending.clear()
-
-    def finish(self) -> np.ndarray:
-        """Every value written, as an array over the file (memory-mapped)."""
-        if not self.file.closed:
-            self.flush()
-            self.file.close()
-        return map_array(self.path, self.dtype.str).reshape(-1, *self.shape)
-
-    def remove(self) -> None:
-        """Close and delete the file (an array :meth:`finish` gave stays readable until dropped)."""
-        self.file.close()
-        self.path.unlink(missing_ok=True)
-
-
 class MetaSpool:
     """Keys and checksums appended record by record to files beside the output (``stem`` +
     ``.<array>``), buffered a few thousand records at a time."""
@@ -200,7 +154,7 @@ class MetaSpool:
 
     def append(self, key: str, checksum: int) -> None:
         encoded = key.encode()
-        self.columns["keys"].extend(np.frombuffer(encoded, dtype=np.uint8))
+        self.columns["keys"].extend_raw(encoded)
         self.nbytes += len(encoded)
         self.columns["offsets"].append(self.nbytes)
         self.columns["hashes"].append(xxhash.xxh3_64_intdigest(encoded))
@@ -211,7 +165,7 @@ class MetaSpool:
         """Records ``keys`` with their ``checksums``, as many :meth:`append` calls would."""
         encoded = [key.encode() for key in keys]
         ends = np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
-        self.columns["keys"].extend(np.frombuffer(b"".join(encoded), dtype=np.uint8))
+        self.columns["keys"].extend_raw(b"".join(encoded))
         self.columns["offsets"].extend(ends + self.nbytes)
         digest = xxhash.xxh3_64_intdigest
         self.columns["hashes"].extend([digest(k) for k in encoded])
@@ -244,111 +198,6 @@ class MetaSpool:
         for column in self.columns.values():
             column.remove()
         remove_sorted(self.path(""))
-
-
-def sort_hashes(hashes: np.ndarray, stem: Path) -> tuple[np.ndarray, np.ndarray]:
-    """``hashes`` sorted, and each one's position in ``hashes`` (equal hashes in their order),
-    written to files (``stem`` + ``sorted``, ``order``) and mapped. Beyond
-    :data:`SORT_IN_MEMORY` hashes in memory flat in their number: they are split by their top
-    bits into bucket files (XXH3 spreads them evenly), filled in order, then each bucket is
-    sorted alone and appended. :func:`remove_sorted` deletes the files."""
-    if len(hashes) <= SORT_IN_MEMORY:
-        order = np.argsort(hashes, kind="stable")
-        np.asarray(hashes[order]).tofile(_named(stem, "sorted"))
-        order.astype("<i8").tofile(_named(stem, "order"))
-    else:
-        _sort_in_buckets(hashes, stem)
-    return map_array(_named(stem, "sorted"), "<u8"), map_array(_named(stem, "order"), "<i8")
-
-
-def _sort_in_buckets(hashes: np.ndarray, stem: Path) -> None:
-    pair = np.dtype([("hash", "<u8"), ("record", "<i8")])
-    buckets = 1 << BUCKET_BITS
-    with contextlib.ExitStack() as stack:
-        parts = [stack.enter_context(open(_bucket(stem, b), "wb")) for b in range(buckets)]
-        start = 0
-        for block in copy_blocks(hashes, SORT_BLOCK):
-            bucket = (block >> np.uint64(64 - BUCKET_BITS)).astype(np.intp)
-            by = np.argsort(bucket, kind="stable")  # record order kept within a bucket
-            pairs = np.empty(len(block), dtype=pair)
-            pairs["hash"], pairs["record"] = block[by], by + start
-            cuts = np.cumsum(np.bincount(bucket, minlength=buckets))[:-1]
-            for part, pairs_of_bucket in zip(parts, np.split(pairs, cuts)):
-                part.write(pairs_of_bucket)  # a view's buffer: no copy
-            start += len(block)
-    with open(_named(stem, "sorted"), "wb") as out, open(_named(stem, "order"), "wb") as records:
-        for b in range(buckets):
-            pairs = np.fromfile(_bucket(stem, b), dtype=pair)
-            _bucket(stem, b).unlink()
-            by = np.argsort(pairs["hash"], kind="stable")
-            out.write(pairs["hash"][by].tobytes())
-            records.write(pairs["record"][by].tobytes())
-
-
-def remove_sorted(stem: Path) -> None:
-    """The files of :func:`sort_hashes`, and those an interrupted sort left."""
-    for name in ("sorted", "order", *(f"bucket-{b:03d}" for b in range(1 << BUCKET_BITS))):
-        _named(stem, name).unlink(missing_ok=True)
-
-
-def _bucket(stem: Path, b: int) -> Path:
-    return _named(stem, f"bucket-{b:03d}")
-
-
-def _named(stem: Path, name: str) -> Path:
-    return stem.with_name(stem.name + name)
-
-
-def copy_blocks(array: np.ndarray, block: int = 1 << 20) -> Iterator[np.ndarray]:
-    """``array`` as consecutive in-memory copies of ``block`` entries. Where it is a view of a
-    file mapping (the spooled arrays), the pages of each block are let go once it is copied:
-    writing a spooled array into a container then costs one block of resident memory, not the
-    whole array (mapped pages read stay resident, and counted, until the map is dropped)."""
-    mapping = _file_map(array)
-    for a in range(0, len(array), block):
-        part = np.array(array[a : a + block])
-        yield part
-        if mapping is not None and len(part):
-            _let_go(mapping, array[a : a + block])
-
-
-def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """What ``np.savez(path, **arrays)`` writes (an uncompressed ``.npz``), written block by
-    block through :func:`copy_blocks`."""
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
-        for name, array in arrays.items():
-            with z.open(f"{name}.npy", "w", force_zip64=True) as f:
-                header = np.lib.format.header_data_from_array_1_0(np.asarray(array))
-                np.lib.format.write_array_header_1_0(f, header)
-                for part in copy_blocks(np.asarray(array)):
-                    f.write(part.tobytes())
-
-
-def _file_map(array: np.ndarray) -> mmap.mmap | None:
-    """The file mapping ``array`` is a view of, if any (np.memmap's and map_file's arrays are
-    views of an ``mmap.mmap``)."""
-    base: Any = array
-    while isinstance(base, np.ndarray):
-        base = base.base
-    return base if isinstance(base, mmap.mmap) else None
-
-
-def _let_go(mapping: mmap.mmap, part: np.ndarray) -> None:
-    """Drop the pages under ``part`` (a view of ``mapping``) from this process: the file's data
-    stays in the page cache and is read back if touched again."""
-    start = np.frombuffer(mapping, dtype=np.uint8).ctypes.data
-    lo = part.ctypes.data - start
-    lo -= lo % mmap.PAGESIZE
-    hi = part.ctypes.data - start + part.nbytes
-    with contextlib.suppress(OSError, ValueError, AttributeError):  # advice only (e.g. macOS)
-        mapping.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-
-
-def map_array(path: Path, dtype: str) -> np.ndarray:
-    """The 1-D array of ``dtype`` a spooled file holds, memory-mapped (empty for an empty file)."""
-    if path.stat().st_size == 0:
-        return np.zeros(0, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="r")
 
 
 def map_npz(path: Path, whole: np.ndarray) -> dict[str, np.ndarray]:

@@ -154,11 +154,11 @@ def test_keys_that_collide_as_tar_members_are_refused(tmp_path, monkeypatch, on_
     """Found by sorting the member names' hashes: in memory, or on disk in blocks (of 1: the
     pair always straddles two blocks)."""
     if on_disk_block:
-        from packdata import recordmeta
+        from packdata import spooling
         from packdata.containers.tar import writer
 
-        monkeypatch.setattr(recordmeta, "SORT_IN_MEMORY", 2)
-        monkeypatch.setattr(recordmeta, "SORT_BLOCK", on_disk_block)
+        monkeypatch.setattr(spooling, "SORT_IN_MEMORY", 2)
+        monkeypatch.setattr(spooling, "SORT_BLOCK", on_disk_block)
         monkeypatch.setattr(writer, "SORT_BLOCK", on_disk_block)
     folder = copy_sample(tmp_path / "dots", count=10)
     names = sorted(folder.glob("*.png"))

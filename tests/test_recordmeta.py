@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from packdata import recordmeta
+from packdata import recordmeta, spooling
 
 KEYS = [f"docs/part-{i % 7}/{i:06d}" for i in range(5000)] + ["same", "same"]
 
@@ -21,8 +21,8 @@ def spooled(stem) -> recordmeta.MetaSpool:
 
 def test_hashes_sorted_on_disk_match_the_in_memory_sort(tmp_path, monkeypatch):
     want, want_sums = spooled(tmp_path / "memory").finish()
-    monkeypatch.setattr(recordmeta, "SORT_IN_MEMORY", 100)
-    monkeypatch.setattr(recordmeta, "SORT_BLOCK", 700)  # several blocks into the buckets
+    monkeypatch.setattr(spooling, "SORT_IN_MEMORY", 100)
+    monkeypatch.setattr(spooling, "SORT_BLOCK", 700)  # several blocks into the buckets
     spool = spooled(tmp_path / "disk")
     got, got_sums = spool.finish()
     assert np.all(np.diff(got.hashes.astype(np.float64)) >= 0)

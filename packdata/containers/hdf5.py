@@ -39,7 +39,8 @@ from packdata.containers.base import (
 from packdata.containers.spool import BLOCK_BYTES, Spool
 from packdata.errors import DatasetError, PackdataError
 from packdata.manifest import HEADER_HASH, Field, Manifest, check_manifest
-from packdata.recordmeta import DTYPES, copy_blocks, from_arrays
+from packdata.recordmeta import DTYPES, from_arrays
+from packdata.spooling import copy_blocks
 
 if TYPE_CHECKING:
     import h5py

@@ -51,7 +51,7 @@ from packdata.containers.lmdbmap import (
 )
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest, check_manifest
-from packdata.recordmeta import ColumnSpool, save_npz
+from packdata.spooling import ColumnSpool, save_npz
 
 NAME = "lmdb"
 NEW_SUFFIX = ".lmdb"

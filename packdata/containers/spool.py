@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from packdata.manifest import Field
-from packdata.recordmeta import ColumnSpool
+from packdata.spooling import ColumnSpool
 
 BLOCK_BYTES = 16 << 20
 

@@ -30,8 +30,9 @@ from packdata.conversion.job import ConvertResult, Job
 from packdata.errors import PackdataError
 from packdata.interrupts import term_as_interrupt
 from packdata.manifest import Manifest
-from packdata.recordmeta import ColumnSpool, Keys, MetaSpool, copy_blocks, map_npz, save_npz
+from packdata.recordmeta import Keys, MetaSpool, map_npz
 from packdata.sources.base import Source
+from packdata.spooling import ColumnSpool, copy_blocks, save_npz
 from packdata.units import available_cores
 
 RECIPE = "recipe.json"

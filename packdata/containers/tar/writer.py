@@ -20,7 +20,7 @@ from packdata.containers.tar.members import member_suffix, npy_header, ustar_hea
 from packdata.errors import PackdataError
 from packdata.manifest import Field, Manifest
 from packdata.options import Option
-from packdata.recordmeta import (
+from packdata.spooling import (
     SORT_BLOCK,
     ColumnSpool,
     copy_blocks,
