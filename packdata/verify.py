@@ -104,7 +104,7 @@ def _records(reader: Reader, idx: np.ndarray, path: str | Path):
     (hashed for the batch at once), or a second copy of a field that differs (tar's members)."""
     try:
         batch = read_checked(reader, idx, path)
-        copies = reader.second_copies(idx)
+        copies = reader.second_copies_match(idx)
     except (PackdataError, IndexError):
         if len(idx) == 1:
             raise
@@ -122,8 +122,8 @@ def _records(reader: Reader, idx: np.ndarray, path: str | Path):
         mismatch = None
         if not entries_match[j]:
             mismatch = f"entries do not match their checksums ('{checks.field}')"  # type: ignore[union-attr]
-        for name, copy in copies.items():
-            if copy[j] is None or not np.array_equal(copy[j], batch[name][j]):
+        for name, matches in copies.items():
+            if not matches[j]:
                 mismatch = (f"its member copy of '{name}' does not hold the value in the index "
                             "(webdataset and other tar readers read the member)")
         yield i, record_at(batch, j, m), None, mismatch

@@ -217,6 +217,25 @@ def test_parts_joined_hold_the_records_of_one_process(tmp_path, twelve_trees, co
     assert verify(parts).ok
 
 
+def test_verify_names_a_variant_checksums_member_that_differs_from_the_index(tmp_path,
+                                                                           twelve_trees):
+    """Tar reads the variant checksums from its index; their ``.npy`` member (what other tar
+    readers get) edited alone is found by verify, not served by reads."""
+    path = convert(twelve_trees, tmp_path / "v-tar").path
+    with np.load(path / "index.npz") as z:
+        shard = int(z["variant_checksums.shard"][4])
+        offset = int(z["variant_checksums.offset"][4])
+    shard_file = sorted(path.glob("*.tar"))[shard]
+    data = bytearray(shard_file.read_bytes())
+    data[offset + 9] ^= 0x01  # variant 1's checksum, in the member only
+    shard_file.write_bytes(bytes(data))
+    ds = packdata.open(path)
+    assert all(len(ds[i][0]) == N for i in range(len(ds)))  # reads check against the index's
+    report = verify(path)
+    assert [b["index"] for b in report.bad] == [4]
+    assert "member copy of 'variant_checksums'" in report.bad[0]["problem"]
+
+
 def test_inspect_says_what_the_variant_checksums_check(tmp_path, tree_folder):
     path = convert(tree_folder, tmp_path / "i.h5", point_labels="classification").path
     result = CliRunner().invoke(app, ["inspect", str(path)], env={"COLUMNS": "200"})

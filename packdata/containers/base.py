@@ -124,10 +124,10 @@ class Reader(ABC):
         there, bytes the index needs). None in a container without shards."""
         return {}
 
-    def second_copies(self, indices: np.ndarray) -> dict[str, list[np.ndarray | None]]:
-        """Fields this container stores twice, as their second copy holds them for records
-        ``indices`` (None where it does not decode): ``packdata verify`` compares them with
-        what reads return. A container that stores each field once has none."""
+    def second_copies_match(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+        """For each field this container stores twice, whether the second copy of records
+        ``indices`` holds what reads return (a bool each): ``packdata verify`` names those
+        that do not. A container that stores each field once has none."""
         return {}
 
     def check_indices(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:

@@ -34,6 +34,8 @@ from packdata.containers.tar.members import member_suffix
 from packdata.errors import DatasetError, PackdataError
 from packdata.manifest import Field, check_manifest
 
+CLS_BYTES = 21  # a .cls member's most: a sign and an int64's 19 digits, and one to spare
+
 
 class TarReader(Reader):
     """Batched reads from memory-mapped shards (see the module docstring)."""
@@ -167,23 +169,38 @@ class TarReader(Reader):
             entries[name] = (shard, offset, nbytes)
         return entries
 
-    def second_copies(self, indices: np.ndarray) -> dict[str, list[np.ndarray | None]]:
+    def second_copies_match(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         """The members of the fields kept in the index (what webdataset, DALI and tar itself
-        read), decoded as the writer encoded them: ``.cls`` text, else the value's bytes."""
+        read) against the index's values, byte for byte as the writer encodes them (``.cls``:
+        decimal text), for a batch at once."""
         idx = self.check_indices(indices)
-        expected = (np.searchsorted(self.shard_start, idx, "right") - 1).tolist()
-        copies: dict[str, list[np.ndarray | None]] = {}
+        in_shard = np.searchsorted(self.shard_start, idx, "right") - 1
+        match = {}
         for name, field in self.manifest.fields.items():
             if f"{name}.values" not in self.index:
                 continue
-            text = member_suffix(name, field, np.zeros(0, field.np_dtype)) == "cls"
-            columns = (self.index[f"{name}.{c}"][idx].tolist() for c in ("shard", "offset",
-                                                                          "nbytes"))
-            copies[name] = [
-                _decoded(self._map(s)[o : o + n].tobytes(), field, text)
-                if s == at and o >= 0 and n >= 0 and o + n <= len(self._map(s)) else None
-                for at, s, o, n in zip(expected, *columns)]
-        return copies
+            values = np.asarray(self.index[f"{name}.values"][idx])
+            if member_suffix(name, field, values[:0]) == "cls":
+                want = values.astype(np.int64).astype(f"S{CLS_BYTES}").view(np.uint8)
+                want = want.reshape(len(idx), CLS_BYTES)
+                sizes = (want != 0).sum(axis=1)  # decimal text holds no zero byte
+            else:
+                want = np.ascontiguousarray(values).view(np.uint8).reshape(len(idx), -1)
+                sizes = np.full(len(idx), want.shape[1])
+            shard, offset, nbytes = (self.index[f"{name}.{c}"][idx] for c in ("shard", "offset",
+                                                                              "nbytes"))
+            ok = (shard == in_shard) & (offset >= 0) & (nbytes == sizes)
+            got = np.zeros_like(want)
+            columns = np.arange(want.shape[1])
+            for s in np.unique(shard[ok]).tolist():
+                mapped = self._map(s)
+                rows = np.flatnonzero(ok & (shard == s))
+                ok[rows] = offset[rows] + nbytes[rows] <= len(mapped)
+                rows = rows[ok[rows]]
+                at = np.minimum(offset[rows, None] + columns, max(len(mapped) - 1, 0))
+                got[rows] = np.where(columns < nbytes[rows, None], mapped[at], 0)
+            match[name] = ok & (got == want).all(axis=1)
+        return match
 
     def _stored_fields(self) -> dict[str, tuple[Field, int]]:
         """The fields stored in shards (not kept in the index), each with its record's bytes
@@ -337,14 +354,3 @@ class TarReader(Reader):
         self._windows.clear()
         self._joined = False
 
-
-def _decoded(payload: bytes, field: Field, text: bool) -> np.ndarray | None:
-    """A member's payload as its field's value, or None where it is not one."""
-    if text:
-        try:
-            return np.asarray(int(payload.decode("ascii")), dtype=field.np_dtype)
-        except (ValueError, OverflowError):
-            return None
-    if len(payload) != field.nbytes:
-        return None
-    return np.frombuffer(payload, dtype=field.np_dtype).reshape(field.shape)
