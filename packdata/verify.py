@@ -83,9 +83,14 @@ def verify(path: str | Path, source: Any = None, deep: bool = False,
             elif deep and (alone := _read_alone(reader, i, path)) is not None \
                     and not _same(alone, record):
                 report.add_bad(i, key, "reads differently alone than in a batch")
-    for shard, (there, needed) in reader.truncated().items():
-        report.problems.append(f"{shard}: truncated ({there:,} bytes, the index needs "
-                               f"{needed:,}): the records past the cut are lost")
+    for shard, (there, needed, recorded) in reader.truncated().items():
+        if there < needed:
+            report.problems.append(f"{shard}: truncated ({there:,} bytes, the index needs "
+                                   f"{needed:,}): the records past the cut are lost")
+        else:  # reads refuse it too: a shard of another size is not the one written
+            report.problems.append(f"{shard}: truncated ({there:,} bytes, the manifest records "
+                                   f"{recorded:,}): its records are whole, the end of its tar "
+                                   "archive is lost")
     if source is not None:
         _compare_source(reader, source, report, path)
     reader.close()

@@ -318,6 +318,27 @@ def test_verify_names_a_tar_member_that_differs_from_its_index_copy(tmp_path, pa
                                                "value in the index")
 
 
+def test_verify_names_a_shard_cut_after_its_last_record(tmp_path, packed):
+    """Cut where its records end (the tar archive's padding and end blocks lost): reads refuse
+    the shard as not the one written, and so does verify, though every record is whole."""
+    path = tmp_path / "cut"
+    shutil.copytree(packed["tar"], path)
+    shard = shard_paths(path)[1]
+    written = shard.stat().st_size
+    with np.load(path / "index.npz") as z:
+        needed = max(int((z[k] + z[k[:-6] + "nbytes"])[z[k[:-6] + "shard"] == 1].max())
+                     for k in z.files if k.endswith(".offset"))
+    with open(shard, "r+b") as f:
+        f.truncate(needed)
+    report = verify(path)
+    assert report.checked == 120 and not report.bad
+    assert report.problems == [f"{shard.name}: truncated ({needed:,} bytes, the manifest records "
+                               f"{written:,}): its records are whole, the end of its tar archive "
+                               "is lost"]
+    with pytest.raises(packdata.DatasetError, match="shard truncated"):
+        packdata.open(path)[60]
+
+
 @pytest.mark.parametrize("missing", ["index.npz", "manifest.json"])
 def test_a_missing_manifest_or_index_is_named(tmp_path, packed, missing):
     path = tmp_path / "incomplete"

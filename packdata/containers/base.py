@@ -119,9 +119,10 @@ class Reader(ABC):
         """Read the records that lie wholly before the end of a truncated shard (``packdata
         verify``: they are intact). A container without shards has nothing to allow."""
 
-    def truncated(self) -> dict[str, tuple[int, int]]:
+    def truncated(self) -> dict[str, tuple[int, int, int | None]]:
         """Shards found truncated so far (with :meth:`allow_truncated_shards`): name → (bytes
-        there, bytes the index needs). None in a container without shards."""
+        there, bytes its records need, bytes conversion recorded or None). None in a container
+        without shards."""
         return {}
 
     def second_copies_match(self, indices: np.ndarray) -> dict[str, np.ndarray]:

@@ -99,12 +99,11 @@ class TarReader(Reader):
             if not path.is_file():
                 raise DatasetError(f"{path}: shard missing; the dataset is incomplete")
             mapped = map_file(path)
-            # the size conversion recorded (O(1)); else, or for verify's report of what a cut
-            # lost, what the shard's records need
+            # the size conversion recorded (O(1)); else what the shard's records need
             size = self._shards[shard].get("bytes")
-            exact = isinstance(size, int) and self._cut is None
+            exact = isinstance(size, int)
             needed = size if exact else self._needed(shard)
-            if len(mapped) < needed and self._cut is not None:
+            if len(mapped) < needed and self._cut is not None:  # verify: reads before the cut
                 self._cut[shard] = len(mapped)
             elif len(mapped) < needed:
                 what = "the manifest records" if exact else "the index needs"
@@ -140,10 +139,10 @@ class TarReader(Reader):
         self.JOINS_SHARDS = False  # type: ignore[misc]  # joined maps assume whole shards
         self._joined = False
 
-    def truncated(self) -> dict[str, tuple[int, int]]:
+    def truncated(self) -> dict[str, tuple[int, int, int | None]]:
         """Shards found truncated so far (with :meth:`allow_truncated_shards`): name → (bytes
-        there, bytes the index needs)."""
-        return {self.shard_names[s]: (n, self._needed(s))
+        there, bytes its records need, bytes conversion recorded or None)."""
+        return {self.shard_names[s]: (n, self._needed(s), self._shards[s].get("bytes"))
                 for s, n in sorted((self._cut or {}).items())}
 
     def check_entries(self, idx: np.ndarray) -> dict[str, tuple[np.ndarray, ...]]:
@@ -195,7 +194,7 @@ class TarReader(Reader):
             for s in np.unique(shard[ok]).tolist():
                 mapped = self._map(s)
                 rows = np.flatnonzero(ok & (shard == s))
-                ok[rows] = offset[rows] + nbytes[rows] <= len(mapped)
+                ok[rows] = offset[rows] <= len(mapped) - nbytes[rows]  # no overflow
                 rows = rows[ok[rows]]
                 at = np.minimum(offset[rows, None] + columns, max(len(mapped) - 1, 0))
                 got[rows] = np.where(columns < nbytes[rows, None], mapped[at], 0)
