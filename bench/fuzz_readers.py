@@ -1,7 +1,7 @@
 """Fuzzed readers: mutated copies of real datasets, each read in a forked child under an
 address-space limit and a timeout.
 
-    python bench/fuzz_readers.py [--mutants 1000] [--verify full] [--seed 0]
+    python bench/fuzz_readers.py [--mutants 1000] [--verify full verify] [--seed 0]
         [--containers lmdb hdf5 tar] [--json bench/results/fuzz_readers.json]
 
 Datasets: 60 real CIFAR-10 PNGs (shipped in packdata/demo_data), the PEP text fixtures (byte
@@ -16,7 +16,9 @@ data.mdb, records.npz, the .h5 file).
 
 Every mutant must either read back exactly the original records (all of them, in batches, and
 where records declare entry checksums, each entry read alone through ``select`` first, by a
-reader that has checked nothing yet) or raise a packdata error naming the dataset. Outcomes
+reader that has checked nothing yet) or raise a packdata error naming the dataset; at the level
+``verify``, ``packdata verify`` runs instead, and must report the damage of any mutant that does
+not read back exactly, without dying, hanging or raising. Outcomes
 counted per dataset and verify level: ``same``, ``named_error`` (the goal), and the failures
 ``silent_wrong``, ``crash`` (a signal, e.g. SIGSEGV/SIGBUS), ``hang``, ``memory`` (MemoryError
 under the limit), ``unnamed_error`` (a packdata error not naming the path) and
@@ -48,6 +50,7 @@ import numpy as np
 from packdata import containers
 from packdata.containers.integrity import at_open
 from packdata.errors import PackdataError
+from packdata.verify import verify
 
 ROOT = Path(__file__).resolve().parents[1]
 CIFAR = ROOT / "packdata" / "demo_data" / "cifar10"
@@ -256,8 +259,29 @@ def child_read(path: Path, digests: list[str], level: str) -> dict:
             "error": f"{count} records, {sum(a != b for a, b in zip(got, digests))} differ"}
 
 
+def child_verify(path: Path, digests: list[str]) -> dict:
+    """``packdata verify`` of the (mutated) dataset, judged by what a checked read gives: a
+    dataset verify passes must read back the original records (else ``silent_wrong``: verify
+    missed the damage); one it fails is a ``named_error`` (its report is about the dataset).
+    Verify reports what it finds: any exception out of it is a failure."""
+    try:
+        report = verify(path)
+    except MemoryError as exc:
+        return {"outcome": "memory", "error": repr(exc)[:300]}
+    except Exception as exc:
+        return {"outcome": "foreign_error", "error": f"{type(exc).__name__}: {exc}"[:300],
+                "where": traceback.format_exc()[-600:]}
+    if not report.ok:
+        found = report.problems + [f"record {b['index']}: {b['problem']}" for b in report.bad]
+        return {"outcome": "named_error", "error": found[0][:300]}
+    read = child_read(path, digests, "full")
+    return {"outcome": "same" if read["outcome"] == "same" else "silent_wrong",
+            "error": f"verify passed; a checked read: {read['outcome']} {read['error']}"[:300]}
+
+
 def run_in_child(path: Path, digests: list[str], level: str) -> dict:
-    """:func:`child_read` in a forked child with an address-space limit and a timeout."""
+    """:func:`child_read` (or, for the level ``verify``, :func:`child_verify`) in a forked
+    child with an address-space limit and a timeout."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: limit, read, report, exit without cleanup handlers
@@ -266,7 +290,8 @@ def run_in_child(path: Path, digests: list[str], level: str) -> dict:
             status = Path("/proc/self/status").read_text().splitlines()
             vm = int(next(line.split()[1] for line in status if line.startswith("VmSize:"))) * 1024
             resource.setrlimit(resource.RLIMIT_AS, (vm + MEMORY_HEADROOM, vm + MEMORY_HEADROOM))
-            result = child_read(path, digests, level)
+            result = (child_verify(path, digests) if level == "verify"
+                      else child_read(path, digests, level))
         except BaseException as exc:  # noqa: BLE001 - whatever happens goes back to the parent
             result = {"outcome": "foreign_error", "error": repr(exc)[:300]}
         os.write(write_fd, json.dumps(result).encode())
@@ -333,7 +358,8 @@ def fuzz_one(original: Path, digests: list[str], scratch: Path, rng: random.Rand
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mutants", type=int, default=1000, help="per dataset")
-    parser.add_argument("--verify", nargs="+", default=["full"], help="levels to read at")
+    parser.add_argument("--verify", nargs="+", default=["full"],
+                        help="levels to read at; 'verify' runs packdata verify")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--containers", nargs="+", choices=sorted(TARGETS), default=sorted(TARGETS),
                         help="mutate only these containers' datasets")

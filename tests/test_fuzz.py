@@ -1,6 +1,7 @@
 """Fuzzed readers, bounded for CI: mutated copies of real datasets read with verify="full" in a
 forked child (address-space limit, timeout) must read back exactly or raise a packdata error
-naming the dataset. The long run with counts is bench/fuzz_readers.py (same harness)."""
+naming the dataset, and `packdata verify` must report every mutant that does not read back
+exactly. The long run with counts is bench/fuzz_readers.py (same harness)."""
 
 from __future__ import annotations
 
@@ -38,9 +39,9 @@ def test_mutants_read_back_exactly_or_raise_a_named_error(tmp_path_factory, orig
               suppress_health_check=list(HealthCheck))
     @given(st.randoms(use_true_random=False))
     def check(rng: random.Random) -> None:
-        (result,) = fuzz.fuzz_one(path, digests, scratch, rng, ["full"])
-        seen.append(result["outcome"])
-        assert result["outcome"] in ("same", "named_error"), result
+        for result in fuzz.fuzz_one(path, digests, scratch, rng, ["full", "verify"]):
+            seen.append(result["outcome"])
+            assert result["outcome"] in ("same", "named_error"), result
 
     check()
     assert "named_error" in seen  # the mutations do reach the data
@@ -48,7 +49,7 @@ def test_mutants_read_back_exactly_or_raise_a_named_error(tmp_path_factory, orig
 
 def test_the_harness_sees_a_crash_and_a_silent_difference(tmp_path, originals, monkeypatch):
     """The harness itself: a child killed by a signal is a crash; changed records without an
-    error are silent_wrong (so the test above can fail)."""
+    error, or a verify that passes them, are silent_wrong (so the test above can fail)."""
     path, digests = originals["hdf5"]
     copy = tmp_path / path.name
     shutil.copy(path, copy)
@@ -59,6 +60,11 @@ def test_the_harness_sees_a_crash_and_a_silent_difference(tmp_path, originals, m
     def segfault(*args) -> None:
         faulthandler.disable()  # no dump on stderr for this planned crash
         os.kill(os.getpid(), signal.SIGSEGV)
+
+    report = fuzz.verify(copy)
+    assert report.ok
+    monkeypatch.setattr(fuzz, "verify", lambda path: report)  # a verify that misses damage
+    assert fuzz.run_in_child(copy, wrong, "verify")["outcome"] == "silent_wrong"
 
     monkeypatch.setattr(fuzz, "child_read", segfault)
     assert fuzz.run_in_child(copy, digests, "off") == {"outcome": "crash", "error": "SIGSEGV"}
