@@ -4,6 +4,7 @@ than the 4N − N records' bytes. The long measurement is bench/bench_convert.py
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from packdata.bench.baselines import tile_image_folder
+from packdata.conversion.pool import WorkerPool
 
 CIFAR = Path(__file__).resolve().parents[1] / "packdata" / "demo_data" / "cifar10"
 SIDE = 128  # resized at conversion: 48 KiB of raw pixels a record, so the data dwarfs the noise
@@ -110,3 +112,27 @@ def test_jsonl_conversion_memory_per_document_stays_small(tmp_path_factory, targ
         peaks[n] = json.loads(run.stdout.splitlines()[-1])["main"]
     grew = peaks[large] - peaks[small]
     assert grew < (large - small) * 64 + (32 << 20), grew
+
+
+def _private_mib(_task: object) -> float:
+    """This process's private memory (MiB) after a full collection, which visits every object
+    the collector tracks."""
+    gc.collect()
+    rollup = Path("/proc/self/smaps_rollup").read_text().splitlines()
+    return sum(int(line.split()[1]) for line in rollup
+               if line.startswith(("Private_Clean", "Private_Dirty"))) / 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="reads Linux's smaps")
+def test_workers_share_the_parents_objects_instead_of_copying_them():
+    """The parent holds a list of inputs (a listing of many files is one object or more each);
+    a collection in a forked worker that visited it would write to every page of it and so copy
+    it into the worker (two thirds of it here, before the pool froze it out of collections)."""
+    before = _private_mib(None)
+    inputs = [(f"class-{i % 10}/image-{i:07d}.png", i) for i in range(400_000)]
+    size = _private_mib(None) - before
+    assert size > 30  # the list dwarfs the noise
+    with WorkerPool(1) as pool:
+        ((_, worker),) = list(pool.ordered(_private_mib, [None], 1))
+    assert worker < size / 4, (worker, size)
+    assert len(inputs) == 400_000  # held across the fork

@@ -102,14 +102,17 @@ class DiesMidSend(ImageSource):
 
     def load(self, item):
         if item.key.endswith("_0002") and "automobile" in item.key:
-            import gc
-            import multiprocessing.queues
             import os
             import signal
             import struct
+            import sys
 
-            (queue,) = [o for o in gc.get_objects()
-                        if type(o) is multiprocessing.queues.SimpleQueue]
+            # the worker loop's result queue, found up the stack (the collector no longer lists
+            # objects the worker inherited: the pool forks with them frozen)
+            frame = sys._getframe()
+            while "result_queue" not in frame.f_locals:
+                frame = frame.f_back
+            queue = frame.f_locals["result_queue"]
             queue._wlock.acquire()
             os.write(queue._writer.fileno(), struct.pack("!i", 1_000_000) + bytes(100))
             os.kill(os.getpid(), signal.SIGKILL)

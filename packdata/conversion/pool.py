@@ -8,6 +8,7 @@ Both the local record loop (:mod:`.local`, blocks of inputs in order) and the lo
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import multiprocessing as mp
 import os
@@ -62,6 +63,21 @@ class WorkerPool:
                                          initializer=_start_worker,
                                          initargs=(os.getpid(), initializer, initargs))
         self._died_at: float | None = None
+        self._forked = False
+
+    def _submit(self, fn: Callable[[Any], Any], task: Any) -> Future:
+        """``fn(task)`` queued. The pool forks its workers at its first submit: the parent's
+        objects are frozen out of the garbage collector across it, so the workers' collections
+        never write to them. Each write to an inherited object copies its page into the worker,
+        and a collection visiting the parent's list of inputs copied all of it into every one."""
+        if self._forked:
+            return self._pool.submit(fn, task)
+        gc.freeze()
+        try:
+            return self._pool.submit(fn, task)
+        finally:
+            gc.unfreeze()
+            self._forked = True
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -110,7 +126,7 @@ class WorkerPool:
         stays bounded whatever the number of tasks)."""
         todo = iter(tasks)
         pending: deque[tuple[Any, Future]] = deque(
-            (task, self._pool.submit(fn, task)) for task in itertools.islice(todo, window))
+            (task, self._submit(fn, task)) for task in itertools.islice(todo, window))
         while pending:
             task, future = pending.popleft()
             try:
@@ -119,13 +135,13 @@ class WorkerPool:
                 raise WorkerDied(task) from None
             nxt = next(todo, None)
             if nxt is not None:
-                pending.append((nxt, self._pool.submit(fn, nxt)))
+                pending.append((nxt, self._submit(fn, nxt)))
             yield task, result
 
     def as_completed(self, fn: Callable[[Any], Any],
                      tasks: list[Any]) -> Iterator[tuple[int, Any]]:
         """``(number, fn(tasks[number]))`` as tasks finish."""
-        running = {self._pool.submit(fn, task): n for n, task in enumerate(tasks)}
+        running = {self._submit(fn, task): n for n, task in enumerate(tasks)}
         while running:
             done, _ = wait(running, timeout=POLL_S, return_when=FIRST_COMPLETED)
             if not done:
