@@ -135,13 +135,19 @@ class WorkerPool:
                 raise WorkerDied(task) from None
             nxt = next(todo, None)
             if nxt is not None:
-                pending.append((nxt, self._submit(fn, nxt)))
+                try:
+                    pending.append((nxt, self._submit(fn, nxt)))
+                except BrokenProcessPool:  # noticed first here: the culprit is an earlier task
+                    raise WorkerDied(pending[0][0] if pending else nxt) from None
             yield task, result
 
     def as_completed(self, fn: Callable[[Any], Any],
                      tasks: list[Any]) -> Iterator[tuple[int, Any]]:
         """``(number, fn(tasks[number]))`` as tasks finish."""
-        running = {self._submit(fn, task): n for n, task in enumerate(tasks)}
+        try:
+            running = {self._submit(fn, task): n for n, task in enumerate(tasks)}
+        except BrokenProcessPool:  # a worker died while tasks were still being queued
+            raise WorkerDied() from None
         while running:
             done, _ = wait(running, timeout=POLL_S, return_when=FIRST_COMPLETED)
             if not done:
