@@ -146,3 +146,36 @@ def test_bad_labels_files_name_the_file_and_the_problem(tmp_path, table, problem
 
     with pytest.raises(PackdataError, match=rf"labels.json: .*{problem}"):
         load_labels(path)
+
+
+def test_a_listing_is_a_table_of_rows_not_an_object_per_file(tmp_path):
+    """Items of a folder of files are rows of one table (paths in one byte array, labels in an
+    int array): each item as the file's key, path and label; a slice, as handed to a worker,
+    carries its own rows only; a row costs tens of bytes, not an object per file."""
+    import tracemalloc
+
+    from packdata.sources.base import FileTable, Item
+
+    folder = copy_sample(tmp_path / "png", count=30)
+    labels = json.loads((folder / "labels.json").read_text())["labels"]
+    items = packdata.open_source(folder).items()
+    assert isinstance(items, FileTable) and len(items) == 30
+    names = sorted(p.name for p in folder.glob("*.png"))
+    assert list(items) == [Item(n[:-4], folder / n, labels[n]) for n in names]
+    assert items[-1] == items[29] and list(items[3:5]) == [items[3], items[4]]
+    assert items[::10] == [items[0], items[10], items[20]]
+    with pytest.raises(IndexError):
+        items[30]
+    unlabelled = FileTable.of(folder, ["a/b.png"], [None])
+    assert unlabelled.labels is None and unlabelled[0] == Item("a/b", folder / "a/b.png", None)
+
+    files = [f"class-{i % 10}/image-{i:07d}.png" for i in range(100_000)]
+    tracemalloc.start()
+    table = FileTable.of(tmp_path, files, [i % 10 for i in range(100_000)])
+    held, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert held / len(table) < 64  # 23 bytes of path, 8 of offset, 8 of label a row
+    assert table[12345] == Item("class-5/image-0012345", tmp_path / files[12345], 5)
+    block = table[12300:12400]
+    assert list(block) == list(table)[12300:12400]
+    assert len(pickle.dumps(block)) < len(pickle.dumps(table)) / 100

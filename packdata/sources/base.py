@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -40,6 +41,67 @@ class Item:
     key: str
     path: Path
     label: int | None = None
+
+
+class ItemTable(Sequence[Item]):
+    """Inputs as rows of arrays, each row's Item made when asked for (:meth:`_item`); a slice
+    is the table of its rows (:meth:`_rows`), or a list of items where it has a step."""
+
+    @abstractmethod
+    def _item(self, i: int) -> Item: ...
+
+    @abstractmethod
+    def _rows(self, a: int, b: int) -> ItemTable: ...
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            a, b, step = i.indices(len(self))
+            if step != 1:
+                return [self._item(j) for j in range(a, b, step)]
+            return self._rows(a, max(a, b))
+        n = len(self)
+        i = int(i)
+        if not -n <= i < n:
+            raise IndexError(f"item {i} out of range for {n} items")
+        return self._item(i % n)
+
+    def __iter__(self) -> Iterator[Item]:
+        return (self._item(i) for i in range(len(self)))
+
+
+class FileTable(ItemTable):
+    """Inputs of one file each: every file's path under ``root`` (UTF-8, in one byte array with
+    ``offsets``) and its label (``labels``, None when unlabelled), so that listing millions of
+    files costs tens of bytes each, not an Item, a Path and two strings each. An item's key is
+    its path without suffix. A slice copies its own rows, so a block sent to a worker carries
+    those alone."""
+
+    def __init__(self, root: Path, names: np.ndarray, offsets: np.ndarray,
+                 labels: np.ndarray | None) -> None:
+        self.root, self.names, self.offsets, self.labels = root, names, offsets, labels
+
+    @classmethod
+    def of(cls, root: Path, files: Sequence[str], labels: Sequence[int | None]) -> FileTable:
+        """The table of ``files`` (paths under ``root``) and their labels (all None: none)."""
+        encoded = [f.encode() for f in files]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(e) for e in encoded], out=offsets[1:])
+        names = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+        labelled = any(label is not None for label in labels)
+        return cls(root, names, offsets, np.asarray(labels, np.int64) if labelled else None)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def _rows(self, a: int, b: int) -> FileTable:
+        lo, hi = int(self.offsets[a]), int(self.offsets[b])
+        return FileTable(self.root, self.names[lo:hi].copy(), self.offsets[a : b + 1] - lo,
+                         None if self.labels is None else self.labels[a:b].copy())
+
+    def _item(self, i: int) -> Item:
+        name = self.names[self.offsets[i] : self.offsets[i + 1]].tobytes().decode()
+        label = None if self.labels is None else int(self.labels[i])
+        return Item(os.path.splitext(name)[0], self.root / name, label)
 
 
 class Source(ABC):

@@ -38,7 +38,7 @@ from packdata.manifest import Field, Manifest
 from packdata.options import Option, resolve
 from packdata.remote.files import RemotePath
 from packdata.sources import labels as labelling
-from packdata.sources.base import BLOCK, Item, Source
+from packdata.sources.base import BLOCK, FileTable, Item, Source
 
 KIND = "image"
 DECODES = True  # to_torch takes a batched decode stage (decode=)
@@ -119,16 +119,15 @@ class ImageSource(Source):
     def layout(self) -> str:
         return labelling.layout(self._files(), self.labels_path)
 
-    def items(self) -> list[Item]:
+    def items(self) -> FileTable:
         root = self.root if self.root.is_dir() else self.root.parent
         files = self._files()
-        keys = [os.path.splitext(f)[0] for f in files]
         unused: list[str] = []
         labels, self.classes = labelling.assign(files, self.labels_path, unused)
         self.ignore(f"entries of {self.labels_path} naming no input file", unused)
         if files and labelling.layout(files, self.labels_path) == "unlabelled":
             labelling.warn_unlabelled(self.root, "an image")
-        items = [Item(k, root / f, label) for k, f, label in zip(keys, files, labels)]
+        items = FileTable.of(root, files, labels)
         if self.encoding == "raw" and not self.resize and not self.max_size:
             self.mixed_sizes = sizes_differ(items)
         return items

@@ -8,14 +8,13 @@ block whatever the file's size); :class:`DocTable` holds the rows and builds the
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 
-from packdata.sources.base import Item
+from packdata.sources.base import Item, ItemTable
 
 SCAN_BYTES = 1 << 20  # bytes of a file looked at a time while finding its lines
 #: bytes that ``bytes.strip()`` removes: a line of only these is blank
@@ -88,7 +87,7 @@ class TextItem(Item):
         return f"{self.path}:{self.line}" if self.line else str(self.path)
 
 
-class DocTable(Sequence[Item]):
+class DocTable(ItemTable):
     """Documents as rows: ``files`` (key and path of each input file), ``first[f]`` the first row
     of file ``f`` (``len(files) + 1`` entries), and per row its ``line`` (0: the whole file) and
     byte range ``[start, end)``. Slices are tables over views of the same arrays.
@@ -107,39 +106,19 @@ class DocTable(Sequence[Item]):
     def file_of(self, i: int) -> int:
         return int(np.searchsorted(self.first, i, "right")) - 1
 
-    @overload
-    def __getitem__(self, i: int) -> Item: ...
-    @overload
-    def __getitem__(self, i: slice) -> DocTable | list[Item]: ...
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return self._slice(*i.indices(len(self)))
-        n = len(self)
-        i = int(i)
-        if not -n <= i < n:
-            raise IndexError(f"item {i} out of range for {n} items")
-        return self._item(i % n)
-
     def _item(self, i: int) -> Item:
         key, path = self.files[self.file_of(i)]
         line = int(self.line[i])
         return TextItem(f"{key}:{line}" if line else key, path, line=line or None,
                         start=int(self.start[i]), end=int(self.end[i]))
 
-    def _slice(self, a: int, b: int, step: int) -> DocTable | list[Item]:
-        if step != 1:  # not a range of rows: the items themselves
-            return [self._item(j) for j in range(a, b, step)]
-        b = max(a, b)
+    def _rows(self, a: int, b: int) -> DocTable:
         if a == b:
             return DocTable([], np.zeros(1, np.int64), self.line[:0], self.start[:0], self.end[:0])
         f0, f1 = self.file_of(a), self.file_of(b - 1) + 1
         first = np.clip(self.first[f0 : f1 + 1].astype(np.int64) - a, 0, b - a)
         return DocTable(self.files[f0:f1], first, self.line[a:b], self.start[a:b],
                         self.end[a:b])
-
-    def __iter__(self) -> Iterator[Item]:
-        return (self._item(i) for i in range(len(self)))
 
     def cost_blocks(self, block_bytes: int, per_item: int) -> list[DocTable]:
         """Consecutive slices of about ``block_bytes`` of text each (``per_item`` added per row,

@@ -18,7 +18,6 @@ seeded hash of (seed, epoch, index) (``"random"``).
 
 from __future__ import annotations
 
-import os
 import warnings
 import zlib
 from pathlib import Path
@@ -50,7 +49,7 @@ from packdata.prep.pointsample import (
 )
 from packdata.sources import labels as labelling
 from packdata.sources import pointfiles
-from packdata.sources.base import Item, Source, shown
+from packdata.sources.base import FileTable, Item, Source, shown
 
 KIND = "pointcloud"
 DECODES = False  # no decode stage; select (below) picks one stored variant per sample
@@ -127,7 +126,7 @@ class PointCloudSource(Source):
     def _files(self) -> list[str]:
         return self.list_inputs(SUFFIXES, used=self.labels_path)
 
-    def items(self) -> list[Item]:
+    def items(self) -> FileTable:
         self._reset_counts()
         root = self.root if self.root.is_dir() else self.root.parent
         files = self._files()
@@ -142,7 +141,7 @@ class PointCloudSource(Source):
         if files and labelling.layout(files, self.labels_path) == "unlabelled":
             labelling.warn_unlabelled(self.root, "a point cloud")
         self._check_precision(root, [f for f in files if f.lower().endswith(pointfiles.LAS_SUFFIXES)])
-        return [Item(os.path.splitext(f)[0], root / f, label) for f, label in zip(files, labels)]
+        return FileTable.of(root, files, labels)
 
     def _check_precision(self, root: Path, files: list[str]) -> None:
         """Warn (InputWarning) when the stored float type's step at a LAS file's coordinates,
