@@ -22,7 +22,7 @@ import io
 import os
 import stat
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -195,7 +195,7 @@ class ImageSource(Source):
         }
 
 
-def sizes_differ(items: list[Item]) -> bool:
+def sizes_differ(items: Sequence[Item]) -> bool:
     """Whether the images of ``items`` differ in size, read from their headers alone (no pixel
     is decoded). Stops at the first size that differs; a file whose header cannot be read is
     left to :meth:`ImageSource.load`, which names it."""
@@ -210,10 +210,10 @@ def sizes_differ(items: list[Item]) -> bool:
     return False
 
 
-def _header_sizes(items: list[Item]) -> Iterator[tuple[int, int] | None]:
+def _header_sizes(items: Sequence[Item]) -> Iterator[tuple[int, int] | None]:
     """Each item's (W, H), or None where its header cannot be read. Files at a URL are read
     ``REMOTE_READS`` at a time (each is a round trip); local files one by one (microseconds)."""
-    if not any(isinstance(item.path, RemotePath) for item in items):
+    if not items or not isinstance(items[0].path, RemotePath):  # one listing: one root
         yield from map(_size_or_none, items)
         return
     with ThreadPoolExecutor(REMOTE_READS, thread_name_prefix="packdata-headers") as pool:
