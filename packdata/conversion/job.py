@@ -13,7 +13,7 @@ from typing import Any
 from packdata import containers
 from packdata.errors import DatasetError, OutputExistsError, PackdataError
 from packdata.manifest import Manifest
-from packdata.sources.base import Item, Source
+from packdata.sources.base import Item, Source, keys_of
 
 ON_ERROR = ("fail", "skip")
 
@@ -77,12 +77,12 @@ def settle(source: Source, dst: str | Path, container: str | None,
 
 def _check_unique_keys(items: Sequence[Item]) -> None:
     """Samples are found by key (the file's path without suffix): two inputs may not share one."""
-    first: dict[str, Item] = {}
-    for item in items:
-        other = first.setdefault(item.key, item)
-        if other is not item:
-            raise PackdataError(f"{other.path} and {item.path} would both be sample "
-                                f"'{item.key}' (keys are paths without suffix); rename one")
+    first: dict[str, int] = {}
+    for i, key in enumerate(keys_of(items)):
+        other = first.setdefault(key, i)
+        if other != i:
+            raise PackdataError(f"{items[other].path} and {items[i].path} would both be sample "
+                                f"'{key}' (keys are paths without suffix); rename one")
 
 
 def _check_destination(dst: Path, src: Path, overwrite: bool) -> None:

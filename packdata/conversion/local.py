@@ -25,7 +25,16 @@ from packdata.conversion.rows import Rows, pack
 from packdata.errors import PackdataError, SampleError, SkippedSample, WorkerDied
 from packdata.manifest import Field, Manifest
 from packdata.recordmeta import MetaSpool
-from packdata.sources.base import SHOWN, STOPS, Item, Loaded, Source, reason_of, safe_load
+from packdata.sources.base import (
+    SHOWN,
+    STOPS,
+    Item,
+    Loaded,
+    Source,
+    keys_of,
+    reason_of,
+    safe_load,
+)
 from packdata.units import available_cores
 
 Progress = Callable[[int, int], None]
@@ -81,7 +90,7 @@ class _Records:
             if not loaded.fit(self.fields):  # let the record-by-record check name the input
                 loaded = loaded.records()
             else:
-                keys = [item.key for item in block]
+                keys = keys_of(block)
                 self.writer.append_rows(keys, loaded.table)  # type: ignore[union-attr]
                 self.meta.append_block(keys, loaded.checksums)  # type: ignore[union-attr]
                 if self.job.source.OBSERVES:

@@ -31,7 +31,7 @@ from packdata.errors import PackdataError
 from packdata.interrupts import term_as_interrupt
 from packdata.manifest import Manifest
 from packdata.recordmeta import Keys, MetaSpool, map_npz
-from packdata.sources.base import Source
+from packdata.sources.base import Source, keys_of
 from packdata.spooling import ColumnSpool, copy_blocks, save_npz
 from packdata.units import available_cores
 
@@ -67,7 +67,7 @@ def _keys_crc32(job: Job, block: int = 1 << 16) -> int:
     millions of inputs are never one string)."""
     crc, items = 0, job.items
     for a in range(0, len(items), block):
-        text = "\n".join(items[i].key for i in range(a, min(a + block, len(items))))
+        text = "\n".join(keys_of(items[a : a + block]))
         crc = zlib.crc32((text if a == 0 else "\n" + text).encode(), crc)
     return crc
 

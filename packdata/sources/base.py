@@ -68,6 +68,16 @@ class ItemTable(Sequence[Item]):
     def __iter__(self) -> Iterator[Item]:
         return (self._item(i) for i in range(len(self)))
 
+    def keys(self) -> list[str]:
+        """Every row's key (a table may give them without making its items)."""
+        return [item.key for item in self]
+
+
+def keys_of(items: Sequence[Item]) -> list[str]:
+    """The keys of ``items``: a table's from its rows, without making an Item (and a Path) each
+    in the converting process."""
+    return items.keys() if isinstance(items, ItemTable) else [item.key for item in items]
+
 
 class FileTable(ItemTable):
     """Inputs of one file each: every file's path under ``root`` (UTF-8, in one byte array with
@@ -102,6 +112,10 @@ class FileTable(ItemTable):
         name = self.names[self.offsets[i] : self.offsets[i + 1]].tobytes().decode()
         label = None if self.labels is None else int(self.labels[i])
         return Item(os.path.splitext(name)[0], self.root / name, label)
+
+    def keys(self) -> list[str]:
+        names, ends = self.names.tobytes(), self.offsets.tolist()
+        return [os.path.splitext(names[a:b].decode())[0] for a, b in zip(ends, ends[1:])]
 
 
 class Source(ABC):
