@@ -67,11 +67,7 @@ class RemoteTarReader(tar.TarReader):
 
     def prefetch(self, starts: Sequence[int]) -> None:
         """The order shards will be read in: each read fetches the next ``prefetch`` ahead."""
-        self._order = list(dict.fromkeys(self.shards_of(list(starts))))
-
-    def shards_of(self, starts: list[int]) -> list[int]:
-        """The shard holding each of these sample indices."""
-        return (np.searchsorted(self.shard_start, starts, side="right") - 1).tolist()
+        self._order = list(dict.fromkeys(self.shards_of(starts).tolist()))
 
     def _map(self, shard: int) -> np.ndarray:
         if shard not in self._maps:
@@ -181,7 +177,7 @@ class RemoteTarReader(tar.TarReader):
                       else np.ascontiguousarray(self.index[f"{name}.values"][i]).data
                       for name in self.manifest.fields)
             if chunks_checksum(chunks, algorithm_of(self.manifest.version)) != self.manifest.checksums[i]:
-                shard = self.shards_of([i])[0]
+                shard = int(self.shards_of([i])[0])
                 raise DatasetError(f"{self.shard_url(shard)}: shard corrupted (record "
                                    f"'{self.manifest.keys[i]}' does not match its checksum); "
                                    "the dataset is damaged")

@@ -8,6 +8,7 @@ view. Every offset is checked against the shard sizes before any view is laid ov
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -145,12 +146,16 @@ class TarReader(Reader):
         return {self.shard_names[s]: (n, self._needed(s), self._shards[s].get("bytes"))
                 for s, n in sorted((self._cut or {}).items())}
 
+    def shards_of(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The shard holding each of these records."""
+        return np.searchsorted(self.shard_start, indices, side="right") - 1
+
     def check_entries(self, idx: np.ndarray) -> dict[str, tuple[np.ndarray, ...]]:
         """The index entries ``(shard, offset, nbytes)`` of records ``idx`` by field, checked
         before any of their bytes is read (per read, so that opening stays flat in the record
         count): each in the shard that holds the record, at a non-negative offset, of the size
         its field needs. Fields kept in the index (``values``) are left out."""
-        expected = np.searchsorted(self.shard_start, idx, "right") - 1
+        expected = self.shards_of(idx)
         entries = {}
         for name, (field, row) in self._stored_fields().items():
             shard, offset, nbytes = (self.index[f"{name}.{c}"][idx]
@@ -173,7 +178,7 @@ class TarReader(Reader):
         read) against the index's values, byte for byte as the writer encodes them (``.cls``:
         decimal text), for a batch at once."""
         idx = self.check_indices(indices)
-        in_shard = np.searchsorted(self.shard_start, idx, "right") - 1
+        in_shard = self.shards_of(idx)
         match = {}
         for name, field in self.manifest.fields.items():
             if f"{name}.values" not in self.index:
