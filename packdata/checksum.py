@@ -7,10 +7,10 @@ costs a read, from bench/bench_verify.py, and what CRC-32 cost). Datasets of for
 checksums; :func:`algorithm_of` names the one a manifest's version uses.
 
 Why XXH3 and not a vectorised sum: a numpy position-weighted sum over each record's 64-bit
-words (one call for a whole batch) hashed a CIFAR batch no faster when timed beside it, and
-would save only the copy that puts a record's fields side by side where they are stored apart,
-at the cost of a weaker check (changes in two words can cancel out) and a second algorithm to
-keep for datasets already written.
+words (one call for a whole batch) would save the copy that puts a record's fields side by side
+where they are stored apart, at the cost of a weaker check (changes in two words can cancel
+out), several passes of numpy over the batch, and a second algorithm to keep for datasets
+already written.
 
 :func:`batch_checksums` computes a whole batch's and :func:`rows_checksums` those of records
 laid out as the rows of one table (one native call per record, driven from C);
@@ -96,8 +96,7 @@ def rows_checksums(table: np.ndarray, algorithm: str = XXH3) -> np.ndarray:
     ``j`` is record ``j``'s bytes in manifest order.
 
     One native hash call per row, driven from C (``map`` over the table's rows): no Python
-    bytecode runs per record (it took less CPU than slicing one memoryview in a Python loop, or
-    mapping over cached slices of it, when the three were timed on CIFAR batches)."""
+    bytecode runs per record."""
     if not len(table):
         return np.zeros(0, dtype=np.uint64)
     digest = xxhash.xxh3_64_intdigest if algorithm == XXH3 else zlib.crc32

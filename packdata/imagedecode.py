@@ -118,7 +118,7 @@ class ImageDecode:
         n, (oh, ow) = len(images), self.size
         # Hold these records until this thread's next batch is read: glibc gives a freed batch
         # of records (61 MB at 256 px) back to the kernel at once, and the next read pays page
-        # faults and zeroing for all of it (timed: more than the resize costs)
+        # faults and zeroing for all of it
         _scratch.held = images
         channels = len(mode) if mode in ("L", "RGB", "RGBA", "CMYK") else Image.getmodebands(mode)
         pin = self.pin_memory
@@ -276,8 +276,8 @@ _scratch = threading.local()
 def _batch_buffer(shape: tuple[int, ...], pin: bool) -> torch.Tensor:
     """An uninitialised uint8 batch of ``shape``: pinned (torch caches those), or a buffer of an
     earlier batch that nothing (no tensor, view or array) holds any more. malloc maps a batch of
-    256 images at 224 (38 MB) afresh each time, and zeroing it and its page faults were timed
-    at a large share of a batch."""
+    256 images at 224 (38 MB) afresh each time, to be zeroed page by page as it is faulted
+    in."""
     if pin:
         return torch.empty(shape, dtype=torch.uint8, pin_memory=True)
     with _pools_lock:

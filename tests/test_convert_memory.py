@@ -22,9 +22,7 @@ RECORD = SIDE * SIDE * 3
 
 # h5py is imported first: its import runs `uname -p` (platform.processor), a child forked from
 # this process whose peak is this process's size when it forks; imported lazily by the HDF5
-# writer, once records are loading, that child's peak was taken for a worker's (39 MiB more at
-# 4,000 than at 1,000 records in one loaded full run; the pool's workers' own peaks, measured
-# apart, differ by 2 MiB)
+# writer, once records are loading, that child's peak was taken for a worker's
 CHILD = r"""
 import json, resource, sys
 import h5py  # noqa: F401 - see above
@@ -127,7 +125,7 @@ def _private_mib(_task: object) -> float:
 def test_workers_share_the_parents_objects_instead_of_copying_them():
     """The parent holds a list of inputs (a listing of many files is one object or more each);
     a collection in a forked worker that visited it would write to every page of it and so copy
-    it into the worker (two thirds of it here, before the pool froze it out of collections)."""
+    it into the worker, as it did before the pool froze it out of collections."""
     before = _private_mib(None)
     inputs = [(f"class-{i % 10}/image-{i:07d}.png", i) for i in range(400_000)]
     size = _private_mib(None) - before

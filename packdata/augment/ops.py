@@ -84,8 +84,8 @@ class RandomCrop(BatchAugment):
         return out.view(n, h, w, c).permute(0, 3, 1, 2)
 
     def _apply_numpy(self, x: torch.Tensor, params: Params) -> torch.Tensor:
-        """The same gather in numpy, whose fancy indexing copies each w·C run with one memcpy:
-        faster than torch's CPU index kernel on CIFAR batches when timed."""
+        """The same gather in numpy, whose fancy indexing copies each w·C run with one
+        memcpy."""
         n, c, height, width = x.shape
         h, w, pad = *self.size, self.padding
         padded = np.full((n, height + 2 * pad, width + 2 * pad, c), self.fill,
@@ -233,8 +233,8 @@ class ColorJitter(BatchAugment):
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
         n, c, h, w = x.shape
-        # channel planes, not pixel rows: a batched (3×3)·(3×HW) matmul ran several times faster
-        # on CPU than (HW×3)·(3×3), so channels-last input is converted to NCHW here, once
+        # channel planes, not pixel rows: a batched (3×3)·(3×HW) matmul over long rows, not
+        # (HW×3)·(3×3) over rows 3 wide, so channels-last input is converted to NCHW here, once
         planes = x.to(torch.float32, memory_format=torch.contiguous_format).view(n, c, h * w)
         scale = 1 / 255 if x.dtype == torch.uint8 else 1.0
         m, t = self.matrices(planes.mean(dim=2) * scale, params)

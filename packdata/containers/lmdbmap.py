@@ -37,7 +37,7 @@ def record_key(i: int) -> bytes:
 class RecordMap:
     """Where each fixed-size record of an LMDB lies in data.mdb, learnt once per record from the
     address LMDB itself returns for it, so a batch is then one numpy gather from a memory map of
-    the file (as HDF5's) instead of a B-tree lookup per record from Python (several reads' time).
+    the file (as HDF5's) instead of a B-tree lookup per record from Python.
 
     Only the address LMDB gives is used, not its page format: the file offset is that address
     less the start of LMDB's mapping of data.mdb (found in ``/proc/self/maps``, so Linux only;

@@ -68,8 +68,8 @@ class WorkerPool:
     def _submit(self, fn: Callable[[Any], Any], task: Any) -> Future:
         """``fn(task)`` queued. The pool forks its workers at its first submit: the parent's
         objects are frozen out of the garbage collector across it, so the workers' collections
-        never write to them. Each write to an inherited object copies its page into the worker,
-        and a collection visiting the parent's list of inputs copied all of it into every one."""
+        never write to them: each write to an inherited object copies its page into the worker,
+        and a collection visits every object it tracks (tests/test_convert_memory.py)."""
         if self._forked:
             return self._pool.submit(fn, task)
         gc.freeze()

@@ -117,8 +117,7 @@ class HFTokenizer(Tokenizer):
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         if os.getpid() != self._pid:
             # a conversion worker (forked after loading): the workers already take a core each,
-            # and the library's own threads on top oversubscribe them (2 workers on 2 cores ran
-            # slower than the library alone until they were off). A user's setting wins.
+            # and the library's own threads on top oversubscribe them. A user's setting wins.
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         return [np.array(e.ids, dtype=np.int64) for e in self._encode(texts, add_special_tokens=False)]
 

@@ -62,7 +62,7 @@ def detect_kind(root: Path) -> str:
         names = list(root.files())
     elif root.is_file():
         names = [root.name]
-    else:  # os.walk and strings: a Path and a stat per file cost more than the walk
+    else:  # os.walk and strings: no Path object or stat per file
         names = [n for _, _, files in os.walk(root) for n in files]
     for name in names:
         kind = suffix_kind.get(os.path.splitext(name)[1].lower())

@@ -332,7 +332,7 @@ def _contiguous(x: torch.Tensor, pinned: bool) -> torch.Tensor:
         return x
     out = torch.empty(x.shape, dtype=x.dtype, pin_memory=pinned)
     # numpy's copy, not torch's: torch splits this transpose over its intra-op threads, which
-    # beside busy processes ran many times slower (as the gather does: bench/bench_gather.py)
+    # stall beside busy processes (bench/bench_gather.py measures that for the gather)
     np.copyto(out.numpy(), x.numpy())
     return out
 
@@ -344,9 +344,9 @@ def _channels_last(x: torch.Tensor) -> torch.Tensor:
     n, c, h, w = x.shape
     out = torch.empty((n, h, w, c), dtype=x.dtype)
     if x.is_contiguous():
-        # one strided copy per channel: faster than numpy's copy of the transposed view, whose
-        # innermost source axis strides by a whole plane, when timed on CIFAR batches; torch's
-        # copy was slower still (see _contiguous)
+        # one strided copy per channel, reading each plane in order, not numpy's copy of the
+        # transposed view, whose innermost source axis strides by a whole plane; not torch's
+        # copy either (see _contiguous)
         rows, planes = out.numpy().reshape(n, h * w, c), x.numpy().reshape(n, c, h * w)
         for channel in range(c):
             rows[:, :, channel] = planes[:, channel]
