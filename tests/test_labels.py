@@ -163,6 +163,7 @@ def test_a_listing_is_a_table_of_rows_not_an_object_per_file(tmp_path):
     names = sorted(p.name for p in folder.glob("*.png"))
     assert list(items) == [Item(n[:-4], folder / n, labels[n]) for n in names]
     assert items.keys() == [n[:-4] for n in names] == items[:].keys()  # without the items
+    assert items.paths() == [str(folder / n) for n in names]
     assert items[-1] == items[29] and list(items[3:5]) == [items[3], items[4]]
     assert items[::10] == [items[0], items[10], items[20]]
     with pytest.raises(IndexError):

@@ -72,11 +72,20 @@ class ItemTable(Sequence[Item]):
         """Every row's key (a table may give them without making its items)."""
         return [item.key for item in self]
 
+    def paths(self) -> list[Path | str]:
+        """Every row's file (a table may give local ones as strings, making no Path)."""
+        return [item.path for item in self]
+
 
 def keys_of(items: Sequence[Item]) -> list[str]:
     """The keys of ``items``: a table's from its rows, without making an Item (and a Path) each
     in the converting process."""
     return items.keys() if isinstance(items, ItemTable) else [item.key for item in items]
+
+
+def paths_of(items: Sequence[Item]) -> list[Path | str]:
+    """The files of ``items``, as :func:`keys_of` gives their keys."""
+    return items.paths() if isinstance(items, ItemTable) else [item.path for item in items]
 
 
 class FileTable(ItemTable):
@@ -113,9 +122,18 @@ class FileTable(ItemTable):
         label = None if self.labels is None else int(self.labels[i])
         return Item(os.path.splitext(name)[0], self.root / name, label)
 
-    def keys(self) -> list[str]:
+    def _names(self) -> list[str]:
         names, ends = self.names.tobytes(), self.offsets.tolist()
-        return [os.path.splitext(names[a:b].decode())[0] for a, b in zip(ends, ends[1:])]
+        return [names[a:b].decode() for a, b in zip(ends, ends[1:])]
+
+    def keys(self) -> list[str]:
+        return [os.path.splitext(name)[0] for name in self._names()]
+
+    def paths(self) -> list[Path | str]:
+        if isinstance(self.root, RemotePath):
+            return [self.root / name for name in self._names()]
+        root = os.fspath(self.root)
+        return [os.path.join(root, name) for name in self._names()]
 
 
 class Source(ABC):

@@ -38,7 +38,7 @@ from packdata.manifest import Field, Manifest
 from packdata.options import Option, resolve
 from packdata.remote.files import RemotePath
 from packdata.sources import labels as labelling
-from packdata.sources.base import BLOCK, FileTable, Item, Source
+from packdata.sources.base import BLOCK, FileTable, Item, Source, paths_of
 
 KIND = "image"
 DECODES = True  # to_torch takes a batched decode stage (decode=)
@@ -213,19 +213,20 @@ def sizes_differ(items: Sequence[Item]) -> bool:
 def _header_sizes(items: Sequence[Item]) -> Iterator[tuple[int, int] | None]:
     """Each item's (W, H), or None where its header cannot be read. Files at a URL are read
     ``REMOTE_READS`` at a time (each is a round trip); local files one by one (microseconds)."""
-    if not items or not isinstance(items[0].path, RemotePath):  # one listing: one root
-        yield from map(_size_or_none, items)
+    paths = paths_of(items)
+    if not paths or not isinstance(paths[0], RemotePath):  # one listing: one root
+        yield from map(_size_or_none, paths)
         return
     with ThreadPoolExecutor(REMOTE_READS, thread_name_prefix="packdata-headers") as pool:
-        for start in range(0, len(items), BLOCK):
-            yield from pool.map(_size_or_none, items[start : start + BLOCK])
+        for start in range(0, len(paths), BLOCK):
+            yield from pool.map(_size_or_none, paths[start : start + BLOCK])
 
 
-def _size_or_none(item: Item) -> tuple[int, int] | None:
+def _size_or_none(path: Path | str) -> tuple[int, int] | None:
     try:
-        if isinstance(item.path, RemotePath):
-            return header_size(item.path)
-        return _local_header_size(os.fspath(item.path))
+        if isinstance(path, RemotePath):
+            return header_size(path)
+        return _local_header_size(os.fspath(path))
     except Exception:  # load() reports this file with its reason
         return None
 
