@@ -6,7 +6,9 @@ batched augmentation, in one run.
 (a) the tutorial's per-sample transforms (crop pad 4, flip, [colour jitter,] ToTensor, Normalize)
     in a stock DataLoader with 0 and 2 workers; (b) packdata.loader with the batched recipe on
     the CPU, torch and kornia backends; colour-jitter-only rates at batch 256 for both backends;
-    (c) on CUDA, streamed (DeviceLoader) and resident, when a GPU is present. Every configuration
+    (c) on CUDA, when a GPU is present: streamed (DeviceLoader) and resident with the torch
+    backend, streamed with both backends with colour jitter, and colour-jitter-only rates on the
+    GPU for both backends (which backend ``"auto"`` should pick there). Every configuration
     is measured once per round, rounds repeated ``--repeat`` times (so load from other jobs hits
     all alike); figures are medians, ratios the median of each round's (b) / best (a).
 """
@@ -43,16 +45,16 @@ def classic(path: Path, batch: int, workers: int, jitter: float) -> DataLoader:
                       persistent_workers=workers > 0)
 
 
-def jitter_only(path: Path, backend: str, batch: int, repeat: int) -> float:
+def jitter_only(path: Path, backend: str, batch: int, repeat: int, device: str = "cpu") -> float:
     images = packdata.open(path)[list(range(batch))][0]
-    images = images.repeat(-(-batch // len(images)), 1, 1, 1)[:batch]
+    images = images.repeat(-(-batch // len(images)), 1, 1, 1)[:batch].to(device)
     aug = Compose([ColorJitter(JITTER, JITTER, JITTER, JITTER / 4)], seed=0, backend=backend)
     rates = []
     for _ in range(repeat):
         aug(images)
         start, n = time.perf_counter(), 0
         while time.perf_counter() - start < 1.0:
-            aug(images)
+            float(aug(images)[0, 0, 0, 0])  # waits for a GPU's kernels, as a training step would
             n += batch
         rates.append(n / (time.perf_counter() - start))
     return statistics.median(rates)
@@ -91,21 +93,27 @@ def main() -> None:
             packdata.open(path, batch_transform=cifar_recipe(jitter=jit, seed=0, backend="torch")),
             b, shuffle=True, num_workers=2)))
     gpu = torch.cuda.is_available()
+    gpu_rows = [("c) GPU crop+flip+normalise", "streamed (DeviceLoader)", 0.0, "torch", {}),
+                ("c) GPU crop+flip+normalise", "resident", 0.0, "torch", {"resident": True}),
+                ("c) GPU + colour jitter", "streamed, backend=torch", JITTER, "torch", {}),
+                ("c) GPU + colour jitter", "streamed, backend=kornia", JITTER, "kornia", {})]
     if gpu:
-        for name, options in (("streamed (DeviceLoader)", {}), ("resident", {"resident": True})):
-            configs.append(("c) GPU crop+flip+normalise", name, packdata.loader(
+        for group, name, jit, backend, options in gpu_rows:
+            configs.append((group, name, packdata.loader(
                 packdata.open(path), b, shuffle=True, device="cuda",
-                augment=cifar_recipe(seed=0, backend="torch"), **options)))
+                augment=cifar_recipe(jitter=jit, seed=0, backend=backend), **options)))
     rates: dict[tuple[str, str], list[float]] = {(g, n): [] for g, n, _ in configs}
     for _ in range(rep):
         for group, name, dl in configs:
             rates[group, name].append(sample_rate(lambda dl=dl: dl, min_seconds=sec))
         for backend in ("torch", "kornia"):
-            rates.setdefault(("colour jitter only", f"batch {b}, backend={backend}"), []).append(
-                jitter_only(path, backend, b, 1))
+            for device in ("cpu", "cuda") if gpu else ("cpu",):
+                where = "" if device == "cpu" else ", on the GPU"
+                rates.setdefault(("colour jitter only", f"batch {b}, backend={backend}{where}"),
+                                 []).append(jitter_only(path, backend, b, 1, device))
     if not gpu:
-        for name in ("streamed (DeviceLoader)", "resident"):
-            rates["c) GPU crop+flip+normalise", name] = []
+        for group, name, *_ in gpu_rows:
+            rates[group, name] = []
     for (group, name), got in rates.items():
         shown = f"{statistics.median(got):12,.0f}" if got else "not run on a GPU"
         print(f"{group:<36} {name:<36} {shown:>16}", flush=True)
