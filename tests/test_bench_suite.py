@@ -12,7 +12,7 @@ from packdata.bench.runner import BenchSettings
 from packdata.bench.suite import run_bench
 from packdata.errors import BenchError, DatasetError
 
-TINY = BenchSettings(batch_size=20, steps=2, warmup=1, max_seconds=30)
+TINY = BenchSettings(batch_size=20, steps=2, warmup=1, max_seconds=30, device="cpu")
 
 
 def test_compare_measures_the_folder_and_every_container(png_folder):

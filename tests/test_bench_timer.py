@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -89,3 +90,41 @@ def test_batch_size_of_every_batch_shape():
     assert batch_size_of({"image": images, "label": labels}) == 6  # not the number of keys
     assert batch_size_of(([torch.zeros(5, 3)] * 4, labels[:4])) == 4  # variable-length samples
     assert batch_size_of(object()) == 1
+
+
+def gpu_spin(seconds: float) -> None:
+    """``seconds`` of work queued on the GPU (the host returns at once)."""
+    torch.cuda._sleep(int(seconds * gpu_spin.cycles_per_s))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_marks_are_events_that_time_the_gpu_without_stalling_the_host():
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    torch.cuda._sleep(50_000_000)
+    torch.cuda.synchronize()
+    gpu_spin.cycles_per_s = 50_000_000 / (time.perf_counter() - start)
+
+    def loader(host_s: float, count: int):
+        for _ in range(count):
+            time.sleep(host_s)  # the host fetching a batch
+            yield torch.zeros(8, 3)
+
+    # the GPU is the limit: the host queues the next steps while it runs, and waits for no data
+    t = StepTimer(window=10, device="cuda")
+    begin = time.perf_counter()
+    for _ in t.iterate(loader(0.005, 6)):
+        gpu_spin(0.030)
+    queued = time.perf_counter() - begin
+    s = t.summary()
+    wall = time.perf_counter() - begin
+    assert queued < 0.5 * 6 * 0.030  # a synchronising timer would have waited for each step
+    assert s["steps"] == 6 and s["train_ms"] == pytest.approx(30, rel=0.3)
+    assert s["load_share"] < 0.1  # only the first batch's fetch left the GPU idle
+    assert s["seconds"] == pytest.approx(wall, rel=0.2)
+    # the host is the limit: the GPU idles while each batch is fetched
+    t = StepTimer(window=10, device="cuda")
+    for _ in t.iterate(loader(0.030, 6)):
+        gpu_spin(0.005)
+    s = t.summary()
+    assert s["load_ms"] == pytest.approx(25, rel=0.4) and s["load_share"] > 0.6
