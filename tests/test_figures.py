@@ -142,8 +142,9 @@ def test_each_table_of_figures_matches_its_results(doc, line, marker, rows):
         return
     paths = marker.split()
     text = doc.read_text()
-    scripts = {s for s in re.findall(r"(?<![\w/])bench/(\w+)\.py", text)
-               if (ROOT / "bench" / f"{s}.py").is_file()}
+    scripts = {f"bench/{s}.py" for s in re.findall(r"(?<![\w/])bench/(\w+)\.py", text)}
+    scripts |= {f"tools/{s}" for s in re.findall(r"(?<![\w/])tools/([\w-]+\.sh)", text)}
+    scripts = {s for s in scripts if (ROOT / s).is_file()}
     candidates: list[float] = []
     for path in paths:
         assert path.startswith("bench/results/") and (ROOT / path).is_file(), f"{where}: {path}"
@@ -152,7 +153,7 @@ def test_each_table_of_figures_matches_its_results(doc, line, marker, rows):
         # the document shows the command that writes it: a bench script that names the file,
         # or the command recorded in it
         recorded = data.get("command", "") if isinstance(data, dict) else ""
-        shows = [s for s in scripts if Path(path).name in (ROOT / "bench" / f"{s}.py").read_text()]
+        shows = [s for s in scripts if Path(path).name in (ROOT / s).read_text()]
         assert shows or (recorded and all(part.strip() in " ".join(text.split())
                                           for part in recorded.split("&&"))), (
             f"{where}: the document shows no command that writes {path}")

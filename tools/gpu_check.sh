@@ -16,7 +16,8 @@ set -u
 out=${1:?usage: tools/gpu_check.sh OUT_DIR}
 device=${DEVICE:-cuda}
 count=${COUNT:-10000}
-work=$(mktemp -d)
+work=gpu-check-work  # relative: the JSON records paths as given, and no machine's
+rm -rf "$work" && mkdir "$work"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 log="$out/gpu_check.log"
@@ -30,7 +31,7 @@ step environment
 step tests
 timeout 240 python3 -m pytest -n 8 -p no:cacheprovider -W ignore -rs \
     tests/test_device.py tests/test_augment.py tests/test_imagedecode.py tests/test_resident.py \
-    tests/test_loading.py tests/test_bench_runner.py tests/test_bench_profile.py \
+    tests/test_loading.py tests/test_bench_timer.py tests/test_bench_runner.py tests/test_bench_profile.py \
     tests/test_bench_sweep.py tests/test_bench_suite.py tests/test_bench_cli.py \
     > "$out/pytest.log" 2>&1
 echo "pytest exit $?" | tee -a "$log"

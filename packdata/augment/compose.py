@@ -41,10 +41,11 @@ def kornia_available() -> bool:
 
 
 #: The backend ``"auto"`` runs on each device type, as measured by bench/bench_augment.py: on the
-#: CPU packdata's own ops ran the CIFAR recipe ~4× kornia's rate (bench/results/augment.json).
+#: CPU packdata's own ops ran the CIFAR recipe ~4× kornia's rate (bench/results/augment.json),
+#: on an H100 the recipe with colour jitter 2.7× (bench/results/augment_gpu.json).
 #: A device type not listed has not been measured and runs packdata's own ops (they run on any
 #: device); ask for ``backend="kornia"`` by name there, or measure and add it here.
-AUTO_BACKEND: dict[str, str] = {"cpu": "torch"}
+AUTO_BACKEND: dict[str, str] = {"cpu": "torch", "cuda": "torch"}
 
 
 def resolve_backend(backend: str, device: torch.device | str | None = None) -> str:
