@@ -149,6 +149,22 @@ def test_inputs_sharing_a_key_are_refused(tmp_path):
                          tmp_path / "o.h5")
 
 
+@pytest.mark.parametrize("block", [2, 1 << 16])
+def test_the_key_check_compares_keys_whose_hashes_meet(monkeypatch, block):
+    """A weak hash (the key's length) makes every key meet others: distinct keys pass, and the
+    first input repeating an earlier one's key is named with it, across blocks or within one."""
+    from packdata.conversion import job
+    from packdata.sources.base import Item
+
+    monkeypatch.setattr(job, "key_hash", len)
+    monkeypatch.setattr(job, "KEY_BLOCK", block)
+    items = [Item(key=k, path=Path(f"{k}.png")) for k in ("aa", "bb", "cc", "d", "e")]
+    job._check_unique_keys(items)
+    items += [Item(key="e", path=Path("e.jpg")), Item(key="bb", path=Path("bb.jpg"))]
+    with pytest.raises(PackdataError, match="^e.png and e.jpg would both be sample 'e'"):
+        job._check_unique_keys(items)
+
+
 @pytest.mark.parametrize("on_disk_block", [None, 1, 3])
 def test_keys_that_collide_as_tar_members_are_refused(tmp_path, monkeypatch, on_disk_block):
     """Found by sorting the member names' hashes: in memory, or on disk in blocks (of 1: the

@@ -10,9 +10,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 from packdata import containers
 from packdata.errors import DatasetError, OutputExistsError, PackdataError
 from packdata.manifest import Manifest
+from packdata.recordmeta import key_hash
 from packdata.sources.base import Item, Source, keys_of
 
 ON_ERROR = ("fail", "skip")
@@ -75,11 +78,28 @@ def settle(source: Source, dst: str | Path, container: str | None,
     return Job(source, module.NAME, path, options, items, on_error)
 
 
+#: keys made as strings at a time while hashing them (the rest of the check is 8 bytes a key)
+KEY_BLOCK = 1 << 16
+
+
 def _check_unique_keys(items: Sequence[Item]) -> None:
-    """Samples are found by key (the file's path without suffix): two inputs may not share one."""
-    first: dict[str, int] = {}
-    for i, key in enumerate(keys_of(items)):
-        other = first.setdefault(key, i)
+    """Samples are found by key (the file's path without suffix): two inputs may not share one.
+
+    Keys are hashed a block at a time and the hashes sorted, so the check holds 16 bytes a key,
+    not a dict of millions of strings; inputs whose hashes meet are compared by key."""
+    n = len(items)
+    hashes = np.empty(n, dtype=np.uint64)
+    for a in range(0, n, KEY_BLOCK):
+        block = keys_of(items[a : a + KEY_BLOCK])
+        hashes[a : a + len(block)] = np.fromiter(map(key_hash, block), np.uint64, len(block))
+    ordered = np.sort(hashes)
+    met = ordered[1:][ordered[1:] == ordered[:-1]]
+    if not len(met):
+        return
+    seen: dict[str, int] = {}  # only inputs whose hash another shares: duplicates, collisions
+    for i in np.flatnonzero(np.isin(hashes, met)).tolist():  # in input order
+        key = items[i].key
+        other = seen.setdefault(key, i)
         if other != i:
             raise PackdataError(f"{items[other].path} and {items[i].path} would both be sample "
                                 f"'{key}' (keys are paths without suffix); rename one")
