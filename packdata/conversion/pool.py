@@ -125,8 +125,12 @@ class WorkerPool:
         """``(task, fn(task))`` in the order of ``tasks``, at most ``window`` in flight (memory
         stays bounded whatever the number of tasks)."""
         todo = iter(tasks)
-        pending: deque[tuple[Any, Future]] = deque(
-            (task, self._submit(fn, task)) for task in itertools.islice(todo, window))
+        pending: deque[tuple[Any, Future]] = deque()
+        for task in itertools.islice(todo, window):
+            try:
+                pending.append((task, self._submit(fn, task)))
+            except BrokenProcessPool:  # the pool broke before: no task of these is to blame
+                raise WorkerDied(pending[0][0] if pending else None) from None
         while pending:
             task, future = pending.popleft()
             try:
