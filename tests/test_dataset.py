@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import pickle
+import shutil
 import sys
 
 import pytest
@@ -228,6 +230,27 @@ def test_a_tar_batch_across_shards_is_the_same_as_from_hdf5(packed):
         assert tar.manifest.fields["image"].nbytes in tar.reader._windows  # its byte window
     else:  # elsewhere the per-shard maps read it
         assert joined is None
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="joined maps are Linux's")
+def test_a_reopened_tar_dataset_reads_through_the_map_of_the_last_open(packed, tmp_path):
+    """Its shards' joined map (and the page-table entries it built) is kept in the process and
+    found again by the files' identity; a shard replaced since is mapped anew."""
+    path = tmp_path / "t"
+    shutil.copytree(packed["tar"], path)
+    first = packdata.open(path)
+    expected = first[[0, 99, 51]]
+    joined = first.reader._joined_map()
+    del first
+    again = packdata.open(path)
+    assert again.reader._joined_map()[0] is joined[0]
+    shard = sorted(path.glob("*.tar"))[0]
+    shutil.copy(shard, tmp_path / "copy.tar")
+    os.replace(tmp_path / "copy.tar", shard)  # the same bytes, another file
+    replaced = packdata.open(path)
+    assert replaced.reader._joined_map()[0] is not joined[0]
+    for got, want in zip(replaced[[0, 99, 51]], expected, strict=True):
+        assert torch.equal(got, want)
 
 
 def test_every_kind_declares_what_loading_may_ask_of_it():

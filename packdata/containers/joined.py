@@ -4,6 +4,12 @@ A batch drawn from several tar shards is then one numpy gather over byte address
 per file needs a gather per shard and a second copy to put the rows in order. Linux only
 (``mmap`` with ``MAP_FIXED`` through ctypes); :func:`map_joined` returns None where that is not
 available, and callers keep their per-file path.
+
+The last few maps stay mapped in the process (:data:`KEEP`), found again by their files'
+identity (device, inode, size, modification time): a dataset reopened in the same process (a
+script that opens per epoch) reads through the map, and the page-table entries, that the last
+open built, as LMDB's one environment per file and process does. A file replaced or changed in
+size is mapped anew.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ import ctypes
 import ctypes.util
 import mmap
 import os
+import threading
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +44,11 @@ def _libc() -> ctypes.CDLL | None:
 
 _LIBC = _libc() if os.uname().sysname == "Linux" else None  # flag values above are Linux's
 
+#: joined maps kept in the process after their datasets close (see the module's docstring)
+KEEP = 4
+_kept: OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+_keeping = threading.Lock()
+
 
 def map_joined(paths: list[Path]) -> tuple[np.ndarray, np.ndarray] | None:
     """``(whole, starts)``: every file of ``paths`` mapped read-only, file ``i`` from
@@ -43,7 +56,21 @@ def map_joined(paths: list[Path]) -> tuple[np.ndarray, np.ndarray] | None:
     The addresses stay mapped while ``whole`` or any view of it lives."""
     if _LIBC is None:
         return None
-    sizes = [os.path.getsize(p) for p in paths]
+    stats = [os.stat(p) for p in paths]
+    identity = tuple((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) for st in stats)
+    with _keeping:  # readers open in loader threads too
+        if identity in _kept:
+            _kept.move_to_end(identity)
+            return _kept[identity]
+        joined = _map_joined(paths, [st.st_size for st in stats])
+        if joined is not None:
+            _kept[identity] = joined
+            while len(_kept) > KEEP:
+                _kept.popitem(last=False)
+        return joined
+
+
+def _map_joined(paths: list[Path], sizes: list[int]) -> tuple[np.ndarray, np.ndarray] | None:
     spans = [-(-s // mmap.PAGESIZE) * mmap.PAGESIZE for s in sizes]
     starts = np.concatenate([[0], np.cumsum(spans, dtype=np.int64)])
     total = int(starts[-1])
@@ -55,7 +82,7 @@ def map_joined(paths: list[Path]) -> tuple[np.ndarray, np.ndarray] | None:
         return None
     # unmapped when the last array over it goes (numpy keeps this object as the arrays' base)
     region = type("JoinedRegion", (ctypes.c_uint8 * total,),
-                  {"__del__": lambda self, b=base, n=total: _LIBC.munmap(b, n)}).from_address(base)
+                  {"__del__": lambda self, b=base, n=total, libc=_LIBC: libc.munmap(b, n)}).from_address(base)
     for path, size, start in zip(paths, sizes, starts.tolist()):
         if size == 0:
             continue
