@@ -16,6 +16,10 @@ already written.
 laid out as the rows of one table (one native call per record, driven from C);
 :func:`chunks_checksum` a record whose bytes arrive as separate buffers.
 
+:data:`NATIVE_ROWS`: whether packdata's C extension :mod:`packdata._rowhash` was built, which
+computes the XXH3 checksums of a batch's records in one call, through xxhash's own XXH3-64 (its C
+function, looked up once at import and checked there against :func:`xxhash.xxh3_64_intdigest`).
+
 **Entry checksums.** A record may hold K entries of some fields (K presampled variants of a
 point cloud) of which a read serves one. Its checksum covers all K, so checking a read of one
 entry would mean reading and hashing K times the bytes served. Such a record also stores, in a
@@ -27,6 +31,7 @@ then checked by hashing it alone; the record checksum covers the entry checksums
 
 from __future__ import annotations
 
+import ctypes
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -39,6 +44,39 @@ Buffer = Any  # anything exposing the buffer protocol: bytes, memoryview, a cont
 
 XXH3 = "xxh3_64"
 CRC32 = "crc32"  # format version 1
+
+
+def _bound_rowhash():
+    """:mod:`packdata._rowhash` bound to xxhash's own XXH3-64, or None where it was not built (an
+    install without a C compiler) or this xxhash does not export the function by name."""
+    try:
+        from packdata import _rowhash
+
+        library = ctypes.CDLL(xxhash._xxhash.__file__)
+        # the dispatching entry point runs the CPU's widest vector code, as xxhash's Python calls
+        # do; plain XXH3_64bits is the baseline (SSE2 on x86-64) build of the same function
+        function = getattr(library, "XXH3_64bits_dispatch", None) or library.XXH3_64bits
+        _rowhash.bind(ctypes.cast(function, ctypes.c_void_p).value)
+        probe = np.frombuffer(b"packdata" * 40, dtype=np.uint8)  # > 240 bytes: XXH3's long path
+        digest = np.empty(1, dtype=np.uint64)
+        _rowhash.rows([probe.reshape(1, -1)], digest)
+    except (ImportError, OSError, AttributeError):
+        return None
+    return _rowhash if int(digest[0]) == xxhash.xxh3_64_intdigest(probe) else None
+
+
+_rowhash = _bound_rowhash()
+#: whether XXH3 checksums of several records are computed by the native batch routine
+#: (:mod:`packdata._rowhash`), else record by record from Python; the digests are the same
+NATIVE_ROWS = _rowhash is not None
+
+
+def _native_rows(columns: list, n: int) -> np.ndarray:
+    """XXH3-64 of ``n`` records, each the bytes of its row in every column in order (an array of
+    ``n`` rows, or a list of one contiguous array per record), in one native call."""
+    out = np.empty(n, dtype=np.uint64)
+    _rowhash.rows(columns, out)
+    return out
 
 
 def algorithm_of(version: int) -> str:

@@ -1,11 +1,13 @@
-"""Entry checksums: what each covers, and the manifest's declaration of them."""
+"""Checksums: the native batch routine against xxhash record by record; entry checksums: what
+each covers, and the manifest's declaration of them."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import xxhash
 
-from packdata import containers
+from packdata import checksum, containers
 from packdata.checksum import EntryChecks, entry_checksums, record_checksum
 from packdata.containers.integrity import ChecksummedReader
 from packdata.errors import DatasetError
@@ -109,3 +111,70 @@ def test_verify_names_entries_that_do_not_match_their_checksums(tmp_path):
     checked.read(np.array([7]), {"points": np.array([0]), "mask": np.array([0])})
     with pytest.raises(DatasetError, match="record 7 "):
         checked.read(np.array([6, 7]), {"points": np.array([1, 1]), "mask": np.array([1, 1])})
+
+
+# -- the native batch routine (packdata._rowhash) ---------------------------------------------
+
+@pytest.fixture
+def rowhash():
+    if not checksum.NATIVE_ROWS:  # .ci/run fails when the extension did not build
+        pytest.skip("packdata._rowhash was not built (an install without a C compiler)")
+    return checksum._native_rows
+
+
+def reference(*columns) -> list[int]:
+    """XXH3-64 of each record, its rows' bytes in the columns' order, one xxhash call each."""
+    return [xxhash.xxh3_64_intdigest(b"".join(np.ascontiguousarray(c[j]).tobytes() for c in columns))
+            for j in range(len(columns[0]))]
+
+
+@pytest.mark.parametrize("n", [0, 1, 1000])
+@pytest.mark.parametrize("width", [0, 1, 7, 8, 3072, 4097])
+def test_native_rows_are_xxhash_of_each_record(rowhash, width, n):
+    table = np.random.default_rng(width * 7 + n).integers(0, 256, (n, width), dtype=np.uint8)
+    expected = reference(table)
+    assert rowhash([table], n).tolist() == expected
+    # several columns: the row cut in three, as strided views of the table and as copies
+    cuts = np.split(table, [width // 3, width // 2], axis=1)
+    assert rowhash(cuts, n).tolist() == expected
+    assert rowhash([np.ascontiguousarray(c) for c in cuts], n).tolist() == expected
+    # as a list of one array per record (a variable-length field), alone and between columns
+    assert rowhash([list(table)], n).tolist() == expected
+    assert rowhash([cuts[0], [np.ascontiguousarray(r) for r in cuts[1]], cuts[2]], n).tolist() \
+        == expected
+
+
+def test_native_rows_of_typed_columns_and_records_of_different_lengths(rowhash):
+    rng = np.random.default_rng(1)
+    n = 300
+    points = rng.normal(size=(n, 4, 16, 3)).astype(np.float32)
+    label = rng.integers(0, 10, n)
+    tokens = [rng.integers(0, 65535, rng.integers(0, 600), dtype=np.uint16) for _ in range(n)]
+    expected = reference(points[:, 2], tokens, label)
+    assert rowhash([points[:, 2], tokens, label], n).tolist() == expected
+    assert rowhash([points[:, 2], tuple(tokens), label], n).tolist() == expected
+    assert rowhash([points[::-1], label[::-1]], n).tolist() == reference(points[::-1], label[::-1])
+
+
+@pytest.mark.parametrize("columns, out, error, message", [
+    (lambda a: [a, a[:9]], None, ValueError, "column 1 has 9 records, column 0 has 10"),
+    (lambda a: [a, list(a[:3])], None, ValueError, "column 1 has 3 records, column 0 has 10"),
+    (lambda a: [a[:, ::2]], None, ValueError, "each row's bytes must lie together"),
+    (lambda a: [a.T], None, ValueError, "each row's bytes must lie together"),
+    (lambda a: [a, [r[::2] for r in a]], None, ValueError, "column 1, record 0: expected a C-con"),
+    (lambda a: [a, [b"x"] * 9 + [3]], None, ValueError, "column 1, record 9"),
+    (lambda a: [np.uint8(3)], None, ValueError, "0-dimensional"),
+    (lambda a: [a, 7], None, TypeError, "column 1: expected an array, or a list"),
+    (lambda a: [], None, ValueError, "no columns"),
+    (lambda a: a.tobytes, None, TypeError, "columns must be a list"),
+    (lambda a: [a], np.empty(9, np.uint64), ValueError, "out holds 9 values, expected 10"),
+    (lambda a: [a], np.empty(10, np.float64), TypeError, "out must hold 8-byte integers"),
+    (lambda a: [a], np.empty(10, np.uint32), TypeError, "out must hold 8-byte integers"),
+    (lambda a: [a], np.empty(20, np.uint64)[::2], TypeError, "out must be a writable, contig"),
+    (lambda a: [a], np.frombuffer(bytes(80), np.uint64), TypeError, "out must be a writable"),
+    (lambda a: [a], bytearray(80), TypeError, "out must hold 8-byte integers"),
+])
+def test_native_rows_refuse_what_they_cannot_hash(rowhash, columns, out, error, message):
+    table = np.arange(10 * 16, dtype=np.uint8).reshape(10, 16)
+    with pytest.raises(error, match=message):
+        checksum._rowhash.rows(columns(table), np.empty(10, np.uint64) if out is None else out)

@@ -1,0 +1,303 @@
+/* Per-record XXH3-64 of a whole batch in one call: packdata/checksum.py's native path.
+ *
+ * Hashing a batch record by record from Python pays a numpy row view and a call per record,
+ * and records whose fields are stored apart were first copied side by side into one table (a
+ * pass over every byte). Here one loop, run without the GIL, hashes each record where it lies
+ * or, when its bytes come from several columns, gathers them into one small scratch buffer that
+ * stays in the CPU's caches, then hashes it.
+ *
+ * The hash itself is not compiled here: bind() takes the address of xxhash's own XXH3-64
+ * function, resolved once in Python from the `xxhash` package's extension module, so the digests
+ * are those of xxhash.xxh3_64_intdigest by construction (checksum.py also checks one at import).
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef uint64_t (*hash_fn)(const void *, size_t);
+
+static hash_fn xxh3 = NULL;
+
+/* One column: an array of n rows, row i `width` contiguous bytes at base + i * stride; or a
+ * list of n buffers, record i's bytes those of pieces[i] (a variable-length field). */
+typedef struct {
+    Py_buffer view;
+    Py_buffer *pieces;
+    Py_ssize_t held; /* pieces acquired so far */
+    const char *base;
+    Py_ssize_t stride;
+    Py_ssize_t width;
+} column;
+
+static PyObject *
+bind(PyObject *self, PyObject *address)
+{
+    void *p = PyLong_AsVoidPtr(address);
+    if (p == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "bind: the hash function's address is 0");
+        return NULL;
+    }
+    xxh3 = (hash_fn)(uintptr_t)p;
+    Py_RETURN_NONE;
+}
+
+static int
+bound(void)
+{
+    if (xxh3 == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "packdata._rowhash: bind() the hash function first");
+        return 0;
+    }
+    return 1;
+}
+
+/* Rows of `obj` (its first axis), each row's bytes contiguous (the rows themselves may be
+ * strided: an entry of each record, a slice of a table). */
+static int
+open_array(PyObject *obj, Py_ssize_t index, column *c)
+{
+    if (PyObject_GetBuffer(obj, &c->view, PyBUF_STRIDES) < 0) {
+        PyErr_Format(PyExc_ValueError, "column %zd: expected an array with one row per record "
+                     "(a %.100s whose buffer has no strides)", index, Py_TYPE(obj)->tp_name);
+        return 0;
+    }
+    Py_buffer *v = &c->view;
+    if (v->ndim < 1) {
+        PyErr_Format(PyExc_ValueError, "column %zd is 0-dimensional: it needs one row per record",
+                     index);
+        PyBuffer_Release(v);
+        return 0;
+    }
+    Py_ssize_t width = v->itemsize;
+    for (int d = v->ndim - 1; d >= 1; d--) {
+        if (v->shape[d] > 1 && v->strides[d] != width) {
+            PyErr_Format(PyExc_ValueError,
+                         "column %zd: each row's bytes must lie together (C-contiguous within "
+                         "a row); axis %d has stride %zd, not %zd", index, d, v->strides[d],
+                         width);
+            PyBuffer_Release(v);
+            return 0;
+        }
+        width *= v->shape[d];
+    }
+    c->base = v->buf;
+    c->stride = v->strides[0];
+    c->width = width;
+    return 1;
+}
+
+/* Record i's bytes: a contiguous buffer per item of the list or tuple `obj`. */
+static int
+open_pieces(PyObject *obj, Py_ssize_t index, column *c)
+{
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+    c->pieces = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
+    if (c->pieces == NULL) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    for (; c->held < n; c->held++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(obj, c->held);
+        if (PyObject_GetBuffer(item, &c->pieces[c->held], PyBUF_C_CONTIGUOUS) < 0) {
+            PyErr_Format(PyExc_ValueError, "column %zd, record %zd: expected a C-contiguous "
+                         "array or buffer, got a %.100s that is not", index, c->held,
+                         Py_TYPE(item)->tp_name);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The column `obj`: an array (anything exporting a buffer), or a list or tuple of one buffer
+ * per record. Its record count is `*rows`. */
+static int
+open_column(PyObject *obj, Py_ssize_t index, column *c, Py_ssize_t *rows)
+{
+    if (PyObject_CheckBuffer(obj)) {
+        if (!open_array(obj, index, c))
+            return 0;
+        *rows = c->view.shape[0];
+        return 1;
+    }
+    if (PyList_Check(obj) || PyTuple_Check(obj)) {
+        *rows = PySequence_Fast_GET_SIZE(obj);
+        return open_pieces(obj, index, c);
+    }
+    PyErr_Format(PyExc_TypeError, "column %zd: expected an array, or a list of one array per "
+                 "record, got %.100s", index, Py_TYPE(obj)->tp_name);
+    return 0;
+}
+
+static void
+close_column(column *c)
+{
+    if (c->pieces == NULL) {
+        PyBuffer_Release(&c->view);
+        return;
+    }
+    for (Py_ssize_t i = 0; i < c->held; i++)
+        PyBuffer_Release(&c->pieces[i]);
+    PyMem_Free(c->pieces);
+}
+
+/* Record i's bytes in column c. */
+static inline const char *
+piece(const column *c, Py_ssize_t i, Py_ssize_t *len)
+{
+    if (c->pieces != NULL) {
+        *len = c->pieces[i].len;
+        return c->pieces[i].buf;
+    }
+    *len = c->width;
+    return c->base + i * c->stride;
+}
+
+/* `obj` as a writable, contiguous array of `count` values of a native 8-byte integer type
+ * whose format letter is one of `letters` (uint64: "LQ", int64: "lq"). */
+static int
+open_words(PyObject *obj, const char *what, const char *letters, Py_ssize_t count, int writable,
+           Py_buffer *v)
+{
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, v, flags) < 0) {
+        PyErr_Format(PyExc_TypeError, "%s must be a %scontiguous array of 8-byte integers",
+                     what, writable ? "writable, " : "");
+        return 0;
+    }
+    const char *f = v->format ? v->format : "B";
+    if (*f == '@' || *f == '=')
+        f++;
+    if (v->itemsize != 8 || f[0] == '\0' || f[1] != '\0' || !strchr(letters, f[0])) {
+        PyErr_Format(PyExc_TypeError, "%s must hold 8-byte integers (format %s), not format '%s'",
+                     what, letters, v->format ? v->format : "B");
+        PyBuffer_Release(v);
+        return 0;
+    }
+    if (count >= 0 && v->len != 8 * count) {
+        PyErr_Format(PyExc_ValueError, "%s holds %zd values, expected %zd", what, v->len / 8,
+                     count);
+        PyBuffer_Release(v);
+        return 0;
+    }
+    return 1;
+}
+
+PyDoc_STRVAR(rows_doc,
+"rows(columns, out)\n--\n\n"
+"Write into ``out`` (n uint64) the XXH3-64 of each record i: its bytes in each of ``columns`` in\n"
+"order. A column is an array of n rows along its first axis, each row's bytes contiguous, or a\n"
+"list of n C-contiguous arrays (or other buffers), one per record.");
+
+static PyObject *
+rows(PyObject *self, PyObject *args)
+{
+    PyObject *given, *out_obj;
+    if (!PyArg_ParseTuple(args, "OO:rows", &given, &out_obj) || !bound())
+        return NULL;
+    PyObject *seq = PySequence_Fast(given, "rows: columns must be a list of columns");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(seq), opened = 0, n = 0;
+    PyObject *result = NULL;
+    Py_buffer out;
+    int have_out = 0;
+    char *scratch = NULL;
+    column *cols = PyMem_Calloc(m ? m : 1, sizeof(column));
+    if (cols == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (m == 0) {
+        PyErr_SetString(PyExc_ValueError, "rows: no columns");
+        goto done;
+    }
+    for (; opened < m; opened++) {
+        Py_ssize_t count;
+        int ok = open_column(PySequence_Fast_GET_ITEM(seq, opened), opened, &cols[opened], &count);
+        if (ok && opened == 0)
+            n = count;
+        else if (ok && count != n) {
+            PyErr_Format(PyExc_ValueError, "column %zd has %zd records, column 0 has %zd", opened,
+                         count, n);
+            ok = 0;
+        }
+        if (!ok) {
+            opened++; /* what open_column acquired before failing is released below */
+            goto done;
+        }
+    }
+    if (!open_words(out_obj, "out", "LQ", n, 1, &out))
+        goto done;
+    have_out = 1;
+    Py_ssize_t widest = 0; /* the most bytes of one record: the scratch buffer's size */
+    if (m > 1) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_ssize_t total = 0, len;
+            for (Py_ssize_t k = 0; k < m; k++) {
+                piece(&cols[k], i, &len);
+                if (len > PY_SSIZE_T_MAX - total) {
+                    PyErr_SetString(PyExc_OverflowError, "rows: a record's size overflows");
+                    goto done;
+                }
+                total += len;
+            }
+            widest = total > widest ? total : widest;
+        }
+        if ((scratch = PyMem_RawMalloc(widest ? widest : 1)) == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    uint64_t *digests = out.buf;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t len;
+    if (m == 1) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const char *bytes = piece(&cols[0], i, &len);
+            digests[i] = xxh3(bytes, (size_t)len);
+        }
+    } else {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            char *at = scratch;
+            for (Py_ssize_t k = 0; k < m; k++) {
+                const char *bytes = piece(&cols[k], i, &len);
+                memcpy(at, bytes, (size_t)len);
+                at += len;
+            }
+            digests[i] = xxh3(scratch, (size_t)(at - scratch));
+        }
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    PyMem_RawFree(scratch);
+    if (have_out)
+        PyBuffer_Release(&out);
+    for (Py_ssize_t k = 0; k < opened; k++)
+        close_column(&cols[k]);
+    PyMem_Free(cols);
+    Py_DECREF(seq);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"bind", bind, METH_O,
+     "bind(address)\n--\n\nUse the XXH3-64 function at ``address`` (uint64 f(const void *, "
+     "size_t)) from now on."},
+    {"rows", rows, METH_VARARGS, rows_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "packdata._rowhash",
+    "Per-record XXH3-64 of a batch in one call (packdata.checksum's native path).", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__rowhash(void)
+{
+    return PyModule_Create(&module);
+}
