@@ -7,18 +7,25 @@ costs a read, from bench/bench_verify.py, and what CRC-32 cost). Datasets of for
 checksums; :func:`algorithm_of` names the one a manifest's version uses.
 
 Why XXH3 and not a vectorised sum: a numpy position-weighted sum over each record's 64-bit
-words (one call for a whole batch) would save the copy that puts a record's fields side by side
-where they are stored apart, at the cost of a weaker check (changes in two words can cancel
-out), several passes of numpy over the batch, and a second algorithm to keep for datasets
-already written.
+words (one call for a whole batch) would need no work per record, at the cost of a weaker check
+(changes in two words can cancel out), several passes of numpy over the batch, and a second
+algorithm to keep for datasets already written. The native batch routine below takes the work
+per record out of Python instead.
 
 :func:`batch_checksums` computes a whole batch's and :func:`rows_checksums` those of records
-laid out as the rows of one table (one native call per record, driven from C);
-:func:`chunks_checksum` a record whose bytes arrive as separate buffers.
+laid out as the rows of one table; :func:`chunks_checksum` a record whose bytes arrive as
+separate buffers.
 
-:data:`NATIVE_ROWS`: whether packdata's C extension :mod:`packdata._rowhash` was built, which
-computes the XXH3 checksums of a batch's records in one call, through xxhash's own XXH3-64 (its C
-function, looked up once at import and checked there against :func:`xxhash.xxh3_64_intdigest`).
+**The native batch routine.** Where packdata's C extension :mod:`packdata._rowhash` was built
+(:data:`NATIVE_ROWS`), a batch's XXH3 checksums take one call, which loops over the records
+without the GIL (reads run in loader threads): each record is hashed where it lies or, when its
+bytes come from several fields (an image and its label), copied into one scratch buffer the size
+of a record, which stays in the CPU's caches, then hashed. From Python each record costs a numpy
+row view and a call, and fields stored apart were first copied side by side into one table of
+the whole batch, another pass over every byte. The routine calls xxhash's own XXH3-64 (its C
+function, looked up once at import, and checked there against :func:`xxhash.xxh3_64_intdigest`),
+so the digests are bit for bit those of the pure path, which is what an install without a C
+compiler uses, and what CRC-32 (format version 1) always uses.
 
 **Entry checksums.** A record may hold K entries of some fields (K presampled variants of a
 point cloud) of which a read serves one. Its checksum covers all K, so checking a read of one
@@ -115,16 +122,20 @@ def batch_checksums(batch: Mapping[str, Any], fields: Mapping[str, Any], n: int,
 
     Fixed fields only (the fast path): the records' bytes as one (records, bytes) table (the
     field itself where there is one, else its columns side by side), hashed by
-    :func:`rows_checksums`."""
+    :func:`rows_checksums`; natively, the columns as they are, without that table."""
     if not n:
         return np.zeros(0, dtype=np.uint64)
+    native = NATIVE_ROWS and algorithm == XXH3
     if any(f.variable for f in fields.values()):
-        parts = [[np.ascontiguousarray(v) for v in batch[name]] if field.variable
-                 else np.ascontiguousarray(batch[name]).reshape(n, -1).view(np.uint8)
-                 for name, field in fields.items()]
+        parts = [list(map(np.ascontiguousarray, batch[name])) if field.variable
+                 else _byte_rows(np.asarray(batch[name]), n) for name, field in fields.items()]
+        if native:
+            return _native_rows(parts, n)
         return np.fromiter((chunks_checksum((part[j] for part in parts), algorithm)
                             for j in range(n)), dtype=np.uint64, count=n)
-    columns = [np.ascontiguousarray(batch[name]).reshape(n, -1).view(np.uint8) for name in fields]
+    columns = [_byte_rows(np.asarray(batch[name]), n) for name in fields]
+    if native:
+        return _native_rows(columns, n)
     return rows_checksums(columns[0] if len(columns) == 1 else np.concatenate(columns, axis=1),
                           algorithm)
 
@@ -133,10 +144,12 @@ def rows_checksums(table: np.ndarray, algorithm: str = XXH3) -> np.ndarray:
     """The checksum (uint64) of each row of ``table``, a (records, bytes) uint8 array whose row
     ``j`` is record ``j``'s bytes in manifest order.
 
-    One native hash call per row, driven from C (``map`` over the table's rows): no Python
-    bytecode runs per record."""
+    Natively, one call for the table; else one native hash call per row, driven from C (``map``
+    over the table's rows): no Python bytecode runs per record."""
     if not len(table):
         return np.zeros(0, dtype=np.uint64)
+    if NATIVE_ROWS and algorithm == XXH3:
+        return _native_rows([_byte_rows(table, len(table))], len(table))
     digest = xxhash.xxh3_64_intdigest if algorithm == XXH3 else zlib.crc32
     return np.fromiter(map(digest, np.ascontiguousarray(table)), dtype=np.uint64,
                        count=len(table))
@@ -190,7 +203,8 @@ def entry_checksums(batch: Mapping[str, Any], checks: EntryChecks, n: int,
     """The entry checksums (uint64) of ``n`` records read in one go: (n, K) where ``batch``
     holds every entry, or (n,) with ``one_entry``, where it holds one entry of each record (a
     read through ``select``). Fixed fields only (:func:`packdata.manifest.check_manifest`
-    refuses entry checks beside a variable field). Records are hashed a few at a time, each
+    refuses entry checks beside a variable field). Natively, each entry of the whole batch in
+    one call, from the fields where they lie; else records are hashed a few at a time, each
     entry's bytes laid after the shared fields' (:data:`ENTRY_TABLE_BYTES`)."""
     entries = [None] if one_entry else range(checks.count)
     out = np.empty((n, len(entries)), dtype=np.uint64)
@@ -198,20 +212,21 @@ def entry_checksums(batch: Mapping[str, Any], checks: EntryChecks, n: int,
     entry_fields = [np.asarray(batch[name]) for name in checks.entries_of]
     row = sum(a[:1].nbytes for a in shared) + sum(
         (a[:1] if one_entry else a[:1, 0]).nbytes for a in entry_fields)
-    step = max(1, ENTRY_TABLE_BYTES // max(row, 1))
+    step = max(1, n) if NATIVE_ROWS else max(1, ENTRY_TABLE_BYTES // max(row, 1))
     for a in range(0, n, step):
         b = min(n, a + step)
-        head = [_byte_rows(v[a:b]) for v in shared]
+        head = [_byte_rows(v[a:b], b - a) for v in shared]
         for column, k in enumerate(entries):
-            tail = [_byte_rows(v[a:b] if k is None else v[a:b, k]) for v in entry_fields]
-            out[a:b, column] = rows_checksums(np.concatenate(head + tail, axis=1))
+            tail = [_byte_rows(v[a:b] if k is None else v[a:b, k], b - a) for v in entry_fields]
+            out[a:b, column] = _native_rows(head + tail, b - a) if NATIVE_ROWS else \
+                rows_checksums(np.concatenate(head + tail, axis=1))
     return out[:, 0] if one_entry else out
 
 
-def _byte_rows(values: np.ndarray) -> np.ndarray:
-    """``values`` (one row per record) as uint8 rows: a view where each row's bytes lie in
+def _byte_rows(values: np.ndarray, n: int) -> np.ndarray:
+    """``values`` as ``n`` uint8 rows, one per record: a view where each row's bytes lie in
     order (a whole record, or one entry of it), else a copy."""
-    rows = values.reshape(len(values), -1)
+    rows = values.reshape(n, -1)
     if rows.strides[1] != rows.itemsize:
         rows = np.ascontiguousarray(rows)
     return rows.view(np.uint8)

@@ -1,14 +1,23 @@
-"""Checksums: the native batch routine against xxhash record by record; entry checksums: what
-each covers, and the manifest's declaration of them."""
+"""Checksums: the native batch routine against xxhash record by record, the same digests with
+and without it; entry checksums: what each covers, and the manifest's declaration of them."""
 
 from __future__ import annotations
+
+import zlib
 
 import numpy as np
 import pytest
 import xxhash
 
 from packdata import checksum, containers
-from packdata.checksum import EntryChecks, entry_checksums, record_checksum
+from packdata.checksum import (
+    CRC32,
+    EntryChecks,
+    batch_checksums,
+    entry_checksums,
+    record_checksum,
+    rows_checksums,
+)
 from packdata.containers.integrity import ChecksummedReader
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest, check_manifest
@@ -122,6 +131,15 @@ def rowhash():
     return checksum._native_rows
 
 
+@pytest.fixture
+def pure(monkeypatch):
+    """The pure path: the capability off, and the routine gone, so a call to it would fail."""
+    def switch_off():
+        monkeypatch.setattr(checksum, "NATIVE_ROWS", False)
+        monkeypatch.setattr(checksum, "_rowhash", None)
+    return switch_off
+
+
 def reference(*columns) -> list[int]:
     """XXH3-64 of each record, its rows' bytes in the columns' order, one xxhash call each."""
     return [xxhash.xxh3_64_intdigest(b"".join(np.ascontiguousarray(c[j]).tobytes() for c in columns))
@@ -178,3 +196,80 @@ def test_native_rows_refuse_what_they_cannot_hash(rowhash, columns, out, error, 
     table = np.arange(10 * 16, dtype=np.uint8).reshape(10, 16)
     with pytest.raises(error, match=message):
         checksum._rowhash.rows(columns(table), np.empty(10, np.uint64) if out is None else out)
+
+
+CIFAR = {"image": Field("|u1", (32, 32, 3)), "label": Field("<i8", ())}
+KEEP_SIZE = {"image": Field("|u1", (None, 24)), "image_size": Field("<i4", (2,)),
+             "label": Field("<i8", ())}
+
+
+def cifar_batch(n: int) -> dict:
+    rng = np.random.default_rng(n)
+    return {"image": rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8),
+            "label": rng.integers(0, 10, n)}
+
+
+def keep_size_batch(n: int) -> dict:
+    rng = np.random.default_rng(n)
+    images = [rng.integers(0, 256, (rng.integers(0, 40), 24), dtype=np.uint8) for _ in range(n)]
+    return {"image": images, "image_size": rng.integers(0, 99, (n, 2)).astype(np.int32),
+            "label": rng.integers(0, 10, n)}
+
+
+def each_record(batch: dict, fields: dict, n: int, algorithm: str = checksum.XXH3) -> list[int]:
+    return [record_checksum({name: batch[name][j] for name in fields}, fields, algorithm)
+            for j in range(n)]
+
+
+@pytest.mark.parametrize("n", [0, 1, 256])
+@pytest.mark.parametrize("fields, make", [
+    (CIFAR, cifar_batch), ({"image": CIFAR["image"]}, cifar_batch), (KEEP_SIZE, keep_size_batch),
+    ({"tokens": Field("<u2", (None,))},
+     lambda n: {"tokens": [np.arange(j * 7 % 500, dtype=np.uint16) for j in range(n)]}),
+])
+def test_batch_checksums_are_the_same_native_or_not(rowhash, pure, fields, make, n):
+    batch = make(n)
+    expected = each_record(batch, fields, n)
+    native = batch_checksums(batch, fields, n)
+    crc = batch_checksums(batch, fields, n, CRC32)  # format version 1: always the pure path
+    pure()
+    assert native.tolist() == batch_checksums(batch, fields, n).tolist() == expected
+    assert crc.tolist() == batch_checksums(batch, fields, n, CRC32).tolist() == \
+        each_record(batch, fields, n, CRC32)
+
+
+def test_batch_checksums_hash_a_field_read_as_a_strided_view(rowhash, pure):
+    whole = cifar_batch(64)
+    batch = {"image": whole["image"][::2], "label": whole["label"][::2]}
+    expected = each_record(batch, CIFAR, 32)
+    assert batch_checksums(batch, CIFAR, 32).tolist() == expected
+    pure()
+    assert batch_checksums(batch, CIFAR, 32).tolist() == expected
+
+
+@pytest.mark.parametrize("n", [0, 1, 1000])
+def test_rows_checksums_are_the_same_native_or_not(rowhash, pure, n):
+    table = np.random.default_rng(n).integers(0, 256, (n, 3081), dtype=np.uint8)
+    native, crc = rows_checksums(table), rows_checksums(table, CRC32)
+    pure()
+    assert native.tolist() == rows_checksums(table).tolist() == reference(table)
+    assert crc.tolist() == rows_checksums(table, CRC32).tolist() == [zlib.crc32(r) for r in table]
+
+
+@pytest.mark.parametrize("n", [0, 1, 50])
+def test_entry_checksums_are_the_same_native_or_not(rowhash, pure, monkeypatch, n):
+    checks = EntryChecks.declared(FIELDS)
+    batch = records(n)
+    entries = np.arange(n) % K
+    selected = {"label": batch["label"], "points": batch["points"][np.arange(n), entries],
+                "mask": batch["mask"][np.arange(n), entries]}
+    full, one = entry_checksums(batch, checks, n), entry_checksums(selected, checks, n, True)
+    assert full.shape == (n, K) and one.shape == (n,)
+    expected = [[reference(batch["label"][j:j + 1], batch["points"][j:j + 1, k],
+                           batch["mask"][j:j + 1, k])[0] for k in range(K)] for j in range(n)]
+    assert full.tolist() == expected
+    assert one.tolist() == [expected[j][entries[j]] for j in range(n)]
+    pure()
+    monkeypatch.setattr(checksum, "ENTRY_TABLE_BYTES", 1000)  # a few records per table
+    assert entry_checksums(batch, checks, n).tolist() == expected
+    assert entry_checksums(selected, checks, n, True).tolist() == one.tolist()
