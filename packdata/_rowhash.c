@@ -2,13 +2,17 @@
  *
  * Hashing a batch record by record from Python pays a numpy row view and a call per record,
  * and records whose fields are stored apart were first copied side by side into one table (a
- * pass over every byte). Here one loop, run without the GIL, hashes each record where it lies
- * or, when its bytes come from several columns, gathers them into one small scratch buffer that
- * stays in the CPU's caches, then hashes it.
+ * pass over every byte). Here one loop, run without the GIL, hashes each record where it lies.
+ * A record whose bytes come from several columns (an image and its label) is hashed from its
+ * pieces where they lie by XXH3's streaming state (reset, update per piece, digest) when it is
+ * large, and copied into one scratch buffer, then hashed in one call, when it is small: the
+ * state's set-up and finish cost more than copying a small record (bench/bench_rowhash.py
+ * measures both; `stream_above` is where the routine switches).
  *
- * The hash itself is not compiled here: bind() takes the address of xxhash's own XXH3-64
- * function, resolved once in Python from the `xxhash` package's extension module, so the digests
- * are those of xxhash.xxh3_64_intdigest by construction (checksum.py also checks one at import).
+ * The hash itself is not compiled here: bind() takes the addresses of xxhash's own XXH3-64
+ * functions, resolved once in Python from the `xxhash` package's extension module, so the
+ * digests are those of xxhash.xxh3_64_intdigest by construction (checksum.py also checks some at
+ * import).
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -16,9 +20,24 @@
 #include <stdint.h>
 #include <string.h>
 
+/* xxhash's XXH3-64, one-shot and streaming (XXH3_state_t is opaque here: the library
+ * allocates it). The error codes the streaming calls return are an enum, returned as an int. */
 typedef uint64_t (*hash_fn)(const void *, size_t);
+typedef void *(*create_fn)(void);
+typedef int (*state_fn)(void *);
+typedef int (*update_fn)(void *, const void *, size_t);
+typedef uint64_t (*digest_fn)(const void *);
 
 static hash_fn xxh3 = NULL;
+static create_fn create_state = NULL;
+static state_fn free_state = NULL, reset = NULL;
+static update_fn update = NULL;
+static digest_fn digest = NULL;
+
+/* records of more bytes than this that come from several columns are streamed, not copied */
+#define STREAM_ABOVE 1024
+#define STRING(x) #x
+#define STRING_OF(x) STRING(x)
 
 /* One column: an array of n rows, row i `width` contiguous bytes at base + i * stride; or a
  * list of n buffers, record i's bytes those of pieces[i] (a variable-length field). */
@@ -32,15 +51,26 @@ typedef struct {
 } column;
 
 static PyObject *
-bind(PyObject *self, PyObject *address)
+bind(PyObject *self, PyObject *args)
 {
-    void *p = PyLong_AsVoidPtr(address);
-    if (p == NULL) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "bind: the hash function's address is 0");
+    void *p[6];
+    PyObject *a[6];
+    if (!PyArg_ParseTuple(args, "OOOOOO:bind", &a[0], &a[1], &a[2], &a[3], &a[4], &a[5]))
         return NULL;
+    for (int k = 0; k < 6; k++) {
+        p[k] = PyLong_AsVoidPtr(a[k]);
+        if (p[k] == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "bind: function address %d is 0", k);
+            return NULL;
+        }
     }
-    xxh3 = (hash_fn)(uintptr_t)p;
+    xxh3 = (hash_fn)(uintptr_t)p[0];
+    create_state = (create_fn)(uintptr_t)p[1];
+    free_state = (state_fn)(uintptr_t)p[2];
+    reset = (state_fn)(uintptr_t)p[3];
+    update = (update_fn)(uintptr_t)p[4];
+    digest = (digest_fn)(uintptr_t)p[5];
     Py_RETURN_NONE;
 }
 
@@ -48,7 +78,7 @@ static int
 bound(void)
 {
     if (xxh3 == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "packdata._rowhash: bind() the hash function first");
+        PyErr_SetString(PyExc_RuntimeError, "packdata._rowhash: bind() the hash functions first");
         return 0;
     }
     return 1;
@@ -186,17 +216,24 @@ open_words(PyObject *obj, const char *what, const char *letters, Py_ssize_t coun
 }
 
 PyDoc_STRVAR(rows_doc,
-"rows(columns, out)\n--\n\n"
+"rows(columns, out, stream_above=" STRING_OF(STREAM_ABOVE) ")\n--\n\n"
 "Write into ``out`` (n uint64) the XXH3-64 of each record i: its bytes in each of ``columns`` in\n"
 "order. A column is an array of n rows along its first axis, each row's bytes contiguous, or a\n"
-"list of n C-contiguous arrays (or other buffers), one per record.");
+"list of n C-contiguous arrays (or other buffers), one per record. With several columns, a\n"
+"record of more than ``stream_above`` bytes is hashed from its pieces by XXH3's streaming\n"
+"state, a smaller one copied into one buffer first (the digests are the same).");
 
 static PyObject *
-rows(PyObject *self, PyObject *args)
+rows(PyObject *self, PyObject *args, PyObject *kwargs)
 {
+    static char *keywords[] = {"columns", "out", "stream_above", NULL};
     PyObject *given, *out_obj;
-    if (!PyArg_ParseTuple(args, "OO:rows", &given, &out_obj) || !bound())
+    Py_ssize_t stream_above = STREAM_ABOVE;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|n:rows", keywords, &given, &out_obj,
+                                     &stream_above) || !bound())
         return NULL;
+    if (stream_above < 0)
+        stream_above = 0;
     PyObject *seq = PySequence_Fast(given, "rows: columns must be a list of columns");
     if (seq == NULL)
         return NULL;
@@ -205,6 +242,7 @@ rows(PyObject *self, PyObject *args)
     Py_buffer out;
     int have_out = 0;
     char *scratch = NULL;
+    void *state = NULL;
     column *cols = PyMem_Calloc(m ? m : 1, sizeof(column));
     if (cols == NULL) {
         PyErr_NoMemory();
@@ -232,7 +270,8 @@ rows(PyObject *self, PyObject *args)
     if (!open_words(out_obj, "out", "LQ", n, 1, &out))
         goto done;
     have_out = 1;
-    Py_ssize_t widest = 0; /* the most bytes of one record: the scratch buffer's size */
+    /* the largest record copied (the scratch buffer's size), whether any is streamed */
+    Py_ssize_t copied = 0, streamed = 0;
     if (m > 1) {
         for (Py_ssize_t i = 0; i < n; i++) {
             Py_ssize_t total = 0, len;
@@ -244,9 +283,13 @@ rows(PyObject *self, PyObject *args)
                 }
                 total += len;
             }
-            widest = total > widest ? total : widest;
+            if (total > stream_above)
+                streamed = 1;
+            else if (total > copied)
+                copied = total;
         }
-        if ((scratch = PyMem_RawMalloc(widest ? widest : 1)) == NULL) {
+        if ((scratch = PyMem_RawMalloc(copied ? copied : 1)) == NULL ||
+            (streamed && (state = create_state()) == NULL)) {
             PyErr_NoMemory();
             goto done;
         }
@@ -261,18 +304,34 @@ rows(PyObject *self, PyObject *args)
         }
     } else {
         for (Py_ssize_t i = 0; i < n; i++) {
+            Py_ssize_t total = 0;
+            for (Py_ssize_t k = 0; k < m; k++) {
+                piece(&cols[k], i, &len);
+                total += len;
+            }
+            if (total > stream_above) {
+                reset(state);
+                for (Py_ssize_t k = 0; k < m; k++) {
+                    const char *bytes = piece(&cols[k], i, &len);
+                    update(state, bytes, (size_t)len);
+                }
+                digests[i] = digest(state);
+                continue;
+            }
             char *at = scratch;
             for (Py_ssize_t k = 0; k < m; k++) {
                 const char *bytes = piece(&cols[k], i, &len);
                 memcpy(at, bytes, (size_t)len);
                 at += len;
             }
-            digests[i] = xxh3(scratch, (size_t)(at - scratch));
+            digests[i] = xxh3(scratch, (size_t)total);
         }
     }
     Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);
 done:
+    if (state != NULL)
+        free_state(state);
     PyMem_RawFree(scratch);
     if (have_out)
         PyBuffer_Release(&out);
@@ -284,10 +343,11 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"bind", bind, METH_O,
-     "bind(address)\n--\n\nUse the XXH3-64 function at ``address`` (uint64 f(const void *, "
-     "size_t)) from now on."},
-    {"rows", rows, METH_VARARGS, rows_doc},
+    {"bind", bind, METH_VARARGS,
+     "bind(xxh3, create_state, free_state, reset, update, digest)\n--\n\n"
+     "Use the functions at these addresses from now on: xxhash's XXH3_64bits, XXH3_createState,\n"
+     "XXH3_freeState, XXH3_64bits_reset, XXH3_64bits_update and XXH3_64bits_digest."},
+    {"rows", (PyCFunction)(void (*)(void))rows, METH_VARARGS | METH_KEYWORDS, rows_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -299,5 +359,8 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__rowhash(void)
 {
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "STREAM_ABOVE", STREAM_ABOVE) < 0)
+        Py_CLEAR(m);
+    return m;
 }

@@ -18,14 +18,15 @@ separate buffers.
 
 **The native batch routine.** Where packdata's C extension :mod:`packdata._rowhash` was built
 (:data:`NATIVE_ROWS`), a batch's XXH3 checksums take one call, which loops over the records
-without the GIL (reads run in loader threads): each record is hashed where it lies or, when its
-bytes come from several fields (an image and its label), copied into one scratch buffer the size
-of a record, which stays in the CPU's caches, then hashed. From Python each record costs a numpy
-row view and a call, and fields stored apart were first copied side by side into one table of
-the whole batch, another pass over every byte. The routine calls xxhash's own XXH3-64 (its C
-function, looked up once at import, and checked there against :func:`xxhash.xxh3_64_intdigest`),
-so the digests are bit for bit those of the pure path, which is what an install without a C
-compiler uses, and what CRC-32 (format version 1) always uses.
+without the GIL (reads run in loader threads) and hashes each where it lies: a record whose
+bytes come from several fields (an image and its label) through XXH3's streaming state, one
+update per field, or, when it is small, copied into one scratch buffer first (the state's set-up
+costs more than that copy; bench/bench_rowhash.py). From Python each record costs a numpy row
+view and a call, and fields stored apart were first copied side by side into one table of the
+whole batch, another pass over every byte. The routine calls xxhash's own XXH3-64 (its C
+functions, looked up once at import, and checked there against
+:func:`xxhash.xxh3_64_intdigest`), so the digests are bit for bit those of the pure path, which
+is what an install without a C compiler uses, and what CRC-32 (format version 1) always uses.
 
 **Entry checksums.** A record may hold K entries of some fields (K presampled variants of a
 point cloud) of which a read serves one. Its checksum covers all K, so checking a read of one
@@ -54,22 +55,33 @@ CRC32 = "crc32"  # format version 1
 
 
 def _bound_rowhash():
-    """:mod:`packdata._rowhash` bound to xxhash's own XXH3-64, or None where it was not built (an
-    install without a C compiler) or this xxhash does not export the function by name."""
+    """:mod:`packdata._rowhash` bound to xxhash's own XXH3-64 functions, or None where it was not
+    built (an install without a C compiler) or this xxhash does not export them by name."""
     try:
         from packdata import _rowhash
 
         library = ctypes.CDLL(xxhash._xxhash.__file__)
-        # the dispatching entry point runs the CPU's widest vector code, as xxhash's Python calls
-        # do; plain XXH3_64bits is the baseline (SSE2 on x86-64) build of the same function
-        function = getattr(library, "XXH3_64bits_dispatch", None) or library.XXH3_64bits
-        _rowhash.bind(ctypes.cast(function, ctypes.c_void_p).value)
-        probe = np.frombuffer(b"packdata" * 40, dtype=np.uint8)  # > 240 bytes: XXH3's long path
-        digest = np.empty(1, dtype=np.uint64)
-        _rowhash.rows([probe.reshape(1, -1)], digest)
+
+        def address(*names: str) -> int:
+            # the first name found: xxhash's *_dispatch entry points run the CPU's widest vector
+            # code, as its Python calls do; the plain names are the baseline (SSE2 on x86-64) build
+            name = next((n for n in names if hasattr(library, n)), names[-1])
+            return ctypes.cast(getattr(library, name), ctypes.c_void_p).value
+
+        _rowhash.bind(address("XXH3_64bits_dispatch", "XXH3_64bits"), address("XXH3_createState"),
+                      address("XXH3_freeState"), address("XXH3_64bits_reset"),
+                      address("XXH3_64bits_update_dispatch", "XXH3_64bits_update"),
+                      address("XXH3_64bits_digest"))
+        # one record in one piece, and in two pieces copied and streamed, past 240 bytes (XXH3's
+        # long path)
+        probe = np.frombuffer(b"packdata" * 200, dtype=np.uint8).reshape(1, -1)
+        digests = np.empty(3, dtype=np.uint64)
+        _rowhash.rows([probe], digests[:1])
+        for j, stream_above in ((1, len(probe[0])), (2, 0)):
+            _rowhash.rows([probe[:, :700], probe[:, 700:]], digests[j:j + 1], stream_above)
     except (ImportError, OSError, AttributeError):
         return None
-    return _rowhash if int(digest[0]) == xxhash.xxh3_64_intdigest(probe) else None
+    return _rowhash if set(digests.tolist()) == {xxhash.xxh3_64_intdigest(probe)} else None
 
 
 _rowhash = _bound_rowhash()

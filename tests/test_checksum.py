@@ -124,11 +124,24 @@ def test_verify_names_entries_that_do_not_match_their_checksums(tmp_path):
 
 # -- the native batch routine (packdata._rowhash) ---------------------------------------------
 
+#: records of several columns copied (the limit above any record here), streamed, and either
+#: as the default limit has it
+LIMITS = [{"stream_above": 1 << 40}, {"stream_above": 0}, {}]
+
+
 @pytest.fixture
 def rowhash():
+    """The routine's digests of ``n`` records of ``columns``, one list per way of hashing a
+    record of several columns (copied, streamed, as by default)."""
     if not checksum.NATIVE_ROWS:  # .ci/run fails when the extension did not build
         pytest.skip("packdata._rowhash was not built (an install without a C compiler)")
-    return checksum._native_rows
+
+    def digests(columns, n):
+        outs = [np.empty(n, np.uint64) for _ in LIMITS]
+        for out, limit in zip(outs, LIMITS):
+            checksum._rowhash.rows(columns, out, **limit)
+        return [out.tolist() for out in outs]
+    return digests
 
 
 @pytest.fixture
@@ -150,16 +163,15 @@ def reference(*columns) -> list[int]:
 @pytest.mark.parametrize("width", [0, 1, 7, 8, 3072, 4097])
 def test_native_rows_are_xxhash_of_each_record(rowhash, width, n):
     table = np.random.default_rng(width * 7 + n).integers(0, 256, (n, width), dtype=np.uint8)
-    expected = reference(table)
-    assert rowhash([table], n).tolist() == expected
+    expected = [reference(table)] * len(LIMITS)
+    assert rowhash([table], n) == expected
     # several columns: the row cut in three, as strided views of the table and as copies
     cuts = np.split(table, [width // 3, width // 2], axis=1)
-    assert rowhash(cuts, n).tolist() == expected
-    assert rowhash([np.ascontiguousarray(c) for c in cuts], n).tolist() == expected
+    assert rowhash(cuts, n) == expected
+    assert rowhash([np.ascontiguousarray(c) for c in cuts], n) == expected
     # as a list of one array per record (a variable-length field), alone and between columns
-    assert rowhash([list(table)], n).tolist() == expected
-    assert rowhash([cuts[0], [np.ascontiguousarray(r) for r in cuts[1]], cuts[2]], n).tolist() \
-        == expected
+    assert rowhash([list(table)], n) == expected
+    assert rowhash([cuts[0], [np.ascontiguousarray(r) for r in cuts[1]], cuts[2]], n) == expected
 
 
 def test_native_rows_of_typed_columns_and_records_of_different_lengths(rowhash):
@@ -167,11 +179,14 @@ def test_native_rows_of_typed_columns_and_records_of_different_lengths(rowhash):
     n = 300
     points = rng.normal(size=(n, 4, 16, 3)).astype(np.float32)
     label = rng.integers(0, 10, n)
-    tokens = [rng.integers(0, 65535, rng.integers(0, 600), dtype=np.uint16) for _ in range(n)]
-    expected = reference(points[:, 2], tokens, label)
-    assert rowhash([points[:, 2], tokens, label], n).tolist() == expected
-    assert rowhash([points[:, 2], tuple(tokens), label], n).tolist() == expected
-    assert rowhash([points[::-1], label[::-1]], n).tolist() == reference(points[::-1], label[::-1])
+    # 0 to 2,400 bytes of tokens: records either side of the default limit
+    tokens = [rng.integers(0, 65535, rng.integers(0, 1200), dtype=np.uint16) for _ in range(n)]
+    expected = [reference(points[:, 2], tokens, label)] * len(LIMITS)
+    assert rowhash([points[:, 2], tokens, label], n) == expected
+    assert rowhash([points[:, 2], tuple(tokens), label], n) == expected
+    assert rowhash([points[::-1], label[::-1]], n) == \
+        [reference(points[::-1], label[::-1])] * len(LIMITS)
+    assert rowhash([tokens, tokens[::-1]], n) == [reference(tokens, tokens[::-1])] * len(LIMITS)
 
 
 @pytest.mark.parametrize("columns, out, error, message", [
