@@ -1,7 +1,8 @@
 """What checksums at read cost: packdata.open's default (verify="full") against verify="off".
 
     python bench/bench_verify.py [--data ../shared/data/cifar10/test-png] [--count 20000]
-        [--rounds 5] [--epochs 5] [--only cifar-hdf5 ...] [--json bench/results/verify.json]
+        [--rounds 5] [--epochs 5] [--only cifar-hdf5 ...] [--also-pure]
+        [--json bench/results/verify.json]
 
 Builds a folder of real CIFAR-10 PNGs (repeated to ``--count``), converts it into every container
 (raw pixels), and ``--count``/4 text documents (the PEP fixtures repeated; byte tokens, variable
@@ -12,7 +13,9 @@ Ratios reported (speed full / speed off, median of per-round ratios): over all e
 (open included: every record hashed once) and the later ones (records already checked: a bit
 test per batch), in wall time and, for the first and later epochs, in this process's CPU
 time (which the machine's other jobs do not inflate). Also times opening with "full" (8
-records checked) against "off".
+records checked) against "off". With ``--also-pure``, each round also runs "full" hashing from
+Python, one xxhash call per record (``packdata.checksum.NATIVE_ROWS`` off: what an install
+without packdata's C extension does), and its ratios are reported beside (keys ``pure_*``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from _shared import CIFAR_PNG, command_line, interleaved, parser, write_results
 from bench_containers import build_folder
 
 import packdata
+from packdata import checksum
 
 BATCH = 256
 TARGETS = {"lmdb": "d.lmdb", "hdf5": "d.h5", "tar": "d-tar"}
@@ -54,10 +58,21 @@ def open_seconds(path: Path, level: str, repeats: int = 5) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def epochs_seconds(path: Path, level: str, epochs: int, collate) -> tuple[list[float], list[float]]:
+def epochs_seconds(path: Path, level: str, epochs: int, collate,
+                   native: bool = True) -> tuple[list[float], list[float]]:
     """A fresh open (counted in the first epoch), then ``epochs`` epochs through
     ``packdata.loader``: wall seconds of each, and CPU seconds of this process (what the
-    machine's other jobs take does not count)."""
+    machine's other jobs take does not count); without ``native``, records are hashed from
+    Python."""
+    built = checksum.NATIVE_ROWS
+    checksum.NATIVE_ROWS = built and native
+    try:
+        return _epochs_seconds(path, level, epochs, collate)
+    finally:
+        checksum.NATIVE_ROWS = built
+
+
+def _epochs_seconds(path: Path, level: str, epochs: int, collate) -> tuple[list[float], list[float]]:
     start, cpu = time.perf_counter(), time.process_time()
     ds = packdata.open(path, verify=level)
     loader = packdata.loader(ds, batch_size=BATCH, shuffle=True, collate=collate)
@@ -91,17 +106,21 @@ def hash_floor_seconds(path: Path, repeats: int = 200) -> float | None:
     return (time.perf_counter() - start) / repeats
 
 
-def bench_one(name: str, path: Path, rounds: int, epochs: int) -> dict:
-    """Default (every record checked, "full") against "off", interleaved round by round."""
+def bench_one(name: str, path: Path, rounds: int, epochs: int, also_pure: bool = False) -> dict:
+    """Default (every record checked, "full") against "off", interleaved round by round (and
+    with ``also_pure`` "full" hashed from Python, in the same rounds)."""
     collate = packdata.PadCollate() if name.startswith("text") else None
-    both = interleaved(rounds, {level: lambda level=level: epochs_seconds(path, level, epochs, collate)
-                                for level in ("off", "full")}, progress=False)
+    runs = {level: lambda level=level: epochs_seconds(path, level, epochs, collate)
+            for level in ("off", "full")}
+    if also_pure:
+        runs["full_pure"] = lambda: epochs_seconds(path, "full", epochs, collate, native=False)
+    both = interleaved(rounds, runs, progress=False)
     times = {level: [wall for wall, _ in runs] for level, runs in both.items()}
     cpu = {level: [spent for _, spent in runs] for level, runs in both.items()}
     n = len(packdata.open(path, verify="off"))
 
-    def ratio(pick, of=times) -> float:  # speed checked over unchecked, median of rounds
-        return statistics.median(pick(o) / pick(f) for o, f in zip(of["off"], of["full"]))
+    def ratio(pick, of=times, full="full") -> float:  # speed checked over unchecked, median of rounds
+        return statistics.median(pick(o) / pick(f) for o, f in zip(of["off"], of[full]))
 
     opens = {lv: open_seconds(path, lv) for lv in ("off", "full")}
     floor = hash_floor_seconds(path)
@@ -124,6 +143,16 @@ def bench_one(name: str, path: Path, rounds: int, epochs: int) -> dict:
            "hash_floor_us_per_batch": floor * 1e6 if floor is not None else None,
            "hash_floor_over_off_batch": floor / off_batch if floor is not None and off_batch
            else None}
+    if also_pure:
+        pure = "full_pure"
+        row.update({
+            "pure_full_samples_per_s": statistics.median(n * epochs / sum(t) for t in times[pure]),
+            "pure_full_over_off_all_epochs": ratio(sum, full=pure),
+            "pure_full_over_off_first_epoch": ratio(lambda t: t[0], full=pure),
+            "pure_full_over_off_later_epochs": ratio(lambda t: sum(t[1:]), full=pure)
+            if epochs > 1 else None,
+            "cpu_pure_full_over_off_first_epoch": ratio(lambda t: t[0], cpu, pure),
+            "seconds_full_pure": times[pure], "cpu_seconds_full_pure": cpu[pure]})
     print(f"{name:12s} off {row['off_samples_per_s']:>10,.0f}/s  full "
           f"{row['full_samples_per_s']:>10,.0f}/s  full/off: all {row['full_over_off_all_epochs']:.2f}"
           f", first epoch {row['full_over_off_first_epoch']:.2f}, later "
@@ -131,6 +160,11 @@ def bench_one(name: str, path: Path, rounds: int, epochs: int) -> dict:
           f"{row['cpu_full_over_off_first_epoch']:.2f}, later "
           f"{row['cpu_full_over_off_later_epochs'] or 0:.2f}); open off {row['open_ms_off']:.1f} ms, "
           f"full {row['open_ms_full']:.1f} ms", flush=True)
+    if also_pure:
+        print(f"{'':12s} hashed from Python: full {row['pure_full_samples_per_s']:>10,.0f}/s, "
+              f"full/off: all {row['pure_full_over_off_all_epochs']:.2f}, first epoch "
+              f"{row['pure_full_over_off_first_epoch']:.2f} (in CPU time "
+              f"{row['cpu_pure_full_over_off_first_epoch']:.2f})", flush=True)
     if row["hash_floor_over_off_batch"] is not None:
         print(f"{'':12s} XXH3 over a batch in one call {row['hash_floor_us_per_batch']:.0f} µs = "
               f"{row['hash_floor_over_off_batch']:.2f} of an unchecked batch read "
@@ -142,6 +176,8 @@ def main() -> None:
     p = parser(__doc__, data=CIFAR_PNG, count=20_000, rounds=5, results="verify.json")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--only", nargs="*", default=None, help="e.g. cifar-hdf5 text-lmdb")
+    p.add_argument("--also-pure", action="store_true",
+                   help='also time "full" hashing from Python, without the native batch routine')
     args = p.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="packdata-bench-") as tmp:
@@ -159,10 +195,10 @@ def main() -> None:
                     source, Path(tmp) / name / target, workers=2,
                     container_options=options if container == "tar" else None).path
         for name, path in sets.items():
-            rows.append(bench_one(name, path, args.rounds, args.epochs))
+            rows.append(bench_one(name, path, args.rounds, args.epochs, args.also_pure))
     write_results(args.json, {"command": command_line(), "batch_size": BATCH,
                               "rounds": args.rounds, "load_average": os.getloadavg(),
-                              "rows": rows})
+                              "native_rows": checksum.NATIVE_ROWS, "rows": rows})
 
 
 if __name__ == "__main__":
