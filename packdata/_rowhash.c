@@ -185,30 +185,25 @@ piece(const column *c, Py_ssize_t i, Py_ssize_t *len)
     return c->base + i * c->stride;
 }
 
-/* `obj` as a writable, contiguous array of `count` values of a native 8-byte integer type
- * whose format letter is one of `letters` (uint64: "LQ", int64: "lq"). */
+/* `obj` as the output: a writable, contiguous array of `count` uint64. */
 static int
-open_words(PyObject *obj, const char *what, const char *letters, Py_ssize_t count, int writable,
-           Py_buffer *v)
+open_out(PyObject *obj, Py_ssize_t count, Py_buffer *v)
 {
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj, v, flags) < 0) {
-        PyErr_Format(PyExc_TypeError, "%s must be a %scontiguous array of 8-byte integers",
-                     what, writable ? "writable, " : "");
+    if (PyObject_GetBuffer(obj, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyErr_SetString(PyExc_TypeError, "out must be a writable, contiguous array of uint64");
         return 0;
     }
     const char *f = v->format ? v->format : "B";
     if (*f == '@' || *f == '=')
         f++;
-    if (v->itemsize != 8 || f[0] == '\0' || f[1] != '\0' || !strchr(letters, f[0])) {
-        PyErr_Format(PyExc_TypeError, "%s must hold 8-byte integers (format %s), not format '%s'",
-                     what, letters, v->format ? v->format : "B");
+    if (v->itemsize != 8 || (strcmp(f, "L") != 0 && strcmp(f, "Q") != 0)) {
+        PyErr_Format(PyExc_TypeError, "out must hold 8-byte integers (uint64), not format '%s'",
+                     v->format ? v->format : "B");
         PyBuffer_Release(v);
         return 0;
     }
-    if (count >= 0 && v->len != 8 * count) {
-        PyErr_Format(PyExc_ValueError, "%s holds %zd values, expected %zd", what, v->len / 8,
-                     count);
+    if (v->len != 8 * count) {
+        PyErr_Format(PyExc_ValueError, "out holds %zd values, expected %zd", v->len / 8, count);
         PyBuffer_Release(v);
         return 0;
     }
@@ -267,7 +262,7 @@ rows(PyObject *self, PyObject *args, PyObject *kwargs)
             goto done;
         }
     }
-    if (!open_words(out_obj, "out", "LQ", n, 1, &out))
+    if (!open_out(out_obj, n, &out))
         goto done;
     have_out = 1;
     /* the largest record copied (the scratch buffer's size), whether any is streamed */
