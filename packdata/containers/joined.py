@@ -50,6 +50,15 @@ _kept: OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 _keeping = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    global _keeping
+    _keeping = threading.Lock()  # a thread of the parent may have held it at the fork
+
+
+if _LIBC is not None:  # Linux, where joined maps (and so the lock) are used
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def map_joined(paths: list[Path]) -> tuple[np.ndarray, np.ndarray] | None:
     """``(whole, starts)``: every file of ``paths`` mapped read-only, file ``i`` from
     ``whole[starts[i]]`` on (each at a page boundary); None where joined maps are not available.
