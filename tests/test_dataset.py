@@ -235,7 +235,8 @@ def test_a_tar_batch_across_shards_is_the_same_as_from_hdf5(packed):
 @pytest.mark.skipif(sys.platform != "linux", reason="joined maps are Linux's")
 def test_a_reopened_tar_dataset_reads_through_the_map_of_the_last_open(packed, tmp_path):
     """Its shards' joined map (and the page-table entries it built) is kept in the process and
-    found again by the files' identity; a shard replaced since is mapped anew."""
+    found again by the files' identity; a shard replaced since is mapped anew, and a dataset
+    deleted is let go."""
     path = tmp_path / "t"
     shutil.copytree(packed["tar"], path)
     first = packdata.open(path)
@@ -251,6 +252,13 @@ def test_a_reopened_tar_dataset_reads_through_the_map_of_the_last_open(packed, t
     assert replaced.reader._joined_map()[0] is not joined[0]
     for got, want in zip(replaced[[0, 99, 51]], expected, strict=True):
         assert torch.equal(got, want)
+    # deleted, its map is let go at the next open (so its disk space is freed)
+    from packdata.containers import joined as joined_maps
+
+    del again, replaced
+    shutil.rmtree(path)
+    packdata.open(packed["tar"]).reader._joined_map()
+    assert not [first for first, _ in joined_maps._kept.values() if path in first.parents]
 
 
 def test_every_kind_declares_what_loading_may_ask_of_it():

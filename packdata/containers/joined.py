@@ -9,7 +9,8 @@ The last few maps stay mapped in the process (:data:`KEEP`), found again by thei
 identity (device, inode, size, modification time): a dataset reopened in the same process (a
 script that opens per epoch) reads through the map, and the page-table entries, that the last
 open built, as LMDB's one environment per file and process does. A file replaced or changed in
-size is mapped anew.
+size is mapped anew; a kept map whose first file is gone or replaced is let go at the next call,
+so that deleting a dataset frees its disk space (a mapped file's blocks stay while it is mapped).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ _LIBC = _libc() if os.uname().sysname == "Linux" else None  # flag values above 
 
 #: joined maps kept in the process after their datasets close (see the module's docstring)
 KEEP = 4
-_kept: OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+#: identity of the files → (the first file's path, the map)
+_kept: OrderedDict[tuple, tuple[Path, tuple[np.ndarray, np.ndarray]]] = OrderedDict()
 _keeping = threading.Lock()
 
 
@@ -68,15 +70,26 @@ def map_joined(paths: list[Path]) -> tuple[np.ndarray, np.ndarray] | None:
     stats = [os.stat(p) for p in paths]
     identity = tuple((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) for st in stats)
     with _keeping:  # readers open in loader threads too
+        for kept, (first, _) in list(_kept.items()):
+            if kept != identity and _identity(first) != kept[0]:
+                del _kept[kept]
         if identity in _kept:
             _kept.move_to_end(identity)
-            return _kept[identity]
+            return _kept[identity][1]
         joined = _map_joined(paths, [st.st_size for st in stats])
         if joined is not None:
-            _kept[identity] = joined
+            _kept[identity] = (Path(paths[0]), joined)
             while len(_kept) > KEEP:
                 _kept.popitem(last=False)
         return joined
+
+
+def _identity(path: Path) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _map_joined(paths: list[Path], sizes: list[int]) -> tuple[np.ndarray, np.ndarray] | None:
