@@ -98,6 +98,17 @@ def _native_rows(columns: list, n: int) -> np.ndarray:
     return out
 
 
+def xxh3_each(buffers: list) -> np.ndarray:
+    """XXH3-64 (uint64) of each of ``buffers`` (bytes, or contiguous arrays): one native call
+    where the routine was built, else one xxhash call per buffer."""
+    if not buffers:
+        return np.zeros(0, dtype=np.uint64)
+    if NATIVE_ROWS:
+        return _native_rows([buffers], len(buffers))
+    return np.fromiter(map(xxhash.xxh3_64_intdigest, buffers), dtype=np.uint64,
+                       count=len(buffers))
+
+
 def algorithm_of(version: int) -> str:
     """The checksum a manifest of format ``version`` stores."""
     return CRC32 if version == 1 else XXH3

@@ -25,6 +25,7 @@ from typing import Any, overload
 import numpy as np
 import xxhash
 
+from packdata.checksum import xxh3_each
 from packdata.errors import DatasetError
 from packdata.spooling import FLUSH, ColumnSpool, remove_sorted, sort_hashes
 
@@ -34,6 +35,21 @@ DTYPES = {"keys": "|u1", "key_offsets": "<i8", "key_hashes": "<u8", "key_order":
 
 def key_hash(key: str) -> int:
     return xxhash.xxh3_64_intdigest(key.encode())
+
+
+def packed(strings: Sequence[str]) -> tuple[list[bytes], np.ndarray, np.ndarray]:
+    """``strings`` as UTF-8: each one's bytes, all of them back to back (uint8) and where each
+    ends (``offsets``, int64, one more than the strings, from 0)."""
+    encoded = [s.encode() for s in strings]
+    offsets = np.zeros(len(encoded) + 1, dtype="<i8")
+    np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)),
+              out=offsets[1:])
+    return encoded, np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets
+
+
+def key_hashes(encoded: list[bytes]) -> np.ndarray:
+    """:func:`key_hash` of each of keys ``encoded`` (UTF-8), for a block of keys at once."""
+    return xxh3_each(encoded)
 
 
 class Keys(Sequence[str]):
@@ -47,11 +63,8 @@ class Keys(Sequence[str]):
     @classmethod
     def from_list(cls, keys: Iterable[str]) -> Keys:
         """Keys held in memory (a version-1 manifest's, or a test's)."""
-        encoded = [k.encode() for k in keys]
-        offsets = np.zeros(len(encoded) + 1, dtype="<i8")
-        np.cumsum([len(k) for k in encoded], out=offsets[1:])
-        data = np.frombuffer(b"".join(encoded), dtype=np.uint8)
-        hashes = np.array([xxhash.xxh3_64_intdigest(k) for k in encoded], dtype="<u8")
+        encoded, data, offsets = packed(list(keys))
+        hashes = key_hashes(encoded)
         order = np.argsort(hashes, kind="stable")
         return cls(data, offsets, hashes[order], order)
 
@@ -163,14 +176,12 @@ class MetaSpool:
 
     def append_block(self, keys: Sequence[str], checksums: np.ndarray) -> None:
         """Records ``keys`` with their ``checksums``, as many :meth:`append` calls would."""
-        encoded = [key.encode() for key in keys]
-        ends = np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
-        self.columns["keys"].extend_raw(b"".join(encoded))
-        self.columns["offsets"].extend(ends + self.nbytes)
-        digest = xxhash.xxh3_64_intdigest
-        self.columns["hashes"].extend([digest(k) for k in encoded])
+        encoded, data, offsets = packed(keys)
+        self.columns["keys"].extend_raw(data.data)
+        self.columns["offsets"].extend(offsets[1:] + self.nbytes)
+        self.columns["hashes"].extend(key_hashes(encoded))
         self.columns["checksums"].extend(checksums)
-        self.nbytes += int(ends[-1]) if len(ends) else 0
+        self.nbytes += int(offsets[-1])
         self.count += len(encoded)
 
     def extend(self, keys: Keys, checksums: np.ndarray, block: int = FLUSH) -> None:

@@ -288,3 +288,19 @@ def test_entry_checksums_are_the_same_native_or_not(rowhash, pure, monkeypatch, 
     monkeypatch.setattr(checksum, "ENTRY_TABLE_BYTES", 1000)  # a few records per table
     assert entry_checksums(batch, checks, n).tolist() == expected
     assert entry_checksums(selected, checks, n, True).tolist() == one.tolist()
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_many_keys_hash_as_one_key_at_a_time(monkeypatch, native):
+    """recordmeta.key_hashes (a block of keys, one call) gives each key's key_hash."""
+    from packdata.recordmeta import key_hash, key_hashes, packed
+
+    if native and not checksum.NATIVE_ROWS:
+        pytest.skip("packdata._rowhash was not built (an install without a C compiler)")
+    if not native:
+        monkeypatch.setattr(checksum, "NATIVE_ROWS", False)
+    keys = ["", "a", "airplane_0001", "ünïcode/ключ", "k" * 300]
+    encoded, data, offsets = packed(keys)
+    assert key_hashes(encoded).tolist() == [key_hash(k) for k in keys]
+    assert [data[a:b].tobytes().decode() for a, b in zip(offsets[:-1], offsets[1:])] == keys
+    assert key_hashes([]).shape == (0,)

@@ -156,7 +156,8 @@ def test_the_key_check_compares_keys_whose_hashes_meet(monkeypatch, block):
     from packdata.conversion import job
     from packdata.sources.base import Item
 
-    monkeypatch.setattr(job, "key_hash", len)
+    monkeypatch.setattr(job, "key_hashes",
+                        lambda keys: np.fromiter(map(len, keys), np.uint64, len(keys)))
     monkeypatch.setattr(job, "KEY_BLOCK", block)
     items = [Item(key=k, path=Path(f"{k}.png")) for k in ("aa", "bb", "cc", "d", "e")]
     job._check_unique_keys(items)

@@ -15,7 +15,7 @@ import numpy as np
 from packdata import containers
 from packdata.errors import DatasetError, OutputExistsError, PackdataError
 from packdata.manifest import Manifest
-from packdata.recordmeta import key_hash
+from packdata.recordmeta import key_hashes
 from packdata.sources.base import Item, Source, keys_of
 
 ON_ERROR = ("fail", "skip")
@@ -78,7 +78,7 @@ def settle(source: Source, dst: str | Path, container: str | None,
     return Job(source, module.NAME, path, options, items, on_error)
 
 
-#: keys made as strings at a time while hashing them (the rest of the check is 8 bytes a key)
+#: keys made as strings at a time while hashing them (the rest of the check is 16 bytes a key)
 KEY_BLOCK = 1 << 16
 
 
@@ -90,8 +90,8 @@ def _check_unique_keys(items: Sequence[Item]) -> None:
     n = len(items)
     hashes = np.empty(n, dtype=np.uint64)
     for a in range(0, n, KEY_BLOCK):
-        block = keys_of(items[a : a + KEY_BLOCK])
-        hashes[a : a + len(block)] = np.fromiter(map(key_hash, block), np.uint64, len(block))
+        block = [key.encode() for key in keys_of(items[a : a + KEY_BLOCK])]
+        hashes[a : a + len(block)] = key_hashes(block)
     ordered = np.sort(hashes)
     met = ordered[1:][ordered[1:] == ordered[:-1]]
     if not len(met):

@@ -19,6 +19,7 @@ import numpy as np
 
 from packdata.errors import InputWarning, PackdataError, SampleError
 from packdata.manifest import Field
+from packdata.recordmeta import packed
 from packdata.remote.files import RemotePath, fetch_all
 from packdata.units import plural
 
@@ -102,10 +103,7 @@ class FileTable(ItemTable):
     @classmethod
     def of(cls, root: Path, files: Sequence[str], labels: Sequence[int | None]) -> FileTable:
         """The table of ``files`` (paths under ``root``) and their labels (all None: none)."""
-        encoded = [f.encode() for f in files]
-        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-        np.cumsum([len(e) for e in encoded], out=offsets[1:])
-        names = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+        _, names, offsets = packed(files)
         labelled = any(label is not None for label in labels)
         return cls(root, names, offsets, np.asarray(labels, np.int64) if labelled else None)
 
