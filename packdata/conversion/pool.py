@@ -127,10 +127,7 @@ class WorkerPool:
         todo = iter(tasks)
         pending: deque[tuple[Any, Future]] = deque()
         for task in itertools.islice(todo, window):
-            try:
-                pending.append((task, self._submit(fn, task)))
-            except BrokenProcessPool:  # the pool broke before: no task of these is to blame
-                raise WorkerDied(pending[0][0] if pending else None) from None
+            self._queue(pending, fn, task)
         while pending:
             task, future = pending.popleft()
             try:
@@ -139,11 +136,17 @@ class WorkerPool:
                 raise WorkerDied(task) from None
             nxt = next(todo, None)
             if nxt is not None:
-                try:
-                    pending.append((nxt, self._submit(fn, nxt)))
-                except BrokenProcessPool:  # noticed first here: the culprit is an earlier task
-                    raise WorkerDied(pending[0][0] if pending else nxt) from None
+                self._queue(pending, fn, nxt)
             yield task, result
+
+    def _queue(self, pending: deque[tuple[Any, Future]], fn: Callable[[Any], Any],
+               task: Any) -> None:
+        """``fn(task)`` queued behind ``pending``. A worker death noticed here is blamed on the
+        earliest task in flight (none: on no task), not on the one being queued."""
+        try:
+            pending.append((task, self._submit(fn, task)))
+        except BrokenProcessPool:
+            raise WorkerDied(pending[0][0] if pending else None) from None
 
     def as_completed(self, fn: Callable[[Any], Any],
                      tasks: list[Any]) -> Iterator[tuple[int, Any]]:
