@@ -68,7 +68,7 @@ def map_joined(paths: list[Path]) -> tuple[np.ndarray, np.ndarray] | None:
     if _LIBC is None:
         return None
     stats = [os.stat(p) for p in paths]
-    identity = tuple((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) for st in stats)
+    identity = tuple(map(_identity_of, stats))
     with _keeping:  # readers open in loader threads too
         for kept, (first, _) in list(_kept.items()):
             if kept != identity and _identity(first) != kept[0]:
@@ -86,9 +86,13 @@ def map_joined(paths: list[Path]) -> tuple[np.ndarray, np.ndarray] | None:
 
 def _identity(path: Path) -> tuple | None:
     try:
-        st = os.stat(path)
+        return _identity_of(os.stat(path))
     except OSError:
         return None
+
+
+def _identity_of(st: os.stat_result) -> tuple:
+    """What tells one file from another here: device, inode, size and modification time."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
