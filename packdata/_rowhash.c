@@ -185,25 +185,29 @@ piece(const column *c, Py_ssize_t i, Py_ssize_t *len)
     return c->base + i * c->stride;
 }
 
-/* `obj` as the output: a writable, contiguous array of `count` uint64. */
+/* `obj` as `count` uint64 (any number where count < 0), C-contiguous; writable where asked
+ * (the output). `what` names it in errors. */
 static int
-open_out(PyObject *obj, Py_ssize_t count, Py_buffer *v)
+open_uint64(PyObject *obj, const char *what, Py_ssize_t count, int writable, Py_buffer *v)
 {
-    if (PyObject_GetBuffer(obj, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
-        PyErr_SetString(PyExc_TypeError, "out must be a writable, contiguous array of uint64");
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, v, flags) < 0) {
+        PyErr_Format(PyExc_TypeError, "%s must be a%s contiguous array of uint64", what,
+                     writable ? " writable," : "");
         return 0;
     }
     const char *f = v->format ? v->format : "B";
-    if (*f == '@' || *f == '=')
+    if (*f == '@' || *f == '=' || (*f == '<' && PY_LITTLE_ENDIAN))
         f++;
     if (v->itemsize != 8 || (strcmp(f, "L") != 0 && strcmp(f, "Q") != 0)) {
-        PyErr_Format(PyExc_TypeError, "out must hold 8-byte integers (uint64), not format '%s'",
-                     v->format ? v->format : "B");
+        PyErr_Format(PyExc_TypeError, "%s must hold 8-byte integers (uint64), not format '%s'",
+                     what, v->format ? v->format : "B");
         PyBuffer_Release(v);
         return 0;
     }
-    if (v->len != 8 * count) {
-        PyErr_Format(PyExc_ValueError, "out holds %zd values, expected %zd", v->len / 8, count);
+    if (count >= 0 && v->len != 8 * count) {
+        PyErr_Format(PyExc_ValueError, "%s holds %zd values, expected %zd", what, v->len / 8,
+                     count);
         PyBuffer_Release(v);
         return 0;
     }
@@ -262,7 +266,7 @@ rows(PyObject *self, PyObject *args, PyObject *kwargs)
             goto done;
         }
     }
-    if (!open_out(out_obj, n, &out))
+    if (!open_uint64(out_obj, "out", n, 1, &out))
         goto done;
     have_out = 1;
     /* the largest record copied (the scratch buffer's size), whether any is streamed */
@@ -337,12 +341,272 @@ done:
     return result;
 }
 
+/* `obj` as n int64 values (C-contiguous), named `what` in errors. */
+static int
+open_int64(PyObject *obj, const char *what, Py_ssize_t n, Py_buffer *v)
+{
+    if (PyObject_GetBuffer(obj, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Format(PyExc_TypeError, "%s must be a contiguous array of int64", what);
+        return 0;
+    }
+    const char *f = v->format ? v->format : "B";
+    if (*f == '@' || *f == '=' || (*f == '<' && PY_LITTLE_ENDIAN))
+        f++;
+    if (v->itemsize != 8 || (strcmp(f, "l") != 0 && strcmp(f, "q") != 0) ||
+        (n >= 0 && v->len != 8 * n)) {
+        PyErr_Format(PyExc_ValueError, "%s must hold %zd int64 values (got %zd of format '%s')",
+                     what, n, v->len / (v->itemsize ? v->itemsize : 1),
+                     v->format ? v->format : "B");
+        PyBuffer_Release(v);
+        return 0;
+    }
+    return 1;
+}
+
+/* The check a gather makes: records[j] is record j's number, expected[r] record r's checksum,
+ * bit r of verified whether record r was checked before (set here as records pass). */
+typedef struct {
+    Py_buffer records, expected, verified;
+    int held; /* buffers acquired so far */
+} check;
+
+static void
+close_check(check *c)
+{
+    Py_buffer *b[3] = {&c->records, &c->expected, &c->verified};
+    for (int k = 0; k < c->held; k++)
+        PyBuffer_Release(b[k]);
+}
+
+static int
+open_check(PyObject *records, PyObject *expected, PyObject *verified, Py_ssize_t n, check *c)
+{
+    if (!open_int64(records, "records", n, &c->records))
+        return 0;
+    c->held = 1;
+    if (!open_uint64(expected, "expected", -1, 0, &c->expected))
+        return 0;
+    c->held = 2;
+    if (PyObject_GetBuffer(verified, &c->verified, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyErr_SetString(PyExc_ValueError, "verified must be a writable, contiguous bitmap");
+        return 0;
+    }
+    c->held = 3;
+    Py_ssize_t count = c->expected.len / 8;
+    if (c->verified.len < (count + 7) / 8) {
+        PyErr_Format(PyExc_ValueError, "verified holds %zd bits, %zd records have checksums",
+                     8 * c->verified.len, count);
+        return 0;
+    }
+    const int64_t *r = c->records.buf;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        if (r[j] < 0 || r[j] >= count) {
+            PyErr_Format(PyExc_IndexError, "record %lld is outside the %zd with checksums",
+                         (long long)r[j], count);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Set bit r of `bits`; whether it was clear. Atomic: loader threads check batches at once, and
+ * a bit lost to a race would make the count of checked records wrong. */
+static inline int
+mark(unsigned char *bits, int64_t r)
+{
+    unsigned char bit = (unsigned char)(1u << (r & 7));
+#if defined(__GNUC__) || defined(__clang__)
+    return !(__atomic_fetch_or(&bits[r >> 3], bit, __ATOMIC_RELAXED) & bit);
+#else
+    int was = !(bits[r >> 3] & bit);
+    bits[r >> 3] |= bit;
+    return was;
+#endif
+}
+
+static inline int
+marked(const unsigned char *bits, int64_t r)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    return __atomic_load_n(&bits[r >> 3], __ATOMIC_RELAXED) & (1u << (r & 7));
+#else
+    return bits[r >> 3] & (1u << (r & 7));
+#endif
+}
+
+PyDoc_STRVAR(gather_doc,
+"gather(columns, rows, outs, records=None, expected=None, verified=None, stream_above="
+STRING_OF(STREAM_ABOVE) ")\n--\n\n"
+"Copy row ``rows[k][j]`` of each column k (an array of rows, each row's bytes contiguous; rows\n"
+"may be strided, even overlap, over a mapped file) to row j of ``outs[k]`` (writable,\n"
+"C-contiguous, n rows of that width), for j < n. Every row number is checked first\n"
+"(IndexError).\n\n"
+"Given ``records`` (n int64: each row's record number), ``expected`` (uint64: every record's\n"
+"checksum) and ``verified`` (a bitmap, bit r for record r), each record j whose bit is clear is\n"
+"hashed (XXH3-64 of its rows in column order) as it was copied, compared with\n"
+"``expected[records[j]]`` and its bit set. Returns (first, checked): the position j of the first\n"
+"record that does not match (-1 if none; the rows after it are not copied), and how many bits\n"
+"this call set. ``stream_above`` is :func:`rows`'.");
+
+static PyObject *
+gather(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"columns", "rows", "outs", "records", "expected", "verified",
+                               "stream_above", NULL};
+    PyObject *given, *rows_obj, *outs_obj, *records = Py_None, *expected = Py_None,
+                                            *verified = Py_None;
+    Py_ssize_t stream_above = STREAM_ABOVE;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOOn:gather", keywords, &given, &rows_obj,
+                                     &outs_obj, &records, &expected, &verified, &stream_above))
+        return NULL;
+    int checking = records != Py_None;
+    if (checking && (expected == Py_None || verified == Py_None)) {
+        PyErr_SetString(PyExc_TypeError, "gather: records needs expected and verified");
+        return NULL;
+    }
+    if (checking && !bound())
+        return NULL;
+    PyObject *seq = PySequence_Fast(given, "gather: columns must be a list of arrays");
+    if (seq == NULL)
+        return NULL;
+    PyObject *rseq = PySequence_Fast(rows_obj, "gather: rows must be a list of arrays");
+    PyObject *oseq = rseq ? PySequence_Fast(outs_obj, "gather: outs must be a list of arrays")
+                          : NULL;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(seq), n = -1, opened = 0, rows_held = 0,
+               outs_held = 0;
+    PyObject *result = NULL;
+    column *cols = PyMem_Calloc(m ? m : 1, sizeof(column));
+    Py_buffer *rows_b = PyMem_Calloc(m ? m : 1, sizeof(Py_buffer));
+    Py_buffer *outs_b = PyMem_Calloc(m ? m : 1, sizeof(Py_buffer));
+    check chk = {.held = 0};
+    char *scratch = NULL;
+    void *state = NULL;
+    if (oseq == NULL)
+        goto done;
+    if (cols == NULL || rows_b == NULL || outs_b == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (m == 0 || PySequence_Fast_GET_SIZE(rseq) != m || PySequence_Fast_GET_SIZE(oseq) != m) {
+        PyErr_Format(PyExc_ValueError, "gather: %zd columns, %zd row arrays, %zd outs: expected "
+                     "as many of each (at least one)", m, PySequence_Fast_GET_SIZE(rseq),
+                     PySequence_Fast_GET_SIZE(oseq));
+        goto done;
+    }
+    Py_ssize_t record_bytes = 0;
+    for (; opened < m; opened++) {
+        column *c = &cols[opened];
+        if (!open_array(PySequence_Fast_GET_ITEM(seq, opened), opened, c)) {
+            goto done;
+        }
+        if (!open_int64(PySequence_Fast_GET_ITEM(rseq, opened), "rows", n, &rows_b[opened])) {
+            opened++;
+            goto done;
+        }
+        rows_held++;
+        if (n < 0)
+            n = rows_b[opened].len / 8;
+        Py_buffer *o = &outs_b[opened];
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(oseq, opened), o,
+                               PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+            PyErr_Format(PyExc_ValueError, "out %zd must be a writable, C-contiguous array",
+                         opened);
+            opened++;
+            goto done;
+        }
+        outs_held++;
+        if (o->len != n * c->width) {
+            PyErr_Format(PyExc_ValueError, "out %zd holds %zd bytes, expected %zd rows of %zd",
+                         opened, o->len, n, c->width);
+            opened++;
+            goto done;
+        }
+        const int64_t *r = rows_b[opened].buf;
+        Py_ssize_t limit = c->view.shape[0];
+        for (Py_ssize_t j = 0; j < n; j++) {
+            if (r[j] < 0 || r[j] >= limit) {
+                PyErr_Format(PyExc_IndexError, "row %lld is outside column %zd's %zd rows",
+                             (long long)r[j], opened, limit);
+                opened++;
+                goto done;
+            }
+        }
+        record_bytes += c->width;
+    }
+    if (checking) {
+        if (!open_check(records, expected, verified, n, &chk))
+            goto done;
+        if (m > 1 && ((scratch = PyMem_RawMalloc(record_bytes ? record_bytes : 1)) == NULL ||
+                      (record_bytes > stream_above && (state = create_state()) == NULL))) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    Py_ssize_t first_bad = -1, newly = 0;
+    Py_BEGIN_ALLOW_THREADS
+    const int64_t *record = checking ? chk.records.buf : NULL;
+    const uint64_t *sums = checking ? chk.expected.buf : NULL;
+    unsigned char *bits = checking ? chk.verified.buf : NULL;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        for (Py_ssize_t k = 0; k < m; k++) {
+            const column *c = &cols[k];
+            memcpy((char *)outs_b[k].buf + j * c->width,
+                   c->base + ((const int64_t *)rows_b[k].buf)[j] * c->stride, (size_t)c->width);
+        }
+        if (!checking || marked(bits, record[j]))
+            continue;
+        /* hashed from the rows just copied (in cache): what the read returns is what was checked */
+        uint64_t h;
+        if (m == 1) {
+            h = xxh3((char *)outs_b[0].buf + j * cols[0].width, (size_t)cols[0].width);
+        } else if (record_bytes > stream_above) {
+            reset(state);
+            for (Py_ssize_t k = 0; k < m; k++)
+                update(state, (char *)outs_b[k].buf + j * cols[k].width, (size_t)cols[k].width);
+            h = digest(state);
+        } else {
+            char *at = scratch;
+            for (Py_ssize_t k = 0; k < m; k++) {
+                memcpy(at, (char *)outs_b[k].buf + j * cols[k].width, (size_t)cols[k].width);
+                at += cols[k].width;
+            }
+            h = xxh3(scratch, (size_t)record_bytes);
+        }
+        if (h != sums[record[j]]) {
+            first_bad = j;
+            break;
+        }
+        newly += mark(bits, record[j]);
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("nn", first_bad, newly);
+done:
+    if (state != NULL)
+        free_state(state);
+    PyMem_RawFree(scratch);
+    close_check(&chk);
+    for (Py_ssize_t k = 0; k < outs_held; k++)
+        PyBuffer_Release(&outs_b[k]);
+    for (Py_ssize_t k = 0; k < rows_held; k++)
+        PyBuffer_Release(&rows_b[k]);
+    for (Py_ssize_t k = 0; k < opened; k++)
+        close_column(&cols[k]);
+    PyMem_Free(cols);
+    PyMem_Free(rows_b);
+    PyMem_Free(outs_b);
+    Py_XDECREF(oseq);
+    Py_XDECREF(rseq);
+    Py_DECREF(seq);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS,
      "bind(xxh3, create_state, free_state, reset, update, digest)\n--\n\n"
      "Use the functions at these addresses from now on: xxhash's XXH3_64bits, XXH3_createState,\n"
      "XXH3_freeState, XXH3_64bits_reset, XXH3_64bits_update and XXH3_64bits_digest."},
     {"rows", (PyCFunction)(void (*)(void))rows, METH_VARARGS | METH_KEYWORDS, rows_doc},
+    {"gather", (PyCFunction)(void (*)(void))gather, METH_VARARGS | METH_KEYWORDS, gather_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,7 +14,7 @@ per record out of Python instead.
 
 :func:`batch_checksums` computes a whole batch's and :func:`rows_checksums` those of records
 laid out as the rows of one table; :func:`chunks_checksum` a record whose bytes arrive as
-separate buffers.
+separate buffers; :func:`gather_checked` checks records as a read gathers them.
 
 **The native batch routine.** Where packdata's C extension :mod:`packdata._rowhash` was built
 (:data:`NATIVE_ROWS`), a batch's XXH3 checksums take one call, which loops over the records
@@ -27,6 +27,13 @@ whole batch, another pass over every byte. The routine calls xxhash's own XXH3-6
 functions, looked up once at import, and checked there against
 :func:`xxhash.xxh3_64_intdigest`), so the digests are bit for bit those of the pure path, which
 is what an install without a C compiler uses, and what CRC-32 (format version 1) always uses.
+
+**Checked as gathered.** The same routine gathers a batch (:func:`gather`: each record's rows
+copied from the mapped file into the batch's arrays, one call without the GIL), and the default
+read (:class:`packdata.containers.integrity.ChecksummedReader`) has it check each record not
+yet checked while the bytes it just copied are in the CPU's cache (:func:`gather_checked`): the
+hash, the comparison and the bitmap of checked records, in that one call, not a second pass
+over the batch and a dozen numpy calls after it.
 
 **Entry checksums.** A record may hold K entries of some fields (K presampled variants of a
 point cloud) of which a read serves one. Its checksum covers all K, so checking a read of one
@@ -107,6 +114,28 @@ def xxh3_each(buffers: list) -> np.ndarray:
         return _native_rows([buffers], len(buffers))
     return np.fromiter(map(xxhash.xxh3_64_intdigest, buffers), dtype=np.uint64,
                        count=len(buffers))
+
+
+def gather(columns: list[np.ndarray], rows: list[np.ndarray], outs: list[np.ndarray]) -> None:
+    """Row ``rows[k][j]`` of each of ``columns`` (2-D uint8 arrays of byte rows, strided, even
+    overlapping, over a mapped file) into row ``j`` of ``outs[k]`` (C-contiguous, as many
+    bytes), in one native call without the GIL; an IndexError for a row outside its column.
+    Only where the routine was built (:data:`NATIVE_ROWS`):
+    :func:`packdata.containers.base.gather_rows` gathers otherwise."""
+    _rowhash.gather(columns, rows, outs)
+
+
+def gather_checked(columns: list[np.ndarray], rows: list[np.ndarray], outs: list[np.ndarray],
+                   records: np.ndarray, expected: np.ndarray,
+                   verified: np.ndarray) -> tuple[int, int]:
+    """:func:`gather`, and each record not yet marked in ``verified`` (a bitmap: bit ``r`` of
+    byte ``r >> 3`` for record ``r``) checked as it is copied: XXH3-64 of its rows (in column
+    order) against ``expected[records[j]]``, then marked. Returns (the position of the first
+    record that does not match, or -1; how many bits were set). Only where the routine was
+    built: :class:`packdata.containers.integrity.ChecksummedReader` checks after the gather
+    otherwise."""
+    first, checked = _rowhash.gather(columns, rows, outs, records, expected, verified)
+    return first, checked
 
 
 def algorithm_of(version: int) -> str:

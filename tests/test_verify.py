@@ -14,6 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 import packdata
+from packdata import checksum
 from packdata.cli import app
 from packdata.containers.tar import shard_paths
 from packdata.streaming import StreamingDataset
@@ -100,10 +101,24 @@ def test_default_open_refuses_a_flipped_byte_on_every_path(tmp_path, packed, con
     the records sampled at open) is an error naming the dataset and the record's key."""
     copy = damaged_copy(tmp_path, packed, container)
     ds = packdata.open(copy)
+    # checked as the records are gathered, where packdata's C extension was built
+    assert ds.reader.gathers_checked == checksum.NATIVE_ROWS
     assert ds[[0, 1, 2]][0].shape[0] == 3  # sound records read as usual, and again below
     key = ds.keys[3]
     with pytest.raises(packdata.DatasetError, match=rf"{copy.name}: record 3 \('{key}'\) does "
                        "not match its checksum"):
+        PATHS[path](ds)
+
+
+@pytest.mark.parametrize("path", ["ds[i]", "batch", "loader", "DataLoader workers"])
+def test_without_the_native_routine_records_are_checked_after_they_are_read(
+        tmp_path, packed, container, path, monkeypatch):
+    monkeypatch.setattr(checksum, "NATIVE_ROWS", False)
+    copy = damaged_copy(tmp_path, packed, container)
+    ds = packdata.open(copy)
+    assert not ds.reader.gathers_checked
+    assert ds[[0, 1, 2]][0].shape[0] == 3
+    with pytest.raises(packdata.DatasetError, match=r"record 3 .* does not match its checksum"):
         PATHS[path](ds)
 
 

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from packdata import checksum
 from packdata.errors import ArgumentError, DatasetError
 from packdata.manifest import HEADER_HASH, Field, Manifest
 from packdata.options import Option
@@ -79,10 +80,17 @@ class Writer(ABC):
         """Release handles after a failure; the caller deletes the partial output."""
 
 
+#: where each fixed field of a batch lies: (name, view, rows) per field, ``view[rows]`` its bytes
+RowSources = list[tuple[str, np.ndarray, np.ndarray]]
+
+
 class Reader(ABC):
     """Batched random access to a container. Open one per process (handles do not survive fork)."""
 
     manifest: Manifest
+    #: whether :meth:`row_sources` says where a batch's records lie (the fast path: one gather
+    #: for every field, which checking fuses into)
+    GATHERS_ROWS: ClassVar[bool] = False
 
     @abstractmethod
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
@@ -96,13 +104,25 @@ class Reader(ABC):
     def read_into(self, indices: np.ndarray, out: dict[str, np.ndarray]) -> Batch:
         """:meth:`read`, with the fixed fields named in ``out`` placed in those arrays (each
         C-contiguous, shape ``(len(indices), *field.shape)``, the field's dtype), e.g. a
-        shared-memory slot a DataLoader worker sends the batch through. This default reads,
-        then copies; readers that can gather straight into them override it."""
+        shared-memory slot a DataLoader worker sends the batch through. Gathered straight into
+        them where :meth:`row_sources` says where the records lie; else read, then copied."""
+        if self.GATHERS_ROWS and set(out) == set(self.manifest.fields):
+            idx = self.check_indices(indices)
+            sources = self.row_sources(idx)
+            if sources is not None:
+                return gather_sources(sources, out)
         batch = self.read(indices)
         for name, array in out.items():
             np.copyto(array, batch[name])
             batch[name] = array
         return batch
+
+    def row_sources(self, idx: np.ndarray) -> RowSources | None:
+        """Where the fields of records ``idx`` (checked indices) lie, every field fixed-size, in
+        the manifest's order: ``view[rows]`` is a field's bytes (``view`` 2-D uint8, rows
+        along its first axis). None where this batch cannot be read that way (it is read
+        otherwise). Readers that declare :attr:`GATHERS_ROWS` implement it."""
+        raise NotImplementedError(f"{type(self).__name__} does not declare GATHERS_ROWS")
 
     @abstractmethod
     def lengths(self, name: str) -> np.ndarray:
@@ -197,19 +217,24 @@ def gather_rows(view: np.ndarray, rows: np.ndarray, out: np.ndarray | None = Non
     ``out``, into a new array of ``dtype`` shaped ``(len(rows), *shape)`` (by default a row of
     ``dtype`` items per record).
 
-    On one core, always. Into a given ``out``: torch's ``index_select`` where torch is loaded
-    and set to one thread (DataLoader's workers are), which writes into it (numpy's gathers
-    first copy a non-contiguous source whole, ``np.take``, or make a new one). numpy's fancy
-    indexing otherwise (on one thread the two gather at the same speed), and for rows of a few
-    bytes. Not on torch's intra-op threads, though they gather 1.9× as fast on an idle 2-core
-    machine: beside busy processes they fell to 0.16× numpy's (bench/bench_gather.py), and a
-    child forked after they ran hangs in them (tests/test_containers.py). ``packdata verify``
-    reads without importing torch."""
-    torch = sys.modules.get("torch")
+    On one core, always. Where packdata's C extension was built, one native call
+    (:func:`packdata.checksum.gather`: a copy per row, without the GIL). Otherwise, into a given
+    ``out``: torch's ``index_select`` where torch is loaded and set to one thread (DataLoader's
+    workers are), which writes into it (numpy's gathers first copy a non-contiguous source
+    whole, ``np.take``, or make a new one); numpy's fancy indexing otherwise. Not on torch's
+    intra-op threads, though they gather 1.9× as fast on an idle 2-core machine: beside busy
+    processes they fell to 0.16× numpy's (bench/bench_gather.py), and a child forked after they
+    ran hangs in them (tests/test_containers.py). ``packdata verify`` reads without importing
+    torch."""
     if shape is None:
         shape = (view.shape[1] // np.dtype(dtype).itemsize,)
     if not len(rows):
         return np.empty((0, *shape), dtype=dtype) if out is None else out
+    if checksum.NATIVE_ROWS:
+        target = np.empty((len(rows), *shape), dtype=dtype) if out is None else out
+        checksum.gather([view], [np.ascontiguousarray(rows, dtype=np.int64)], [target])
+        return target
+    torch = sys.modules.get("torch")
     if out is None or torch is None or view.shape[1] < 64 or torch.get_num_threads() > 1:
         gathered = view[rows]  # not np.take: that copies a strided source whole first
         if out is None:
@@ -223,6 +248,17 @@ def gather_rows(view: np.ndarray, rows: np.ndarray, out: np.ndarray | None = Non
     torch.index_select(source, 0, torch.from_numpy(np.ascontiguousarray(rows, np.int64)),
                        out=target)
     return out
+
+
+def gather_sources(sources: RowSources, out: dict[str, np.ndarray]) -> Batch:
+    """Each field of ``sources`` gathered into ``out[name]``: one native call for them all
+    where packdata's C extension was built."""
+    if not checksum.NATIVE_ROWS:
+        return {name: gather_rows(view, rows, out[name]) for name, view, rows in sources}
+    checksum.gather([view for _, view, _ in sources],
+           [np.ascontiguousarray(rows, dtype=np.int64) for _, _, rows in sources],
+           [out[name] for name, _, _ in sources])
+    return {name: out[name] for name, _, _ in sources}
 
 
 def map_file(path: Path) -> np.ndarray:

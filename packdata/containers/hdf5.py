@@ -27,6 +27,7 @@ import numpy as np
 from packdata.containers.base import (
     Batch,
     Reader,
+    RowSources,
     Select,
     ShardClosed,
     Writer,
@@ -196,6 +197,8 @@ def _finish_file(f: h5py.File, manifest: Manifest) -> None:
 
 
 class HDF5Reader(Reader):
+    GATHERS_ROWS = True
+
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.arrays: dict[str, np.ndarray] = {}
@@ -286,11 +289,10 @@ class HDF5Reader(Reader):
                                           shape=field.shape)
         return batch
 
-    def read_into(self, indices: np.ndarray, out: dict[str, np.ndarray]) -> Batch:
-        if set(out) != set(self.manifest.fields):
-            return super().read_into(indices, out)
-        idx = self.check_indices(indices)
-        return {name: gather_rows(self.rows[name], idx, out[name]) for name in self.manifest.fields}
+    def row_sources(self, idx: np.ndarray) -> RowSources | None:
+        if self.manifest.variable_fields:
+            return None
+        return [(name, self.rows[name], idx) for name in self.manifest.fields]
 
     def lengths(self, name: str) -> np.ndarray:
         self.check_variable(name)

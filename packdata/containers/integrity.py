@@ -1,8 +1,10 @@
 """Integrity on the read path: records checked against the manifest's checksums.
 
 - ``verify="full"`` (the default): every record a read returns has been checked
-  (:class:`ChecksummedReader`): hashed on its first read in this process, then remembered in a
-  bitmap of verified records (the data is a read-only map), so later epochs cost a bit test;
+  (:class:`ChecksummedReader`): hashed on its first read in this process (as it is gathered,
+  where the reader says where its records lie and packdata's C extension was built:
+  :func:`packdata.checksum.gather_checked`), then remembered in a bitmap of verified records
+  (the data is a read-only map), so later epochs cost a bit test;
   where records declare entry checksums (:class:`packdata.checksum.EntryChecks`), a read of one
   entry per record (a point cloud's variant) is checked, and remembered, entry by entry;
 - ``verify="sample"``: the checksums of a few records spread over the dataset, checked once at
@@ -16,19 +18,29 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 
-from packdata.checksum import algorithm_of, batch_checksums, entry_checksums
-from packdata.containers.base import Batch, Reader, Select, apply_select, selected_entries
+from packdata import checksum
+from packdata.checksum import XXH3, algorithm_of, batch_checksums, entry_checksums
+from packdata.containers.base import (
+    Batch,
+    Reader,
+    RowSources,
+    Select,
+    apply_select,
+    selected_entries,
+)
 from packdata.errors import ArgumentError, DatasetError, PackdataError
 
 LEVELS = ("off", "sample", "full")
 SAMPLED_RECORDS = 8  # records checksummed at open with verify="sample"
 _BIT = (1 << np.arange(8)).astype(np.uint8)  # record i is bit i & 7 of byte i >> 3
 _BITS_SET = np.array([bin(b).count("1") for b in range(256)], dtype=np.int64)
+T = TypeVar("T")
 
 
 def bad_checksums(reader: Reader, idx: np.ndarray, batch: Batch) -> list[int]:
@@ -55,8 +67,16 @@ def read_checked(reader: Reader, idx: np.ndarray, where: str | Path,
     """``reader.read`` (``reader.read_into``, given ``out``), with any failure that is not
     packdata's turned into a DatasetError naming the dataset (a damaged file makes numpy or a
     backend raise its own errors)."""
+    if out is None:
+        return _named(where, reader.read, idx, select)
+    return _named(where, reader.read_into, idx, out)
+
+
+def _named(where: str | Path, call: Callable[..., T], *args: Any) -> T:
+    """``call(*args)``, a failure that is not packdata's (nor an IndexError: a bad index)
+    turned into a DatasetError naming the dataset."""
     try:
-        return reader.read(idx, select) if out is None else reader.read_into(idx, out)
+        return call(*args)
     except (PackdataError, IndexError):
         raise
     except Exception as exc:
@@ -102,6 +122,12 @@ class ChecksummedReader(Reader):
         #: epoch) a read is the inner read itself
         self.remaining = bits if checked else 0
         self._lock = threading.Lock()  # loader threads share a reader: the count must stay exact
+        #: whether whole-record reads into arrays are checked as they are gathered (one native
+        #: call: each record hashed while its bytes are in cache, the bitmap kept there too)
+        self.gathers_checked = (checked and checksum.NATIVE_ROWS and inner.GATHERS_ROWS
+                                and self.entry_checks is None
+                                and algorithm_of(self.manifest.version) == XXH3)
+        self._expected = np.ascontiguousarray(self.manifest.checksums, dtype=np.uint64)
 
     def _unchecked(self, bits: np.ndarray) -> np.ndarray:
         """Whether each of ``bits`` is still to be checked (record ``i``'s bits are
@@ -119,20 +145,29 @@ class ChecksummedReader(Reader):
         return idx[:, None] * self.bits_per_record + np.arange(self.bits_per_record)
 
     def _mark(self, fresh: np.ndarray) -> None:
-        """Set bits ``fresh``. The count drops by their number, a duplicate counted twice
-        (exact for a batch without duplicates, with no sort to find them): reaching 0 it is
-        recounted from the bitmap, so it never reads 0 while a bit is unset."""
+        """Set bits ``fresh``; see :meth:`_count`."""
         with self._lock:
             np.bitwise_or.at(self.verified, fresh >> 3, _BIT[fresh & 7])
-            self.remaining -= len(fresh)
-            if self.remaining <= 0:
-                self.remaining = (self.manifest.count * self.bits_per_record
-                                  - int(_BITS_SET[self.verified].sum()))
+            self._count(len(fresh))
+
+    def _count(self, marked: int) -> None:
+        """The count drops by the bits just ``marked`` (a duplicate counted twice, with no sort
+        to find them; a bit set natively while :meth:`_mark` rewrote its byte lost): reaching 0
+        it is recounted from the bitmap, so it never reads 0 while a bit is unset. Called
+        holding the lock."""
+        self.remaining -= marked
+        if self.remaining <= 0:
+            self.remaining = (self.manifest.count * self.bits_per_record
+                              - int(_BITS_SET[self.verified].sum()))
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         if not self.remaining:
             return read_checked(self.inner, indices, self.where, select)
         idx = self.inner.check_indices(indices)
+        if self.gathers_checked and not select:
+            batch = self._read_gathered(idx)
+            if batch is not None:
+                return batch
         if self.entry_checks is not None and self.entry_checks.selects_one_entry(select):
             return self._read_entries(idx, select)  # type: ignore[arg-type]
         unchecked = self._unchecked_records(idx)
@@ -146,11 +181,44 @@ class ChecksummedReader(Reader):
         if not self.remaining:
             return read_checked(self.inner, indices, self.where, out=out)
         idx = self.inner.check_indices(indices)
+        if self.gathers_checked and set(out) == set(self.manifest.fields):
+            batch = self._read_gathered(idx, out)
+            if batch is not None:
+                return batch
         batch = read_checked(self.inner, idx, self.where, out=out)
         unchecked = self._unchecked_records(idx)
         if unchecked.any():  # hashed where they were gathered (e.g. the slot they leave by)
             self._check(idx, unchecked, batch)
         return batch
+
+    def _read_gathered(self, idx: np.ndarray, out: dict[str, np.ndarray] | None = None
+                       ) -> Batch | None:
+        """Whole records ``idx`` gathered (into ``out``, or new arrays) and checked as they are
+        copied; None where the inner reader cannot gather this batch by rows."""
+        sources = _named(self.where, self.inner.row_sources, idx)
+        if sources is None:
+            return None
+        if out is None:
+            fields = self.manifest.fields
+            out = {name: np.empty((len(idx), *fields[name].shape), dtype=fields[name].np_dtype)
+                   for name, _, _ in sources}
+        return _named(self.where, self._gather_checked, idx, sources, out)
+
+    def _gather_checked(self, idx: np.ndarray, sources: RowSources,
+                        out: dict[str, np.ndarray]) -> Batch:
+        """Records ``idx`` gathered from ``sources`` into ``out``, those not marked yet hashed
+        and checked as they are copied, then marked (:func:`packdata.checksum.gather_checked`)."""
+        first, marked = checksum.gather_checked(
+            [view for _, view, _ in sources],
+            [np.ascontiguousarray(rows, dtype=np.int64) for _, _, rows in sources],
+            [out[name] for name, _, _ in sources], np.ascontiguousarray(idx), self._expected,
+            self.verified)
+        if first >= 0:
+            raise mismatch(self.where, self.inner, int(idx[first]))
+        if marked:
+            with self._lock:
+                self._count(marked)
+        return {name: out[name] for name, _, _ in sources}
 
     def _check(self, idx: np.ndarray, unchecked: np.ndarray, batch: Batch) -> None:
         """Check the whole records of ``batch`` (records ``idx``) that are ``unchecked``, then

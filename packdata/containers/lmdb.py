@@ -31,6 +31,7 @@ import numpy as np
 from packdata.containers.base import (
     Batch,
     Reader,
+    RowSources,
     Select,
     ShardClosed,
     Writer,
@@ -148,6 +149,8 @@ class LMDBWriter(Writer):
 
 
 class LMDBReader(Reader):
+    GATHERS_ROWS = True
+
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.env = shared_env(self.path)
@@ -280,18 +283,18 @@ class LMDBReader(Reader):
             starts = ends
         return batch
 
-    def read_into(self, indices: np.ndarray, out: dict[str, np.ndarray]) -> Batch:
-        whole = set(out) == set(self.manifest.fixed_fields) and not self.manifest.variable_fields
+    def row_sources(self, idx: np.ndarray) -> RowSources | None:
+        if self.manifest.variable_fields:
+            return None
         try:
-            located = self._fixed_map() if whole else None
+            located = self._fixed_map()
             if located is None:
-                return super().read_into(indices, out)
-            offsets = located.locate(self.check_indices(indices))
+                return None
+            offsets = located.locate(idx)
         except lmdb.Error as exc:
             raise DatasetError(f"{self.path}: LMDB cannot be read ({type(exc).__name__}: {exc}); "
                                "the dataset is damaged") from None
-        return {name: gather_rows(located.column(a, b), offsets, out[name])
-                for name, _, a, b in self.columns}
+        return [(name, located.column(a, b), offsets) for name, _, a, b in self.columns]
 
     def _lookup(self, idx: np.ndarray) -> Batch:
         """Records ``idx`` (checked) looked up key by key."""

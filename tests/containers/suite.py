@@ -124,6 +124,28 @@ class ContainerSuite:
                           list(range(30))[::-1], FIXED)
         assert verify(path).ok
 
+    @pytest.mark.parametrize("fields", [FIXED, VARIANTS], ids=["fixed", "variants"])
+    def test_row_sources_locate_what_read_returns(self, tmp_path, fields):
+        """A reader that declares GATHERS_ROWS says where every field of a batch lies (across
+        shards): its rows are the records' bytes, and reads into arrays gathered from them
+        (checked as they are gathered by default) hold the same records."""
+        records = make_records(fields, 23)
+        path = self.write(tmp_path, fields, records, self.options(5))
+        reader = self.reader(path)
+        idx = np.array([22, 3, 3, 10, 0])
+        sources = reader.row_sources(idx) if reader.GATHERS_ROWS else None
+        if sources is None:
+            pytest.skip(f"{self.name}: reads are not gathered by rows")
+        assert [name for name, _, _ in sources] == list(fields)
+        for name, view, rows in sources:
+            got = view[rows].view(fields[name].np_dtype).reshape(len(idx), *fields[name].shape)
+            np.testing.assert_array_equal(got, np.stack([records[i][name] for i in idx]))
+        checked = at_open(self.reader(path), path, "full")
+        out = {name: np.empty((len(idx), *f.shape), f.np_dtype) for name, f in fields.items()}
+        self.assert_batch(checked.read_into(idx, out), records, idx.tolist(), fields)
+        # a strided view of indices (a rank's share, indices[rank::world])
+        self.assert_batch(checked.read(idx[::-2]), records, idx[::-2].tolist(), fields)
+
     def test_lengths_of_variable_fields(self, tmp_path):
         records = make_records(VARIABLE, 9)
         reader = self.reader(self.write(tmp_path, VARIABLE, records, self.options(4)))

@@ -17,6 +17,7 @@ import numpy as np
 from packdata.containers.base import (
     Batch,
     Reader,
+    RowSources,
     Select,
     gather_rows,
     map_file,
@@ -44,6 +45,7 @@ ENTRY_BLOCK = 4096
 class TarReader(Reader):
     """Batched reads from memory-mapped shards (see the module docstring)."""
 
+    GATHERS_ROWS = True
     #: whether all shards may be mapped back to back up front (:meth:`_joined_map`); readers
     #: that fetch shards on demand say no
     JOINS_SHARDS: ClassVar[bool] = True
@@ -355,24 +357,23 @@ class TarReader(Reader):
                 batch[name] = self._gather_fixed(name, field, idx, select.get(name))
         return batch
 
-    def read_into(self, indices: np.ndarray, out: dict[str, np.ndarray]) -> Batch:
-        idx = self.check_indices(indices)
-        if self._cut is not None or set(out) != set(self.manifest.fields) or not len(idx):
-            return super().read_into(idx, out)
+    def row_sources(self, idx: np.ndarray) -> RowSources | None:
+        if self._cut is not None or self.manifest.variable_fields or not len(idx):
+            return None
         self._check_records(idx)
-        batch: Batch = {}
+        sources: RowSources = []
         for name, field in self.manifest.fields.items():
-            if f"{name}.values" in self.index:  # kept in the index (labels): a small gather
-                batch[name] = np.take(self.index[f"{name}.values"], idx, axis=0, out=out[name],
-                                      mode="clip")
+            if f"{name}.values" in self.index:  # kept in the index (labels): no shard touched
+                values = self.index[f"{name}.values"]
+                sources.append((name, values.reshape(len(values), -1).view(np.uint8), idx))
                 continue
             joined = self._window(name, field.nbytes)
-            if joined is None:  # shards not mapped as one range: read, then copy
-                return super().read_into(idx, out)
+            if joined is None:  # shards not mapped as one range
+                return None
             starts, window = joined  # each record's address: computed per batch, not at open
             at = starts[self.index[f"{name}.shard"][idx]] + self.index[f"{name}.offset"][idx]
-            batch[name] = gather_rows(window, at, out[name])
-        return batch
+            sources.append((name, window, at))
+        return sources
 
     def lengths(self, name: str) -> np.ndarray:
         field = self.check_variable(name)
