@@ -52,6 +52,7 @@ from bench_containers import TARGETS, SortedGather, build_folder
 
 import packdata
 from packdata import sources
+from packdata.containers.base import gather_rows
 
 CLOUD_BATCH = 16
 FRESH = """
@@ -98,10 +99,14 @@ def runs_of(paths: dict[str, Path], prefix: str, batch: int) -> dict:
 
 class VariantGather:
     """The point-cloud limit: shuffled batches, each batch's indices sorted, of the variant
-    each record serves in epoch 0, gathered from every record's K variants in RAM."""
+    each record serves in epoch 0, gathered from every record's K variants in RAM by the gather
+    the readers use (``gather_rows``, over rows of one variant each)."""
 
     def __init__(self, points: np.ndarray, manifest, seed: int = 0) -> None:
         self.points, self.manifest = points, manifest
+        self.k = points.shape[1]
+        self.variant_rows = np.ascontiguousarray(points).reshape(
+            len(points) * self.k, -1).view(np.uint8)
         self.rng = np.random.default_rng(seed)
 
     def __iter__(self):
@@ -109,7 +114,9 @@ class VariantGather:
         order = self.rng.permutation(len(self.points))
         for start in range(0, len(order), CLOUD_BATCH):
             idx = np.sort(order[start : start + CLOUD_BATCH])
-            yield torch.from_numpy(self.points[idx, select(self.manifest, idx, 0)["points"]])
+            rows = idx * self.k + select(self.manifest, idx, 0)["points"]
+            yield torch.from_numpy(gather_rows(self.variant_rows, rows, dtype=self.points.dtype,
+                                               shape=self.points.shape[2:]))
 
 
 def cifar_runs(args, tmp: Path):

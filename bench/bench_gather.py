@@ -11,7 +11,8 @@ of ``--count`` records of 3,072 bytes (a CIFAR image) gathered into a new array,
   readers reach records at any offset), indexed by byte address;
 
 by numpy's fancy indexing, ``np.take``, torch's ``index_select`` (on one thread, and on
-torch's default intra-op threads) and packdata's ``gather_rows`` (which picks one of them).
+torch's default intra-op threads) and packdata's ``gather_rows`` (packdata's native routine
+where its C extension was built, else one of the others).
 Each variant's microseconds per batch are the median of ``--rounds`` interleaved rounds; ratios
 are to numpy's gather from RAM (busy: from the map) in the same rounds.
 The CPU seconds per wall second say how many cores a variant keeps busy. Then the same rounds
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 from _shared import command_line, drain, interleaved, parser, ratio_of_rounds, timed, write_results
 
+from packdata import checksum
 from packdata.containers.base import gather_rows, map_file
 from packdata.containers.joined import byte_window
 
@@ -92,7 +94,9 @@ def main() -> None:
             "torch index_select, RAM": lambda b: ram_t.index_select(0, torch.from_numpy(b)),
             "torch index_select, map": torch_take(mapped),
             "torch index_select, byte window": torch_take(window, True),
+            "packdata gather_rows, RAM": lambda b: gather_rows(ram, b),
             "packdata gather_rows, map": lambda b: gather_rows(mapped, b),
+            "packdata gather_rows, byte window": lambda b: gather_rows(window, b * RECORD),
         }
         rows = summary(rounds_of(variants, batches, args.rounds), "numpy fancy, RAM")
         busy_variants = {name: variants[name] for name in (
@@ -111,6 +115,7 @@ def main() -> None:
     write_results(args.json, {"command": command_line(), "count": args.count,
                               "record_bytes": RECORD, "batch": BATCH, "rounds": args.rounds,
                               "torch_threads": threads, "load_average": os.getloadavg(),
+                              "native_rows": checksum.NATIVE_ROWS,
                               "rows": rows, "busy_rows": busy_rows})
 
 
