@@ -14,7 +14,8 @@ samples/s delivered to a loop that touches every batch (batch 256), for each con
 against the limit: an in-RAM gather of each batch's sorted indices (within-batch order is free
 in SGD), by the gather the readers use (``gather_rows``). Rates are medians of interleaved
 rounds; each ratio is the median of per-round ratios (each round times the RAM gather and every
-loader back to back), since absolute numbers move with the machine's load. Loaders are built once, so worker processes persist across passes.
+loader back to back), since absolute numbers move with the machine's load. Loaders are built
+once, so worker processes persist across passes.
 """
 
 from __future__ import annotations

@@ -9,13 +9,19 @@ costs at the least); the pixels one xxhash call per row (``map``, rows_checksums
 routine) and through packdata._rowhash; pixels and label laid side by side by ``np.concatenate``
 then ``map`` (batch_checksums without the routine) and through the routine, each record copied
 into one buffer, streamed from its two pieces, and as the routine chooses by default; and
-batch_checksums itself with and without the routine. Then records of two pieces (the second
+batch_checksums itself with and without the routine. Then what a read's check costs: a batch
+(sorted random indices, a new batch each call) gathered by the routine from 50,000 such records
+in RAM (pixels and labels in two arrays, as HDF5 stores them) into the batch's arrays, alone and
+checked as gathered (``gather_checked``, the bitmap cleared first: every record hashed, as in a
+first epoch: by default about 64 KiB of records copied, then hashed; and each record hashed
+right after its copy). Then records of two pieces (the second
 the 8-byte label) from 16 bytes to 64 KiB, copied against streamed: where the routine's limit
 (``stream_above``) belongs.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import timeit
@@ -45,6 +51,45 @@ def per_batch_us(runs: dict, rounds: int) -> dict[str, dict[str, float]]:
 def routine(columns: list, n: int, **limit):
     out = np.empty(n, dtype=np.uint64)
     return lambda: checksum._rowhash.rows(columns, out, **limit)
+
+
+def gather_runs(rng: np.random.Generator, records: int = 50_000) -> dict:
+    """A read's gather from ``records`` CIFAR records in RAM, alone and checked as gathered."""
+    pixels = rng.integers(0, 256, (records, 3072), dtype=np.uint8)
+    labels = rng.integers(0, 10, records).reshape(records, 1).view(np.uint8)
+    sums = checksum.rows_checksums(np.concatenate([pixels, labels], axis=1))
+    order = rng.permutation(records)
+    batches = itertools.cycle([np.sort(order[a : a + BATCH]) for a in range(0, records, BATCH)
+                               if a + BATCH <= records])
+    outs = [np.empty((BATCH, 3072), np.uint8), np.empty((BATCH, 8), np.uint8)]
+    verified = np.zeros((records + 7) // 8, np.uint8)
+
+    def gather():
+        idx = next(batches)
+        checksum.gather([pixels, labels], [idx, idx], outs)
+
+    def gather_checked():
+        idx = next(batches)
+        verified[:] = 0
+        first, _ = checksum.gather_checked([pixels, labels], [idx, idx], outs, idx, sums,
+                                           verified)
+        assert first == -1
+
+    def gather_checked_each():  # each record hashed right after its copy: no blocks
+        idx = next(batches)
+        verified[:] = 0
+        first, _ = checksum._rowhash.gather([pixels, labels], [idx, idx], outs, idx, sums,
+                                            verified, block_bytes=1)
+        assert first == -1
+
+    def clear():  # the bitmap's clearing, timed apart: subtract it from the checked rows
+        next(batches)
+        verified[:] = 0
+
+    return {"read: gather of a batch from RAM, native": gather,
+            "read: gather, every record checked as gathered": gather_checked,
+            "read: the same, each record hashed right after its copy": gather_checked_each,
+            "read: the bitmap's clearing alone (in the two rows above)": clear}
 
 
 def main() -> None:
@@ -81,6 +126,7 @@ def main() -> None:
         "batch_checksums, native": lambda: checksum.batch_checksums(batch, fields, BATCH),
         "batch_checksums, pure path": pure_batch_checksums,
     }
+    runs.update(gather_runs(rng))
     rows = [{"name": name, **t} for name, t in per_batch_us(runs, args.rounds).items()]
     for row in rows:
         print(f"{row['min_us']:8.1f} µs (median {row['median_us']:7.1f})  {row['name']}")

@@ -36,6 +36,8 @@ static digest_fn digest = NULL;
 
 /* records of more bytes than this that come from several columns are streamed, not copied */
 #define STREAM_ABOVE 1024
+/* a checked gather copies about this many bytes of records, then hashes them (see gather) */
+#define BLOCK_BYTES 65536
 #define STRING(x) #x
 #define STRING_OF(x) STRING(x)
 
@@ -436,7 +438,7 @@ marked(const unsigned char *bits, int64_t r)
 
 PyDoc_STRVAR(gather_doc,
 "gather(columns, rows, outs, records=None, expected=None, verified=None, stream_above="
-STRING_OF(STREAM_ABOVE) ")\n--\n\n"
+STRING_OF(STREAM_ABOVE) ", block_bytes=" STRING_OF(BLOCK_BYTES) ")\n--\n\n"
 "Copy row ``rows[k][j]`` of each column k (an array of rows, each row's bytes contiguous; rows\n"
 "may be strided, even overlap, over a mapped file) to row j of ``outs[k]`` (writable,\n"
 "C-contiguous, n rows of that width), for j < n. Every row number is checked first\n"
@@ -446,18 +448,20 @@ STRING_OF(STREAM_ABOVE) ")\n--\n\n"
 "hashed (XXH3-64 of its rows in column order) as it was copied, compared with\n"
 "``expected[records[j]]`` and its bit set. Returns (first, checked): the position j of the first\n"
 "record that does not match (-1 if none; the rows after it are not copied), and how many bits\n"
-"this call set. ``stream_above`` is :func:`rows`'.");
+"this call set. ``stream_above`` is :func:`rows`'; records are copied about ``block_bytes`` at a\n"
+"time, then hashed.");
 
 static PyObject *
 gather(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"columns", "rows", "outs", "records", "expected", "verified",
-                               "stream_above", NULL};
+                               "stream_above", "block_bytes", NULL};
     PyObject *given, *rows_obj, *outs_obj, *records = Py_None, *expected = Py_None,
                                             *verified = Py_None;
-    Py_ssize_t stream_above = STREAM_ABOVE;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOOn:gather", keywords, &given, &rows_obj,
-                                     &outs_obj, &records, &expected, &verified, &stream_above))
+    Py_ssize_t stream_above = STREAM_ABOVE, block_bytes = BLOCK_BYTES;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOOnn:gather", keywords, &given,
+                                     &rows_obj, &outs_obj, &records, &expected, &verified,
+                                     &stream_above, &block_bytes))
         return NULL;
     int checking = records != Py_None;
     if (checking && (expected == Py_None || verified == Py_None)) {
@@ -480,6 +484,7 @@ gather(PyObject *self, PyObject *args, PyObject *kwargs)
     Py_buffer *outs_b = PyMem_Calloc(m ? m : 1, sizeof(Py_buffer));
     check chk = {.held = 0};
     char *scratch = NULL;
+    uint64_t *wanted = NULL;
     void *state = NULL;
     if (oseq == NULL)
         goto done;
@@ -536,6 +541,10 @@ gather(PyObject *self, PyObject *args, PyObject *kwargs)
     if (checking) {
         if (!open_check(records, expected, verified, n, &chk))
             goto done;
+        if ((wanted = PyMem_RawMalloc(n ? n * sizeof(uint64_t) : 1)) == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
         if (m > 1 && ((scratch = PyMem_RawMalloc(record_bytes ? record_bytes : 1)) == NULL ||
                       (record_bytes > stream_above && (state = create_state()) == NULL))) {
             PyErr_NoMemory();
@@ -547,36 +556,53 @@ gather(PyObject *self, PyObject *args, PyObject *kwargs)
     const int64_t *record = checking ? chk.records.buf : NULL;
     const uint64_t *sums = checking ? chk.expected.buf : NULL;
     unsigned char *bits = checking ? chk.verified.buf : NULL;
-    for (Py_ssize_t j = 0; j < n; j++) {
-        for (Py_ssize_t k = 0; k < m; k++) {
-            const column *c = &cols[k];
-            memcpy((char *)outs_b[k].buf + j * c->width,
-                   c->base + ((const int64_t *)rows_b[k].buf)[j] * c->stride, (size_t)c->width);
-        }
-        if (!checking || marked(bits, record[j]))
-            continue;
-        /* hashed from the rows just copied (in cache): what the read returns is what was checked */
-        uint64_t h;
-        if (m == 1) {
-            h = xxh3((char *)outs_b[0].buf + j * cols[0].width, (size_t)cols[0].width);
-        } else if (record_bytes > stream_above) {
-            reset(state);
-            for (Py_ssize_t k = 0; k < m; k++)
-                update(state, (char *)outs_b[k].buf + j * cols[k].width, (size_t)cols[k].width);
-            h = digest(state);
-        } else {
-            char *at = scratch;
+    /* Rows are copied a block at a time, then the block's records hashed: copies back to back
+     * keep many loads from memory in flight, where a hash after each copy would wait for each
+     * record's bytes in turn; a block stays in the CPU's cache until it is hashed. */
+    /* the stored checksums the batch needs, fetched first: loads that do not wait on each
+     * other, where fetching each after its record's hash would wait for memory every time */
+    for (Py_ssize_t j = 0; checking && j < n; j++)
+        wanted[j] = sums[record[j]];
+    Py_ssize_t block = record_bytes ? block_bytes / record_bytes : n;
+    if (block < 1)
+        block = 1;
+    for (Py_ssize_t start = 0; start < n && first_bad < 0; start += block) {
+        Py_ssize_t end = start + block < n ? start + block : n;
+        for (Py_ssize_t j = start; j < end; j++) {
             for (Py_ssize_t k = 0; k < m; k++) {
-                memcpy(at, (char *)outs_b[k].buf + j * cols[k].width, (size_t)cols[k].width);
-                at += cols[k].width;
+                const column *c = &cols[k];
+                memcpy((char *)outs_b[k].buf + j * c->width,
+                       c->base + ((const int64_t *)rows_b[k].buf)[j] * c->stride,
+                       (size_t)c->width);
             }
-            h = xxh3(scratch, (size_t)record_bytes);
         }
-        if (h != sums[record[j]]) {
-            first_bad = j;
-            break;
+        for (Py_ssize_t j = start; checking && j < end; j++) {
+            if (marked(bits, record[j]))
+                continue;
+            /* hashed from the rows copied (in cache): what the read returns is what was checked */
+            uint64_t h;
+            if (m == 1) {
+                h = xxh3((char *)outs_b[0].buf + j * cols[0].width, (size_t)cols[0].width);
+            } else if (record_bytes > stream_above) {
+                reset(state);
+                for (Py_ssize_t k = 0; k < m; k++)
+                    update(state, (char *)outs_b[k].buf + j * cols[k].width,
+                           (size_t)cols[k].width);
+                h = digest(state);
+            } else {
+                char *at = scratch;
+                for (Py_ssize_t k = 0; k < m; k++) {
+                    memcpy(at, (char *)outs_b[k].buf + j * cols[k].width, (size_t)cols[k].width);
+                    at += cols[k].width;
+                }
+                h = xxh3(scratch, (size_t)record_bytes);
+            }
+            if (h != wanted[j]) {
+                first_bad = j;
+                break;
+            }
+            newly += mark(bits, record[j]);
         }
-        newly += mark(bits, record[j]);
     }
     Py_END_ALLOW_THREADS
     result = Py_BuildValue("nn", first_bad, newly);
@@ -584,6 +610,7 @@ done:
     if (state != NULL)
         free_state(state);
     PyMem_RawFree(scratch);
+    PyMem_RawFree(wanted);
     close_check(&chk);
     for (Py_ssize_t k = 0; k < outs_held; k++)
         PyBuffer_Release(&outs_b[k]);

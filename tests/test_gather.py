@@ -138,3 +138,20 @@ def test_checked_gather_refuses_what_it_cannot_check(check, error, message):
     args = check(np.array([0], dtype=np.int64), sums, np.zeros(1, np.uint8))
     with pytest.raises(error, match=message):
         checksum._rowhash.gather(columns, [starts[:1]] * 2, outs, *args)
+
+
+@pytest.mark.parametrize("block_bytes", [1, 3080 * 7, 1 << 20])
+def test_a_damaged_record_in_a_later_block_is_named_and_those_before_it_marked(block_bytes):
+    """Records are copied a block at a time, then hashed: whatever the block, the first damaged
+    record is the one named, and only the records before it are marked."""
+    _, starts, columns, sums = a_file(records=400)
+    damaged = sums.copy()
+    damaged[[250, 260]] ^= 1
+    records = np.arange(400, dtype=np.int64)[::-1].copy()  # record 260 is read before 250
+    bits = np.zeros(50, np.uint8)
+    outs = [np.empty((400, 3072), np.uint8), np.empty((400, 8), np.uint8)]
+    first, marked = checksum._rowhash.gather(columns, [starts[records]] * 2, outs, records,
+                                             damaged, bits, block_bytes=block_bytes)
+    assert (first, marked) == (139, 139) and records[first] == 260
+    assert np.flatnonzero(np.unpackbits(bits, bitorder="little")).tolist() == list(range(261, 400))
+    assert np.array_equal(outs[0][:140], columns[0][starts[records[:140]]])
