@@ -261,6 +261,32 @@ def test_a_reopened_tar_dataset_reads_through_the_map_of_the_last_open(packed, t
     assert not [first for first, _ in joined_maps._kept.values() if path in first.parents]
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="kept maps are Linux's")
+def test_a_reopened_hdf5_dataset_reads_through_the_map_of_the_last_open(packed, tmp_path):
+    """As tar's shards: the file's map is kept in the process and found again by the file's
+    identity; a file replaced since is mapped anew, and reads the same records."""
+    from packdata.containers import joined as joined_maps
+
+    path = tmp_path / "d.h5"
+    shutil.copy(packed["hdf5"], path)
+
+    def kept() -> list:
+        return [whole for first, (whole, _) in joined_maps._kept.values() if first == path]
+
+    first = packdata.open(path)
+    expected = first[[0, 99, 51]]
+    [whole] = kept()
+    del first
+    packdata.open(path)
+    assert [w is whole for w in kept()] == [True]
+    shutil.copy(path, tmp_path / "copy.h5")
+    os.replace(tmp_path / "copy.h5", path)  # the same bytes, another file
+    replaced = packdata.open(path)
+    assert [w is whole for w in kept()] == [False]
+    for got, want in zip(replaced[[0, 99, 51]], expected, strict=True):
+        assert torch.equal(got, want)
+
+
 def test_every_kind_declares_what_loading_may_ask_of_it():
     for kind in packdata.sources.KINDS:
         module = packdata.sources.get(kind)

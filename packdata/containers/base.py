@@ -255,10 +255,16 @@ def gather_sources(sources: RowSources, out: dict[str, np.ndarray]) -> Batch:
     where packdata's C extension was built."""
     if not checksum.NATIVE_ROWS:
         return {name: gather_rows(view, rows, out[name]) for name, view, rows in sources}
-    checksum.gather([view for _, view, _ in sources],
-           [np.ascontiguousarray(rows, dtype=np.int64) for _, _, rows in sources],
-           [out[name] for name, _, _ in sources])
+    checksum.gather(*native_arguments(sources, out))
     return {name: out[name] for name, _, _ in sources}
+
+
+def native_arguments(sources: RowSources, out: dict[str, np.ndarray]) -> tuple[list, list, list]:
+    """``sources`` and ``out`` as the native gather takes them: the views, the rows (int64,
+    contiguous) and the output arrays, field by field."""
+    return ([view for _, view, _ in sources],
+            [np.ascontiguousarray(rows, dtype=np.int64) for _, _, rows in sources],
+            [out[name] for name, _, _ in sources])
 
 
 def map_file(path: Path) -> np.ndarray:

@@ -33,10 +33,10 @@ from packdata.containers.base import (
     Writer,
     columns_of,
     gather_rows,
-    map_file,
     same_destination,
     selected_entries,
 )
+from packdata.containers.joined import map_kept
 from packdata.containers.spool import BLOCK_BYTES, Spool
 from packdata.errors import DatasetError, PackdataError
 from packdata.manifest import HEADER_HASH, Field, Manifest, check_manifest
@@ -215,7 +215,7 @@ class HDF5Reader(Reader):
     def _open(self) -> None:
         import h5py
 
-        whole = map_file(self.path)
+        whole = map_kept(self.path)  # reopened in this process: the last open's map
         with h5py.File(self.path, "r") as f:
             if MANIFEST not in f:
                 raise DatasetError(f"{self.path}: HDF5 file has no packdata manifest")

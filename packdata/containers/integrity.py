@@ -32,6 +32,7 @@ from packdata.containers.base import (
     RowSources,
     Select,
     apply_select,
+    native_arguments,
     selected_entries,
 )
 from packdata.errors import ArgumentError, DatasetError, PackdataError
@@ -208,11 +209,9 @@ class ChecksummedReader(Reader):
                         out: dict[str, np.ndarray]) -> Batch:
         """Records ``idx`` gathered from ``sources`` into ``out``, those not marked yet hashed
         and checked as they are copied, then marked (:func:`packdata.checksum.gather_checked`)."""
-        first, marked = checksum.gather_checked(
-            [view for _, view, _ in sources],
-            [np.ascontiguousarray(rows, dtype=np.int64) for _, _, rows in sources],
-            [out[name] for name, _, _ in sources], np.ascontiguousarray(idx), self._expected,
-            self.verified)
+        first, marked = checksum.gather_checked(*native_arguments(sources, out),
+                                                np.ascontiguousarray(idx), self._expected,
+                                                self.verified)
         if first >= 0:
             raise mismatch(self.where, self.inner, int(idx[first]))
         if marked:

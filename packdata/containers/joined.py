@@ -5,10 +5,11 @@ per file needs a gather per shard and a second copy to put the rows in order. Li
 (``mmap`` with ``MAP_FIXED`` through ctypes); :func:`map_joined` returns None where that is not
 available, and callers keep their per-file path.
 
-The last few maps stay mapped in the process (:data:`KEEP`), found again by their files'
-identity (device, inode, size, modification time): a dataset reopened in the same process (a
-script that opens per epoch) reads through the map, and the page-table entries, that the last
-open built, as LMDB's one environment per file and process does. A file replaced or changed in
+The last few maps stay mapped in the process (:data:`KEEP`; one file's too, :func:`map_kept`),
+found again by their files' identity (device, inode, size, modification time): a dataset
+reopened in the same process (a script that opens per epoch) reads through the map, and the
+page-table entries, that the last open built, as LMDB's one environment per file and process
+does. A file replaced or changed in
 size is mapped anew; a kept map whose first file is gone or replaced is let go at the next call,
 so that deleting a dataset frees its disk space (a mapped file's blocks stay while it is mapped).
 """
@@ -24,6 +25,8 @@ from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
+
+from packdata.containers.base import map_file
 
 _PROT_NONE, _MAP_FIXED, _MAP_NORESERVE = 0, 0x10, 0x4000  # Linux values
 _FAILED = ctypes.c_void_p(-1).value
@@ -82,6 +85,16 @@ def map_joined(paths: list[Path]) -> tuple[np.ndarray, np.ndarray] | None:
             while len(_kept) > KEEP:
                 _kept.popitem(last=False)
         return joined
+
+
+def map_kept(path: Path) -> np.ndarray:
+    """One file as a read-only uint8 array over a map kept in the process like a joined one
+    (see the module's docstring: a dataset reopened here reads through the page-table entries
+    its last open built); a plain map (:func:`packdata.containers.base.map_file`) where joined
+    maps are not available."""
+    size = os.stat(path).st_size
+    joined = map_joined([Path(path)]) if size else None
+    return map_file(path) if joined is None else joined[0][:size]
 
 
 def _identity(path: Path) -> tuple | None:
