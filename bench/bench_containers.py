@@ -161,7 +161,7 @@ def main() -> None:
                          "vs_same_loader_w0": ratio(key, (container, name.replace(
                              " processes", ""), 0)),
                          **converted[container]})
-        rows.append({"loader": "numpy gather of sorted indices in RAM", "workers": 0,
+        rows.append({"loader": "gather of sorted indices in RAM (gather_rows)", "workers": 0,
                      "samples_per_s": ram, "vs_ram_median_of_rounds": 1.0})
         del datasets, loaders
 

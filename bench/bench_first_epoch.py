@@ -13,9 +13,9 @@ batch's indices sorted: bench_containers' SortedGather), and for each container 
 the machine's other jobs do not inflate).
 
 Each container is measured twice a round: reopened in this process (``reopen``: what a script
-that opens per epoch pays; LMDB keeps one environment per file and process, so its map, and the
-page-table entries of pages already read, outlive the dataset, where HDF5 and tar map their
-files afresh), and opened for the first time in a fresh process (``process``: what a spawned
+that opens per epoch pays; LMDB keeps one environment per file and process, and HDF5 and tar
+keep their files' maps in the process, so the map, and the page-table entries of pages already
+read, outlive the dataset), and opened for the first time in a fresh process (``process``: what a spawned
 worker, a DDP rank or a new run pays; timed in the child from ``packdata.open`` to the end of
 the epoch, the interpreter's start and the imports of numpy, torch, packdata and the container
 libraries left out).
