@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _shared import CIFAR_PNG, parser, write_results
+from _shared import CIFAR_PNG, command_line, parser, write_results
 from torch.utils.data import DataLoader
 
 import packdata
@@ -169,7 +169,8 @@ def main() -> None:
         row["vs_per_file_same_workers"] = row["samples_per_s"] / base[row["workers"]]
         row["vs_per_file_best"] = row["samples_per_s"] / max(base.values())
         row.setdefault("vs_ram_median_of_rounds", row["samples_per_s"] / ram)
-    report = {"count": args.count, "batch_size": BATCH, "cpus": os.cpu_count(),
+    report = {"command": command_line(), "count": args.count, "batch_size": BATCH,
+              "cpus": os.cpu_count(), "load_average": os.getloadavg(),
               "time": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}
     write_results(args.json, report)
     print("| loader | workers | samples/s | × per-file (best) | × RAM | × packdata.loader w=0 "
