@@ -139,6 +139,11 @@ def test_ranged_access_reads_records_without_fetching_shards(remote, s3, local, 
     (x, y), (a, b) = ds[picks], here[picks]
     assert (x == a).all() and (y == b).all()
     assert all((ds[i][0] == here[i][0]).all() for i in (0, 63, 118))
+    # into arrays too (a DataLoader worker's shared-memory slot): the reader gathers no rows
+    fields = ds.manifest.fields
+    out = {name: np.empty((len(picks), *f.shape), f.np_dtype) for name, f in fields.items()}
+    batch = ds.reader.read_into(np.array(picks), out)
+    assert (batch["image"] == here.reader.read(np.array(picks))["image"]).all()
     assert not list((tmp_path / "cache").rglob("*.tar"))  # only the index was fetched
     with pytest.raises(ArgumentError, match="access 'pages'"):
         _open(remote, s3, tmp_path, access="pages")

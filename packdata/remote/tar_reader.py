@@ -32,6 +32,9 @@ class RemoteTarReader(tar.TarReader):
     """A tar dataset at a URL, read through a bounded local cache of whole shards."""
 
     JOINS_SHARDS = False  # shards arrive on demand and may be evicted
+    # with no joined map there are no rows to gather from; asking would fetch whole shards to
+    # check the batch's records, which ranged access must not
+    GATHERS_ROWS = False
 
     def __init__(self, url: str, storage: Storage | None = None) -> None:
         self.url = url.rstrip("/")
