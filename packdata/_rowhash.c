@@ -1,4 +1,5 @@
-/* Per-record XXH3-64 of a whole batch in one call: packdata/checksum.py's native path.
+/* Per-record XXH3-64 of a whole batch in one call (rows), and a batch's rows gathered from a
+ * mapped file, each record checked as it is copied (gather): packdata/checksum.py's native path.
  *
  * Hashing a batch record by record from Python pays a numpy row view and a call per record,
  * and records whose fields are stored apart were first copied side by side into one table (a
@@ -187,6 +188,39 @@ piece(const column *c, Py_ssize_t i, Py_ssize_t *len)
     return c->base + i * c->stride;
 }
 
+/* XXH3-64 of record i: its bytes in each of the m columns in order, streamed from its pieces
+ * when there are several and it is larger than `stream_above`, else copied into `scratch`
+ * (room for the largest such record) and hashed in one call. */
+static inline uint64_t
+hash_record(const column *cols, Py_ssize_t m, Py_ssize_t i, Py_ssize_t stream_above, void *state,
+            char *scratch)
+{
+    Py_ssize_t len, total = 0;
+    if (m == 1) {
+        const char *bytes = piece(&cols[0], i, &len);
+        return xxh3(bytes, (size_t)len);
+    }
+    for (Py_ssize_t k = 0; k < m; k++) {
+        piece(&cols[k], i, &len);
+        total += len;
+    }
+    if (total > stream_above) {
+        reset(state);
+        for (Py_ssize_t k = 0; k < m; k++) {
+            const char *bytes = piece(&cols[k], i, &len);
+            update(state, bytes, (size_t)len);
+        }
+        return digest(state);
+    }
+    char *at = scratch;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        const char *bytes = piece(&cols[k], i, &len);
+        memcpy(at, bytes, (size_t)len);
+        at += len;
+    }
+    return xxh3(scratch, (size_t)total);
+}
+
 /* `obj` as `count` uint64 (any number where count < 0), C-contiguous; writable where asked
  * (the output). `what` names it in errors. */
 static int
@@ -297,37 +331,8 @@ rows(PyObject *self, PyObject *args, PyObject *kwargs)
     }
     uint64_t *digests = out.buf;
     Py_BEGIN_ALLOW_THREADS
-    Py_ssize_t len;
-    if (m == 1) {
-        for (Py_ssize_t i = 0; i < n; i++) {
-            const char *bytes = piece(&cols[0], i, &len);
-            digests[i] = xxh3(bytes, (size_t)len);
-        }
-    } else {
-        for (Py_ssize_t i = 0; i < n; i++) {
-            Py_ssize_t total = 0;
-            for (Py_ssize_t k = 0; k < m; k++) {
-                piece(&cols[k], i, &len);
-                total += len;
-            }
-            if (total > stream_above) {
-                reset(state);
-                for (Py_ssize_t k = 0; k < m; k++) {
-                    const char *bytes = piece(&cols[k], i, &len);
-                    update(state, bytes, (size_t)len);
-                }
-                digests[i] = digest(state);
-                continue;
-            }
-            char *at = scratch;
-            for (Py_ssize_t k = 0; k < m; k++) {
-                const char *bytes = piece(&cols[k], i, &len);
-                memcpy(at, bytes, (size_t)len);
-                at += len;
-            }
-            digests[i] = xxh3(scratch, (size_t)total);
-        }
-    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        digests[i] = hash_record(cols, m, i, stream_above, state, scratch);
     Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);
 done:
@@ -485,6 +490,7 @@ gather(PyObject *self, PyObject *args, PyObject *kwargs)
     check chk = {.held = 0};
     char *scratch = NULL;
     uint64_t *wanted = NULL;
+    column *copied = NULL; /* the outs, as columns the hash reads the copied rows from */
     void *state = NULL;
     if (oseq == NULL)
         goto done;
@@ -541,9 +547,14 @@ gather(PyObject *self, PyObject *args, PyObject *kwargs)
     if (checking) {
         if (!open_check(records, expected, verified, n, &chk))
             goto done;
-        if ((wanted = PyMem_RawMalloc(n ? n * sizeof(uint64_t) : 1)) == NULL) {
+        if ((wanted = PyMem_RawMalloc(n ? n * sizeof(uint64_t) : 1)) == NULL ||
+            (copied = PyMem_Calloc(m, sizeof(column))) == NULL) {
             PyErr_NoMemory();
             goto done;
+        }
+        for (Py_ssize_t k = 0; k < m; k++) {
+            copied[k].base = outs_b[k].buf;
+            copied[k].stride = copied[k].width = cols[k].width;
         }
         if (m > 1 && ((scratch = PyMem_RawMalloc(record_bytes ? record_bytes : 1)) == NULL ||
                       (record_bytes > stream_above && (state = create_state()) == NULL))) {
@@ -580,24 +591,7 @@ gather(PyObject *self, PyObject *args, PyObject *kwargs)
             if (marked(bits, record[j]))
                 continue;
             /* hashed from the rows copied (in cache): what the read returns is what was checked */
-            uint64_t h;
-            if (m == 1) {
-                h = xxh3((char *)outs_b[0].buf + j * cols[0].width, (size_t)cols[0].width);
-            } else if (record_bytes > stream_above) {
-                reset(state);
-                for (Py_ssize_t k = 0; k < m; k++)
-                    update(state, (char *)outs_b[k].buf + j * cols[k].width,
-                           (size_t)cols[k].width);
-                h = digest(state);
-            } else {
-                char *at = scratch;
-                for (Py_ssize_t k = 0; k < m; k++) {
-                    memcpy(at, (char *)outs_b[k].buf + j * cols[k].width, (size_t)cols[k].width);
-                    at += cols[k].width;
-                }
-                h = xxh3(scratch, (size_t)record_bytes);
-            }
-            if (h != wanted[j]) {
+            if (hash_record(copied, m, j, stream_above, state, scratch) != wanted[j]) {
                 first_bad = j;
                 break;
             }
@@ -611,6 +605,7 @@ done:
         free_state(state);
     PyMem_RawFree(scratch);
     PyMem_RawFree(wanted);
+    PyMem_Free(copied);
     close_check(&chk);
     for (Py_ssize_t k = 0; k < outs_held; k++)
         PyBuffer_Release(&outs_b[k]);
@@ -639,7 +634,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "packdata._rowhash",
-    "Per-record XXH3-64 of a batch in one call (packdata.checksum's native path).", -1, methods,
+    "Per-record XXH3-64 of a batch, and a batch's rows gathered and checked, in one call "
+    "(packdata.checksum's native path).", -1, methods,
 };
 
 PyMODINIT_FUNC
