@@ -119,12 +119,12 @@ class ChecksummedReader(Reader):
         bits = self.manifest.count * self.bits_per_record
         # calloc'd: pages are touched only as records are checked
         self.verified = np.zeros((bits + 7) // 8, dtype=np.uint8)
-        #: at most the bits not set yet (exact once it reaches 0: see _mark); at 0 (after an
+        #: at most the bits not set yet (exact once it reaches 0: see _count); at 0 (after an
         #: epoch) a read is the inner read itself
         self.remaining = bits if checked else 0
         self._lock = threading.Lock()  # loader threads share a reader: the count must stay exact
-        #: whether whole-record reads into arrays are checked as they are gathered (one native
-        #: call: each record hashed while its bytes are in cache, the bitmap kept there too)
+        #: whether whole-record reads are checked as they are gathered (one native call: each
+        #: record hashed while its bytes are in cache, its bit set there too)
         self.gathers_checked = (checked and checksum.NATIVE_ROWS and inner.GATHERS_ROWS
                                 and self.entry_checks is None
                                 and algorithm_of(self.manifest.version) == XXH3)

@@ -9,9 +9,9 @@ The last few maps stay mapped in the process (:data:`KEEP`; one file's too, :fun
 found again by their files' identity (device, inode, size, modification time): a dataset
 reopened in the same process (a script that opens per epoch) reads through the map, and the
 page-table entries, that the last open built, as LMDB's one environment per file and process
-does. A file replaced or changed in
-size is mapped anew; a kept map whose first file is gone or replaced is let go at the next call,
-so that deleting a dataset frees its disk space (a mapped file's blocks stay while it is mapped).
+does. A file replaced or changed in size is mapped anew; a kept map whose first file is gone or
+replaced is let go at the next call, so that deleting a dataset frees its disk space (a mapped
+file's blocks stay while it is mapped).
 """
 
 from __future__ import annotations

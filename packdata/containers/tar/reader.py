@@ -281,15 +281,19 @@ class TarReader(Reader):
                 self._joined = map_joined([self.path / n for n in self.shard_names])
         return self._joined  # type: ignore[return-value]
 
-    def _window(self, name: str, nbytes: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """(where each shard starts in the joined map, a window of ``nbytes`` rows over the
-        map), or None."""
+    def _located(self, name: str, nbytes: int, idx: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
+        """(a window of ``nbytes`` rows over the joined map, the address of field ``name`` of
+        each of records ``idx`` in it), or None where shards are not joined. The addresses are
+        computed per batch, not at open."""
         joined = self._joined_map()
         if joined is None:
             return None
         if nbytes not in self._windows:
             self._windows[nbytes] = byte_window(joined[0], nbytes)
-        return joined[1], self._windows[nbytes]
+        starts = joined[1]
+        return (self._windows[nbytes],
+                starts[self.index[f"{name}.shard"][idx]] + self.index[f"{name}.offset"][idx])
 
     def _payloads(self, name: str, idx: np.ndarray) -> list[np.ndarray]:
         shard = self.index[f"{name}.shard"][idx]
@@ -314,10 +318,9 @@ class TarReader(Reader):
                 return view[local]
             return view.reshape(len(view), parts, nbytes)[local, sel]
 
-        joined = self._window(name, nbytes) if len(idx) else None
-        if joined is not None:  # records of any shards at any offsets: one gather
-            starts, window = joined  # each record's address: computed per batch, not at open
-            at = starts[self.index[f"{name}.shard"][idx]] + self.index[f"{name}.offset"][idx]
+        located = self._located(name, nbytes, idx) if len(idx) else None
+        if located is not None:  # records of any shards at any offsets: one gather
+            window, at = located
             at = at if rows is None else at + rows * nbytes
             return gather_rows(window, at, dtype=field.np_dtype, shape=shape)
         shards = self.index[f"{name}.shard"][idx]
@@ -367,12 +370,10 @@ class TarReader(Reader):
                 values = self.index[f"{name}.values"]
                 sources.append((name, values.reshape(len(values), -1).view(np.uint8), idx))
                 continue
-            joined = self._window(name, field.nbytes)
-            if joined is None:  # shards not mapped as one range
+            located = self._located(name, field.nbytes, idx)
+            if located is None:  # shards not mapped as one range
                 return None
-            starts, window = joined  # each record's address: computed per batch, not at open
-            at = starts[self.index[f"{name}.shard"][idx]] + self.index[f"{name}.offset"][idx]
-            sources.append((name, window, at))
+            sources.append((name, *located))
         return sources
 
     def lengths(self, name: str) -> np.ndarray:
