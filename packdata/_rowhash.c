@@ -370,8 +370,8 @@ open_int64(PyObject *obj, const char *what, Py_ssize_t n, Py_buffer *v)
     return 1;
 }
 
-/* The check a gather makes: records[j] is record j's number, expected[r] record r's checksum,
- * bit r of verified whether record r was checked before (set here as records pass). */
+/* The check a gather makes: expected[j] is row j's checksum, records[j] its bit in verified (set
+ * here as rows pass; a record's number, or one bit per entry where entries are checked apart). */
 typedef struct {
     Py_buffer records, expected, verified;
     int held; /* buffers acquired so far */
@@ -391,7 +391,7 @@ open_check(PyObject *records, PyObject *expected, PyObject *verified, Py_ssize_t
     if (!open_int64(records, "records", n, &c->records))
         return 0;
     c->held = 1;
-    if (!open_uint64(expected, "expected", -1, 0, &c->expected))
+    if (!open_uint64(expected, "expected", n, 0, &c->expected))
         return 0;
     c->held = 2;
     if (PyObject_GetBuffer(verified, &c->verified, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
@@ -399,17 +399,12 @@ open_check(PyObject *records, PyObject *expected, PyObject *verified, Py_ssize_t
         return 0;
     }
     c->held = 3;
-    Py_ssize_t count = c->expected.len / 8;
-    if (c->verified.len < (count + 7) / 8) {
-        PyErr_Format(PyExc_ValueError, "verified holds %zd bits, %zd records have checksums",
-                     8 * c->verified.len, count);
-        return 0;
-    }
+    Py_ssize_t bits = 8 * c->verified.len;
     const int64_t *r = c->records.buf;
     for (Py_ssize_t j = 0; j < n; j++) {
-        if (r[j] < 0 || r[j] >= count) {
-            PyErr_Format(PyExc_IndexError, "record %lld is outside the %zd with checksums",
-                         (long long)r[j], count);
+        if (r[j] < 0 || r[j] >= bits) {
+            PyErr_Format(PyExc_IndexError, "record %lld is outside verified's %zd bits",
+                         (long long)r[j], bits);
             return 0;
         }
     }
@@ -448,10 +443,10 @@ STRING_OF(STREAM_ABOVE) ", block_bytes=" STRING_OF(BLOCK_BYTES) ")\n--\n\n"
 "may be strided, even overlap, over a mapped file) to row j of ``outs[k]`` (writable,\n"
 "C-contiguous, n rows of that width), for j < n. Every row number is checked first\n"
 "(IndexError).\n\n"
-"Given ``records`` (n int64: each row's record number), ``expected`` (uint64: every record's\n"
-"checksum) and ``verified`` (a bitmap, bit r for record r), each record j whose bit is clear is\n"
-"hashed (XXH3-64 of its rows in column order) as it was copied, compared with\n"
-"``expected[records[j]]`` and its bit set. Returns (first, checked): the position j of the first\n"
+"Given ``records`` (n int64: the bit of each row's record in ``verified``, a bitmap, bit b of\n"
+"byte b >> 3), ``expected`` (n uint64: each row's checksum) and ``verified``, each record j\n"
+"whose bit is clear is hashed (XXH3-64 of its rows in column order) as it was copied, compared\n"
+"with ``expected[j]`` and its bit set. Returns (first, checked): the position j of the first\n"
 "record that does not match (-1 if none; the rows after it are not copied), and how many bits\n"
 "this call set. ``stream_above`` is :func:`rows`'; records are copied about ``block_bytes`` at a\n"
 "time, then hashed.");
@@ -489,7 +484,6 @@ gather(PyObject *self, PyObject *args, PyObject *kwargs)
     Py_buffer *outs_b = PyMem_Calloc(m ? m : 1, sizeof(Py_buffer));
     check chk = {.held = 0};
     char *scratch = NULL;
-    uint64_t *wanted = NULL;
     column *copied = NULL; /* the outs, as columns the hash reads the copied rows from */
     void *state = NULL;
     if (oseq == NULL)
@@ -547,8 +541,7 @@ gather(PyObject *self, PyObject *args, PyObject *kwargs)
     if (checking) {
         if (!open_check(records, expected, verified, n, &chk))
             goto done;
-        if ((wanted = PyMem_RawMalloc(n ? n * sizeof(uint64_t) : 1)) == NULL ||
-            (copied = PyMem_Calloc(m, sizeof(column))) == NULL) {
+        if ((copied = PyMem_Calloc(m, sizeof(column))) == NULL) {
             PyErr_NoMemory();
             goto done;
         }
@@ -570,10 +563,6 @@ gather(PyObject *self, PyObject *args, PyObject *kwargs)
     /* Rows are copied a block at a time, then the block's records hashed: copies back to back
      * keep many loads from memory in flight, where a hash after each copy would wait for each
      * record's bytes in turn; a block stays in the CPU's cache until it is hashed. */
-    /* the stored checksums the batch needs, fetched first: loads that do not wait on each
-     * other, where fetching each after its record's hash would wait for memory every time */
-    for (Py_ssize_t j = 0; checking && j < n; j++)
-        wanted[j] = sums[record[j]];
     Py_ssize_t block = record_bytes ? block_bytes / record_bytes : n;
     if (block < 1)
         block = 1;
@@ -591,7 +580,7 @@ gather(PyObject *self, PyObject *args, PyObject *kwargs)
             if (marked(bits, record[j]))
                 continue;
             /* hashed from the rows copied (in cache): what the read returns is what was checked */
-            if (hash_record(copied, m, j, stream_above, state, scratch) != wanted[j]) {
+            if (hash_record(copied, m, j, stream_above, state, scratch) != sums[j]) {
                 first_bad = j;
                 break;
             }
@@ -604,7 +593,6 @@ done:
     if (state != NULL)
         free_state(state);
     PyMem_RawFree(scratch);
-    PyMem_RawFree(wanted);
     PyMem_Free(copied);
     close_check(&chk);
     for (Py_ssize_t k = 0; k < outs_held; k++)

@@ -126,15 +126,16 @@ def gather(columns: list[np.ndarray], rows: list[np.ndarray], outs: list[np.ndar
 
 
 def gather_checked(columns: list[np.ndarray], rows: list[np.ndarray], outs: list[np.ndarray],
-                   records: np.ndarray, expected: np.ndarray,
+                   bits: np.ndarray, expected: np.ndarray,
                    verified: np.ndarray) -> tuple[int, int]:
-    """:func:`gather`, and each record not yet marked in ``verified`` (a bitmap: bit ``r`` of
-    byte ``r >> 3`` for record ``r``) checked as it is copied: XXH3-64 of its rows (in column
-    order) against ``expected[records[j]]``, then marked. Returns (the position of the first
-    record that does not match, or -1; how many bits were set). Only where the routine was
-    built: :class:`packdata.containers.integrity.ChecksummedReader` checks after the gather
+    """:func:`gather`, and each record whose bit is not yet set in ``verified`` (a bitmap: bit
+    ``b`` of byte ``b >> 3``; record ``j``'s is ``bits[j]``: its number, or its entry's where
+    entries are checked apart) checked as it is copied: XXH3-64 of its rows (in column order)
+    against ``expected[j]``, then marked. Returns (the position of the first record that does
+    not match, or -1; how many bits were set). Only where the routine was built:
+    :class:`packdata.containers.integrity.ChecksummedReader` checks after the gather
     otherwise."""
-    first, checked = _rowhash.gather(columns, rows, outs, records, expected, verified)
+    first, checked = _rowhash.gather(columns, rows, outs, bits, expected, verified)
     return first, checked
 
 

@@ -57,17 +57,32 @@ def test_checked_gather_hashes_marks_and_names_the_first_damaged_record():
     _, starts, columns, sums = a_file()
     records = np.array([5, 9, 2, 9, 400], dtype=np.int64)
     bits = np.zeros(500 // 8 + 1, np.uint8)
-    outs, result = gathered(columns, starts[records], (records, sums, bits))
+    outs, result = gathered(columns, starts[records], (records, sums[records], bits))
     assert result == (-1, 4)  # record 9 twice: one bit set
     assert np.flatnonzero(np.unpackbits(bits, bitorder="little")).tolist() == [2, 5, 9, 400]
     assert np.array_equal(outs[0], columns[0][starts[records]])
-    assert gathered(columns, starts[records], (records, sums, bits))[1] == (-1, 0)
+    assert gathered(columns, starts[records], (records, sums[records], bits))[1] == (-1, 0)
     # a marked record is not hashed again; an unmarked one whose checksum differs is named
     damaged = sums.copy()
     damaged[[9, 7]] ^= 1
     more = np.array([9, 8, 7, 6], dtype=np.int64)
-    assert gathered(columns, starts[more], (more, damaged, bits))[1] == (2, 1)
+    assert gathered(columns, starts[more], (more, damaged[more], bits))[1] == (2, 1)
     assert np.flatnonzero(np.unpackbits(bits, bitorder="little")).tolist() == [2, 5, 8, 9, 400]
+
+
+def test_checked_gather_marks_the_bits_it_is_given():
+    """A bit per entry (a point cloud's variants checked apart): each row's checksum is the one
+    given at its position, its bit the one given, whatever the record's number."""
+    _, starts, columns, sums = a_file(records=20)
+    records = np.array([3, 17, 8], dtype=np.int64)
+    entries = np.array([2, 0, 3], dtype=np.int64)
+    bits = np.zeros(10, np.uint8)  # 20 records x 4 entries
+    assert gathered(columns, starts[records], (records * 4 + entries, sums[records], bits))[1] \
+        == (-1, 3)
+    assert np.flatnonzero(np.unpackbits(bits, bitorder="little")).tolist() == [14, 35, 68]
+    others = records * 4 + 1  # another entry of the same records: not marked, so hashed again
+    wrong = sums[records[::-1]].copy()
+    assert gathered(columns, starts[records], (others, wrong, bits))[1] == (0, 0)
 
 
 def test_checked_gather_hashes_one_column_and_small_records_alike():
@@ -97,7 +112,7 @@ def test_threads_checking_at_once_count_each_record_once():
     def check(records):
         for a in range(0, 2000, 64):
             part = np.ascontiguousarray(records[a : a + 64])
-            counts.append(gathered(columns, starts[part], (part, sums, bits))[1][1])
+            counts.append(gathered(columns, starts[part], (part, sums[part], bits))[1][1])
 
     threads = [threading.Thread(target=check, args=(o,)) for o in (order, order[::-1], order)]
     for t in threads:
@@ -126,10 +141,11 @@ def test_gather_refuses_rows_and_outputs_it_cannot_use(call, error, message):
 
 
 @pytest.mark.parametrize("check, error, message", [
-    (lambda r, s, b: (r + 3, s, b), IndexError, "record 3 is outside the 3 with checksums"),
-    (lambda r, s, b: (r, s, b[:0]), ValueError, "verified holds 0 bits, 3 records"),
-    (lambda r, s, b: (r, s.astype(np.int32), b), TypeError, "expected must hold 8-byte"),
-    (lambda r, s, b: (r, s, bytes(b)), ValueError, "verified must be a writable, contiguous"),
+    (lambda r, s, b: (r + 8, s[:1], b), IndexError, "record 8 is outside verified's 8 bits"),
+    (lambda r, s, b: (r, s[:1], b[:0]), IndexError, "record 0 is outside verified's 0 bits"),
+    (lambda r, s, b: (r, s, b), ValueError, "expected holds 3 values, expected 1"),
+    (lambda r, s, b: (r, s[:1].astype(np.int32), b), TypeError, "expected must hold 8-byte"),
+    (lambda r, s, b: (r, s[:1], bytes(b)), ValueError, "verified must be a writable, contig"),
     (lambda r, s, b: (r, s), TypeError, "records needs expected and verified"),
 ])
 def test_checked_gather_refuses_what_it_cannot_check(check, error, message):
@@ -151,7 +167,7 @@ def test_a_damaged_record_in_a_later_block_is_named_and_those_before_it_marked(b
     bits = np.zeros(50, np.uint8)
     outs = [np.empty((400, 3072), np.uint8), np.empty((400, 8), np.uint8)]
     first, marked = checksum._rowhash.gather(columns, [starts[records]] * 2, outs, records,
-                                             damaged, bits, block_bytes=block_bytes)
+                                             damaged[records], bits, block_bytes=block_bytes)
     assert (first, marked) == (139, 139) and records[first] == 260
     assert np.flatnonzero(np.unpackbits(bits, bitorder="little")).tolist() == list(range(261, 400))
     assert np.array_equal(outs[0][:140], columns[0][starts[records[:140]]])

@@ -16,8 +16,10 @@ import torch
 from typer.testing import CliRunner
 
 import packdata
+from packdata import checksum
 from packdata.cli import app
 from packdata.containers import get as get_container
+from packdata.containers import integrity
 from packdata.errors import DatasetError, InputWarning, MissingExtraError, PackdataError, SampleError
 from packdata.manifest import Field
 from packdata.prep.pointsample import coverage_radius
@@ -160,11 +162,18 @@ def flip_stored_bytes(path: Path, stored: np.ndarray) -> None:
     raise AssertionError(f"{len(needle)} bytes not found under {path}")
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["checked-as-gathered", "pure"])
 @pytest.mark.parametrize("target", ["v.lmdb", "v.h5", "v-tar"])
-def test_a_variant_read_is_checked_by_that_variant_alone(tmp_path, twelve_trees, target):
+def test_a_variant_read_is_checked_by_that_variant_alone(tmp_path, twelve_trees, target, native,
+                                                         monkeypatch):
     """Each variant has its checksum (with the record's other fields): the default open serves
     the intact variants of a record whose other variant is damaged, refuses the damaged one
-    whenever it is served (by any path), and packdata verify names the record."""
+    whenever it is served (by any path), and packdata verify names the record. Where packdata's
+    C extension was built, each variant is checked as it is gathered (no hashing after the
+    read); without it, after."""
+    if native and not checksum.NATIVE_ROWS:
+        pytest.skip("packdata._rowhash was not built (an install without a C compiler)")
+    monkeypatch.setattr(checksum, "NATIVE_ROWS", native)
     path = convert(twelve_trees, tmp_path / target).path
     fields = packdata.open(path, verify="off").manifest.fields
     assert fields["variant_checksums"] == Field("<u8", (K,), checks_entries_of=("points",))
@@ -172,6 +181,9 @@ def test_a_variant_read_is_checked_by_that_variant_alone(tmp_path, twelve_trees,
     record = 2  # records 0, 1, 3, 4, 6, 7, 9, 11 are checked at open
     flip_stored_bytes(path, stored[record, 1])
     ds = packdata.open(path)
+    assert ds.reader.gathers_checked == native
+    if native:  # the entries' hashes after a read are not taken
+        monkeypatch.setattr(integrity, "entry_checksums", None)
     ds.set_epoch(0)  # record i serves variant (i + epoch) % K: record 2, variant 2
     assert np.array_equal(ds[record][0].numpy(), stored[record, 2])
     assert sum(len(b[0]) for b in packdata.loader(ds, batch_size=5, shuffle=True)) == 12

@@ -117,12 +117,22 @@ class Reader(ABC):
             batch[name] = array
         return batch
 
-    def row_sources(self, idx: np.ndarray) -> RowSources | None:
+    def row_sources(self, idx: np.ndarray, select: Select | None = None) -> RowSources | None:
         """Where the fields of records ``idx`` (checked indices) lie, every field fixed-size, in
         the manifest's order: ``view[rows]`` is a field's bytes (``view`` 2-D uint8, rows
-        along its first axis). None where this batch cannot be read that way (it is read
-        otherwise). Readers that declare :attr:`GATHERS_ROWS` implement it."""
+        along its first axis); for a field in ``select``, one entry of its first axis
+        (``select[name][j]`` of record ``idx[j]``). None where this batch cannot be read that
+        way (it is read otherwise). Readers that declare :attr:`GATHERS_ROWS` implement it."""
         raise NotImplementedError(f"{type(self).__name__} does not declare GATHERS_ROWS")
+
+    def read_gathered(self, idx: np.ndarray, select: Select | None = None) -> Batch | None:
+        """Records ``idx`` (checked indices) gathered into new arrays in one call, where
+        :meth:`row_sources` says where they lie; else None."""
+        sources = self.row_sources(idx, select) if self.GATHERS_ROWS else None
+        if sources is None:
+            return None
+        names = [name for name, _, _ in sources]
+        return gather_sources(sources, new_arrays(self.manifest.fields, names, len(idx), select))
 
     @abstractmethod
     def lengths(self, name: str) -> np.ndarray:
@@ -265,6 +275,19 @@ def native_arguments(sources: RowSources, out: dict[str, np.ndarray]) -> tuple[l
     return ([view for _, view, _ in sources],
             [np.ascontiguousarray(rows, dtype=np.int64) for _, _, rows in sources],
             [out[name] for name, _, _ in sources])
+
+
+def new_arrays(fields: dict[str, Field], names: Sequence[str], count: int,
+               select: Select | None = None) -> dict[str, np.ndarray]:
+    """Empty arrays for ``count`` records of fixed fields ``names``: one entry of the first
+    axis of those in ``select``."""
+    select = select or {}
+    arrays = {}
+    for name in names:
+        field = fields[name]
+        shape = field.shape[1:] if name in select else field.shape
+        arrays[name] = np.empty((count, *shape), dtype=field.np_dtype)
+    return arrays
 
 
 def map_file(path: Path) -> np.ndarray:

@@ -271,28 +271,36 @@ class HDF5Reader(Reader):
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         idx = self.check_indices(indices)
+        batch = self.read_gathered(idx, select)  # every field fixed: one gather
+        if batch is not None:
+            return batch
         select = select or {}
-        batch: Batch = {}
+        batch = {}
         for name, field in self.manifest.fields.items():
-            data = self.arrays[name]
             if field.variable:
-                off = self.offsets[name]
+                data, off = self.arrays[name], self.offsets[name]
                 batch[name] = [np.array(data[off[i] : off[i + 1]]) for i in idx]
-            elif name in select:  # only the selected entries' bytes are gathered
-                parts = field.shape[0]
-                entries = selected_entries(select, name, field, len(idx))
-                batch[name] = gather_rows(self.rows[name].reshape(-1, field.nbytes // parts),
-                                          idx * parts + entries, dtype=field.np_dtype,
-                                          shape=field.shape[1:])
             else:
-                batch[name] = gather_rows(self.rows[name], idx, dtype=field.np_dtype,
-                                          shape=field.shape)
+                view, rows = self._field_rows(name, field, idx, select)
+                shape = field.shape[1:] if name in select else field.shape
+                batch[name] = gather_rows(view, rows, dtype=field.np_dtype, shape=shape)
         return batch
 
-    def row_sources(self, idx: np.ndarray) -> RowSources | None:
+    def row_sources(self, idx: np.ndarray, select: Select | None = None) -> RowSources | None:
         if self.manifest.variable_fields:
             return None
-        return [(name, self.rows[name], idx) for name in self.manifest.fields]
+        return [(name, *self._field_rows(name, field, idx, select or {}))
+                for name, field in self.manifest.fields.items()]
+
+    def _field_rows(self, name: str, field: Field, idx: np.ndarray,
+                    select: Select) -> tuple[np.ndarray, np.ndarray]:
+        """(view, rows): where fixed field ``name`` of records ``idx`` lies; only the selected
+        entry of each where ``select`` names it (the other entries' bytes are not touched)."""
+        if name not in select:
+            return self.rows[name], idx
+        parts = field.shape[0]
+        entries = selected_entries(select, name, field, len(idx))
+        return self.rows[name].reshape(-1, field.nbytes // parts), idx * parts + entries
 
     def lengths(self, name: str) -> np.ndarray:
         self.check_variable(name)

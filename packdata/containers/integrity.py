@@ -33,6 +33,7 @@ from packdata.containers.base import (
     Select,
     apply_select,
     native_arguments,
+    new_arrays,
     selected_entries,
 )
 from packdata.errors import ArgumentError, DatasetError, PackdataError
@@ -123,10 +124,9 @@ class ChecksummedReader(Reader):
         #: epoch) a read is the inner read itself
         self.remaining = bits if checked else 0
         self._lock = threading.Lock()  # loader threads share a reader: the count must stay exact
-        #: whether whole-record reads are checked as they are gathered (one native call: each
-        #: record hashed while its bytes are in cache, its bit set there too)
+        #: whether reads are checked as they are gathered (one native call: each record, or
+        #: each entry read, hashed while its bytes are in cache, its bit set there too)
         self.gathers_checked = (checked and checksum.NATIVE_ROWS and inner.GATHERS_ROWS
-                                and self.entry_checks is None
                                 and algorithm_of(self.manifest.version) == XXH3)
         self._expected = np.ascontiguousarray(self.manifest.checksums, dtype=np.uint64)
 
@@ -165,7 +165,7 @@ class ChecksummedReader(Reader):
         if not self.remaining:
             return read_checked(self.inner, indices, self.where, select)
         idx = self.inner.check_indices(indices)
-        if self.gathers_checked and not select:
+        if self.gathers_checked and self.entry_checks is None and not select:
             batch = self._read_gathered(idx)
             if batch is not None:
                 return batch
@@ -182,7 +182,8 @@ class ChecksummedReader(Reader):
         if not self.remaining:
             return read_checked(self.inner, indices, self.where, out=out)
         idx = self.inner.check_indices(indices)
-        if self.gathers_checked and set(out) == set(self.manifest.fields):
+        if (self.gathers_checked and self.entry_checks is None
+                and set(out) == set(self.manifest.fields)):
             batch = self._read_gathered(idx, out)
             if batch is not None:
                 return batch
@@ -200,24 +201,44 @@ class ChecksummedReader(Reader):
         if sources is None:
             return None
         if out is None:
-            fields = self.manifest.fields
-            out = {name: np.empty((len(idx), *fields[name].shape), dtype=fields[name].np_dtype)
-                   for name, _, _ in sources}
-        return _named(self.where, self._gather_checked, idx, sources, out)
+            out = new_arrays(self.manifest.fields, [name for name, _, _ in sources], len(idx))
+        _named(self.where, self._gather_checked, idx, sources, out, idx, self._expected[idx])
+        return {name: out[name] for name, _, _ in sources}
 
-    def _gather_checked(self, idx: np.ndarray, sources: RowSources,
-                        out: dict[str, np.ndarray]) -> Batch:
-        """Records ``idx`` gathered from ``sources`` into ``out``, those not marked yet hashed
-        and checked as they are copied, then marked (:func:`packdata.checksum.gather_checked`)."""
+    def _gather_checked(self, idx: np.ndarray, sources: RowSources, out: dict[str, np.ndarray],
+                        bits: np.ndarray, expected: np.ndarray) -> None:
+        """Records ``idx`` gathered from ``sources`` into ``out``, those whose ``bits`` are not
+        set yet hashed as they are copied, checked against ``expected`` (one checksum per
+        record) and marked (:func:`packdata.checksum.gather_checked`)."""
         first, marked = checksum.gather_checked(*native_arguments(sources, out),
-                                                np.ascontiguousarray(idx), self._expected,
+                                                np.ascontiguousarray(bits), expected,
                                                 self.verified)
         if first >= 0:
             raise mismatch(self.where, self.inner, int(idx[first]))
         if marked:
             with self._lock:
                 self._count(marked)
-        return {name: out[name] for name, _, _ in sources}
+
+    def _gather_entries(self, idx: np.ndarray, select: Select, entries: np.ndarray
+                        ) -> Batch | None:
+        """One entry of each of records ``idx`` (``entries``), gathered and checked as copied:
+        the entry checksums first (a field of a few bytes a record, not hashed itself), then
+        the shared fields and the entries, hashed in that order; None where the inner reader
+        cannot gather this batch by rows."""
+        checks = self.entry_checks
+        assert checks is not None
+        sources = _named(self.where, self.inner.row_sources, idx, select)
+        if sources is None:
+            return None
+        out = new_arrays(self.manifest.fields, [name for name, _, _ in sources], len(idx),
+                         select)
+        where = {source[0]: source for source in sources}
+        _named(self.where, checksum.gather, *native_arguments([where[checks.field]], out))
+        expected = out[checks.field][np.arange(len(idx)), entries]
+        hashed = [where[name] for name in (*checks.shared, *checks.entries_of)]
+        _named(self.where, self._gather_checked, idx, hashed, out,
+               idx * self.bits_per_record + entries, expected)
+        return {name: out[name] for name in self.manifest.fields}
 
     def _check(self, idx: np.ndarray, unchecked: np.ndarray, batch: Batch) -> None:
         """Check the whole records of ``batch`` (records ``idx``) that are ``unchecked``, then
@@ -236,6 +257,10 @@ class ChecksummedReader(Reader):
         first = checks.entries_of[0]
         # checked here too: an entry past K would name another record's bit
         entries = selected_entries(select, first, self.manifest.fields[first], len(idx))
+        if self.gathers_checked:
+            batch = self._gather_entries(idx, select, entries)
+            if batch is not None:
+                return batch
         batch = read_checked(self.inner, idx, self.where, select)
         bits = idx * self.bits_per_record + entries
         unchecked = self._unchecked(bits)

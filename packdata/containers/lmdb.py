@@ -37,7 +37,6 @@ from packdata.containers.base import (
     Writer,
     apply_select,
     attach_record_file,
-    gather_rows,
     same_destination,
     selected_entries,
 )
@@ -217,46 +216,18 @@ class LMDBReader(Reader):
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         try:
-            if select and not self.row_bytes:
-                located = self._fixed_map()
-                if located is not None:  # only the selected entries' bytes are gathered
-                    return self._read_selected(self.check_indices(indices), located, select)
-            # lookups copy whole values
-            return apply_select(self._read(indices), select, self.manifest.fields)
+            idx = self.check_indices(indices)
+            batch = self.read_gathered(idx, select)  # fixed-size records located: one gather
+            if batch is not None:
+                return batch
+            if self.row_bytes and self._stored is not None:
+                batch = self._read_stored(idx)
+            else:
+                batch = self._lookup(idx)  # lookups copy whole values
+            return apply_select(batch, select, self.manifest.fields)
         except lmdb.Error as exc:  # a damaged B-tree found by a lookup: name the dataset
             raise DatasetError(f"{self.path}: LMDB cannot be read ({type(exc).__name__}: {exc}); "
                                "the dataset is damaged") from None
-
-    def _read_selected(self, idx: np.ndarray, located: StoredMap | RecordMap,
-                       select: Select) -> Batch:
-        """Fixed-size records ``idx`` (checked) with one entry of the first axis of each field
-        in ``select`` (``select[name][j]`` for record ``idx[j]``), gathered from the file."""
-        offsets = located.locate(idx)
-        batch: Batch = {}
-        for name, field, a, b in self.columns:
-            if name not in select:
-                batch[name] = gather_rows(located.column(a, b), offsets, dtype=field.np_dtype,
-                                          shape=field.shape)
-                continue
-            entries = selected_entries(select, name, field, len(idx))
-            part = (b - a) // field.shape[0]  # bytes of one entry: entry k is at a + k * part
-            batch[name] = gather_rows(located.column(a, a + part), offsets + entries * part,
-                                      dtype=field.np_dtype, shape=field.shape[1:])
-        return batch
-
-    def _read(self, indices: np.ndarray) -> Batch:
-        idx = self.check_indices(indices)
-        variable = bool(self.row_bytes)  # row_bytes: one entry per variable field
-        if variable and self._stored is not None:
-            return self._read_stored(idx)
-        if not variable:
-            located = self._fixed_map()
-            if located is not None:  # each field gathered straight from the file: one copy
-                offsets = located.locate(idx)
-                return {name: gather_rows(located.column(a, b), offsets, dtype=field.np_dtype,
-                                          shape=field.shape)
-                        for name, field, a, b in self.columns}
-        return self._lookup(idx)
 
     def _read_stored(self, idx: np.ndarray) -> Batch:
         """Variable-size records ``idx`` (checked) read at their stored offsets."""
@@ -283,7 +254,7 @@ class LMDBReader(Reader):
             starts = ends
         return batch
 
-    def row_sources(self, idx: np.ndarray) -> RowSources | None:
+    def row_sources(self, idx: np.ndarray, select: Select | None = None) -> RowSources | None:
         if self.manifest.variable_fields:
             return None
         try:
@@ -294,7 +265,15 @@ class LMDBReader(Reader):
         except lmdb.Error as exc:
             raise DatasetError(f"{self.path}: LMDB cannot be read ({type(exc).__name__}: {exc}); "
                                "the dataset is damaged") from None
-        return [(name, located.column(a, b), offsets) for name, _, a, b in self.columns]
+        sources: RowSources = []
+        for name, field, a, b in self.columns:
+            if select and name in select:  # only the selected entries' bytes are gathered
+                entries = selected_entries(select, name, field, len(idx))
+                part = (b - a) // field.shape[0]  # bytes of one entry: entry k is at a + k * part
+                sources.append((name, located.column(a, a + part), offsets + entries * part))
+            else:
+                sources.append((name, located.column(a, b), offsets))
+        return sources
 
     def _lookup(self, idx: np.ndarray) -> Batch:
         """Records ``idx`` (checked) looked up key by key."""

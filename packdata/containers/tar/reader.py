@@ -343,10 +343,13 @@ class TarReader(Reader):
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         idx = self.check_indices(indices)
+        batch = self.read_gathered(idx, select)  # shards joined, every field fixed: one gather
+        if batch is not None:
+            return batch
         self._check_records(idx)
         select = {name: selected_entries(select, name, self.manifest.fields[name], len(idx))
                   for name in select or {}}
-        batch: Batch = {}
+        batch = {}
         for name, field in self.manifest.fields.items():
             if f"{name}.values" in self.index:  # kept in the index: no shard page touched
                 values, rows = self.index[f"{name}.values"], select.get(name)
@@ -360,20 +363,26 @@ class TarReader(Reader):
                 batch[name] = self._gather_fixed(name, field, idx, select.get(name))
         return batch
 
-    def row_sources(self, idx: np.ndarray) -> RowSources | None:
+    def row_sources(self, idx: np.ndarray, select: Select | None = None) -> RowSources | None:
         if self._cut is not None or self.manifest.variable_fields or not len(idx):
             return None
         self._check_records(idx)
         sources: RowSources = []
         for name, field in self.manifest.fields.items():
+            parts, entries = 1, None
+            if select and name in select:  # only the selected entries' bytes are gathered
+                parts, entries = field.shape[0], selected_entries(select, name, field, len(idx))
             if f"{name}.values" in self.index:  # kept in the index (labels): no shard touched
                 values = self.index[f"{name}.values"]
-                sources.append((name, values.reshape(len(values), -1).view(np.uint8), idx))
+                rows = values.reshape(len(values) * parts, -1).view(np.uint8)
+                sources.append((name, rows, idx if entries is None else idx * parts + entries))
                 continue
-            located = self._located(name, field.nbytes, idx)
+            located = self._located(name, field.nbytes // parts, idx)
             if located is None:  # shards not mapped as one range
                 return None
-            sources.append((name, *located))
+            window, at = located
+            sources.append((name, window, at if entries is None
+                            else at + entries * (field.nbytes // parts)))
         return sources
 
     def lengths(self, name: str) -> np.ndarray:
