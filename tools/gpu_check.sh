@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The CUDA checks and GPU figures in one run, on a machine with a GPU:
+#   0. packdata's C extension built in place where it is not importable (the device's Python
+#      is not the one the repository was installed for), with the compiler Python was built with;
 #   1. the tests that exercise CUDA paths (device feeding, augmentation, pinned decode buffers,
-#      the bench's timers, profiler and loaders), which skip or take other branches without one;
+#      the bench's timers, profiler and loaders), which skip or take other branches without one,
+#      and those of the native gather and checked reads on that machine's CPU;
 #   2. `packdata bench` with ResNet-18 on 10,000 real CIFAR-10 images (the shipped sample tiled,
 #      as `packdata demo` builds them) in LMDB: fp32 with the DataLoader sweep and a profile,
 #      then bf16 autocast with the CIFAR augmentation on the GPU and the H100 estimate beside;
@@ -28,11 +31,30 @@ step environment
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
   nproc; } 2>&1 | tee -a "$log"
 
+step "C extension"
+native() { python3 -c "from packdata import checksum; raise SystemExit(not checksum.NATIVE_ROWS)"; }
+if ! native; then
+    python3 - <<'EOF' 2>&1 | tee -a "$log"
+import subprocess, sys, sysconfig
+cc = (sysconfig.get_config_var("CC") or "cc").split()
+command = [*cc, "-O3", "-shared", "-fPIC", "-I" + sysconfig.get_paths()["include"],
+           "packdata/_rowhash.c", "-o", "packdata/_rowhash" + sysconfig.get_config_var("EXT_SUFFIX")]
+print(" ".join(command))
+sys.exit(subprocess.call(command))
+EOF
+fi
+if native; then
+    echo "packdata._rowhash: built and bound" | tee -a "$log"
+else
+    echo "packdata._rowhash: not available (its tests skip)" | tee -a "$log"
+fi
+
 step tests
 timeout 240 python3 -m pytest -n 8 -p no:cacheprovider -W ignore -rs \
     tests/test_device.py tests/test_augment.py tests/test_imagedecode.py tests/test_resident.py \
     tests/test_loading.py tests/test_bench_timer.py tests/test_bench_runner.py tests/test_bench_profile.py \
     tests/test_bench_sweep.py tests/test_bench_suite.py tests/test_bench_cli.py \
+    tests/test_gather.py tests/test_checksum.py tests/test_verify.py \
     > "$out/pytest.log" 2>&1
 echo "pytest exit $?" | tee -a "$log"
 tail -n 15 "$out/pytest.log" | tee -a "$log"
