@@ -12,11 +12,11 @@ into one buffer, streamed from its two pieces, and as the routine chooses by def
 batch_checksums itself with and without the routine. Then what a read's check costs: a batch
 (sorted random indices, a new batch each call) gathered by the routine from 50,000 such records
 in RAM (pixels and labels in two arrays, as HDF5 stores them) into the batch's arrays, alone and
-checked as gathered (``gather_checked``, the bitmap cleared first: every record hashed, as in a
-first epoch: by default about 64 KiB of records copied, then hashed; and each record hashed
-right after its copy). Then records of two pieces (the second
-the 8-byte label) from 16 bytes to 64 KiB, copied against streamed: where the routine's limit
-(``stream_above``) belongs.
+checked as gathered (``gather_checked``, the batch's stored checksums taken first as a read
+takes them, the bitmap cleared first: every record hashed, as in a first epoch: by default
+about 64 KiB of records copied, then hashed; and each record hashed right after its copy). Then
+records of two pieces (the second the 8-byte label) from 16 bytes to 64 KiB, copied against
+streamed: where the routine's limit (``stream_above``) belongs.
 """
 
 from __future__ import annotations
@@ -71,15 +71,15 @@ def gather_runs(rng: np.random.Generator, records: int = 50_000) -> dict:
     def gather_checked():
         idx = next(batches)
         verified[:] = 0
-        first, _ = checksum.gather_checked([pixels, labels], [idx, idx], outs, idx, sums,
+        first, _ = checksum.gather_checked([pixels, labels], [idx, idx], outs, idx, sums[idx],
                                            verified)
         assert first == -1
 
     def gather_checked_each():  # each record hashed right after its copy: no blocks
         idx = next(batches)
         verified[:] = 0
-        first, _ = checksum._rowhash.gather([pixels, labels], [idx, idx], outs, idx, sums,
-                                            verified, block_bytes=1)
+        first, _ = checksum._rowhash.gather([pixels, labels], [idx, idx], outs, idx,
+                                            sums[idx], verified, block_bytes=1)
         assert first == -1
 
     def clear():  # the bitmap's clearing, timed apart: subtract it from the checked rows
