@@ -27,6 +27,7 @@ import xxhash
 
 from packdata.checksum import xxh3_each
 from packdata.errors import DatasetError
+from packdata.kept import KeptByFiles
 from packdata.spooling import FLUSH, ColumnSpool, remove_sorted, sort_hashes
 
 DTYPES = {"keys": "|u1", "key_offsets": "<i8", "key_hashes": "<u8", "key_order": "<i8",
@@ -212,19 +213,35 @@ class MetaSpool:
 
 
 def map_npz(path: Path, whole: np.ndarray) -> dict[str, np.ndarray]:
-    """The members of the uncompressed ``.npz`` at ``path`` as arrays over ``whole`` (the file
-    memory-mapped): nothing is read but the zip directory and the ``.npy`` headers. A damaged
-    file is a DatasetError naming it, whatever zipfile or numpy's header parser raised."""
+    """The members of the uncompressed ``.npz`` at ``path`` as arrays over ``whole`` (the whole
+    file, memory-mapped): nothing is read but the zip directory and the ``.npy`` headers, and
+    those once per file and process (:mod:`packdata.kept`: found again while the file is
+    unchanged). A damaged file is a DatasetError naming it, whatever zipfile or numpy's header
+    parser raised."""
     try:
-        return _map_npz(path, whole)
+        members = _KEPT_MEMBERS.get([path], lambda _: _members(path, len(whole)))
     except DatasetError:
         raise
     except Exception as exc:  # e.g. zipfile.BadZipFile, tokenize.TokenError from a header
         raise DatasetError(f"{path}: cannot be read ({type(exc).__name__}: {exc}); the dataset "
                            "is damaged") from None
+    if len(whole) < members.size:
+        raise DatasetError(f"{path}: holds {len(whole)} bytes, its members end at "
+                           f"{members.size}; the dataset is damaged")
+    return {name: whole[start : start + size].view(dtype).reshape(shape)
+            for name, (start, size, dtype, shape) in members.arrays.items()}
 
 
-def _map_npz(path: Path, whole: np.ndarray) -> dict[str, np.ndarray]:
+class _Members:
+    """Where each member's array lies in an ``.npz``: (start, bytes, dtype, shape) by name, and
+    the bytes the file must hold for all of them."""
+
+    def __init__(self, arrays: dict[str, tuple[int, int, np.dtype, tuple[int, ...]]]) -> None:
+        self.arrays = arrays
+        self.size = max((start + size for start, size, _, _ in arrays.values()), default=0)
+
+
+def _members(path: Path, file_bytes: int) -> _Members:
     arrays = {}
     with zipfile.ZipFile(path) as z, open(path, "rb") as f:
         for info in z.infolist():
@@ -247,9 +264,13 @@ def _map_npz(path: Path, whole: np.ndarray) -> dict[str, np.ndarray]:
             shape, fortran, dtype = read_header(f)
             data = f.tell()
             size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            if fortran or dtype.hasobject or data + size > len(whole) or \
+            if fortran or dtype.hasobject or data + size > file_bytes or \
                     size > info.file_size:
                 raise DatasetError(f"{path}: '{info.filename}' does not fit the file; the "
                                    "dataset is damaged")
-            arrays[info.filename[:-4]] = whole[data : data + size].view(dtype).reshape(shape)
-    return arrays
+            arrays[info.filename[:-4]] = (data, size, dtype, tuple(shape))
+    return _Members(arrays)
+
+
+#: the member layouts of the ``.npz`` files opened last (an index, the record keys and checksums)
+_KEPT_MEMBERS: KeptByFiles[_Members] = KeptByFiles(keep=8)

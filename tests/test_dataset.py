@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import shutil
 import sys
 
@@ -258,7 +259,7 @@ def test_a_reopened_tar_dataset_reads_through_the_map_of_the_last_open(packed, t
     del again, replaced
     shutil.rmtree(path)
     packdata.open(packed["tar"]).reader._joined_map()
-    assert not [first for first, _ in joined_maps._kept.values() if path in first.parents]
+    assert not [first for first, _ in joined_maps.KEPT.firsts() if path in first.parents]
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="kept maps are Linux's")
@@ -271,7 +272,7 @@ def test_a_reopened_hdf5_dataset_reads_through_the_map_of_the_last_open(packed, 
     shutil.copy(packed["hdf5"], path)
 
     def kept() -> list:
-        return [whole for first, (whole, _) in joined_maps._kept.values() if first == path]
+        return [whole for first, (whole, _) in joined_maps.KEPT.firsts() if first == path]
 
     first = packdata.open(path)
     expected = first[[0, 99, 51]]
@@ -285,6 +286,48 @@ def test_a_reopened_hdf5_dataset_reads_through_the_map_of_the_last_open(packed, 
     assert [w is whole for w in kept()] == [False]
     for got, want in zip(replaced[[0, 99, 51]], expected, strict=True):
         assert torch.equal(got, want)
+
+
+def test_a_reopened_hdf5_dataset_is_opened_without_h5py(packed, tmp_path, monkeypatch):
+    """h5py opens the file once per process (detection and the open share what it read); an
+    unchanged file reopens from what was kept, a rewritten one is read anew."""
+    import h5py
+
+    path = tmp_path / "d.h5"
+    shutil.copy(packed["hdf5"], path)
+    opened = []
+    real_file = h5py.File
+    monkeypatch.setattr(h5py, "File", lambda *a, **k: opened.append(a[0]) or real_file(*a, **k))
+    first = packdata.open(path)
+    expected = first[[0, 99, 51]]
+    assert opened == [path]
+    again = packdata.open(path)
+    assert opened == [path]
+    for got, want in zip(again[[0, 99, 51]], expected, strict=True):
+        assert torch.equal(got, want)
+    shutil.copy(path, tmp_path / "copy.h5")
+    os.replace(tmp_path / "copy.h5", path)  # the same bytes, another file
+    packdata.open(path)
+    assert opened == [path, path]
+
+
+def test_a_kept_hdf5_layout_still_reads_the_manifest_from_the_file(packed, tmp_path):
+    """The manifest's bytes are read at each open, never kept: edited in place with the file's
+    identity restored (size and modification time), the next open refuses it."""
+    path = tmp_path / "d.h5"
+    shutil.copy(packed["hdf5"], path)
+    packdata.open(path)
+    stat = path.stat()
+    data = bytearray(path.read_bytes())
+    count = re.search(rb'"count":(\d+)', bytes(data))
+    assert count is not None
+    fewer = str(int(count[1]) - 1).encode().rjust(len(count[1]))  # valid JSON, a wrong fact
+    data[count.start(1) : count.end(1)] = fewer  # the same size
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_mtime_ns == stat.st_mtime_ns and path.stat().st_size == stat.st_size
+    with pytest.raises(packdata.DatasetError, match="manifest"):
+        packdata.open(path)
 
 
 def test_every_kind_declares_what_loading_may_ask_of_it():

@@ -10,9 +10,10 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).parents[1] / "packdata"
 FLOORS = [
-    # what every layer needs: errors, names of things, the checksum, the atomic commit
+    # what every layer needs: errors, names of things, the checksum, the atomic commit, what is
+    # kept per file in the process
     ["errors", "urls", "units", "interrupts", "options", "checksum", "atomic", "spooling",
-     "recordmeta", "manifest"],
+     "kept", "recordmeta", "manifest"],
     # on-disk formats, and work on samples that needs nothing else: conversion-time preparation,
     # the batched image decode stages
     ["containers", "prep", "imagedecode"],

@@ -36,6 +36,15 @@ from packdata.containers.base import (
     same_destination,
     selected_entries,
 )
+from packdata.containers.hdf5layout import (
+    MANIFEST,
+    RECORDS,
+    Layout,
+    check_field,
+    check_rows,
+    layout_of,
+    mapped,
+)
 from packdata.containers.joined import map_kept
 from packdata.containers.spool import BLOCK_BYTES, Spool
 from packdata.errors import DatasetError, PackdataError
@@ -52,8 +61,6 @@ if TYPE_CHECKING:
 NAME = "hdf5"
 NEW_SUFFIX = ".h5"
 SUFFIXES = (".h5", ".hdf5")
-MANIFEST = "manifest"
-RECORDS = "__records__"
 BLOCK = 1 << 18  # array entries written at a time (2 MiB of int64)
 
 
@@ -213,59 +220,52 @@ class HDF5Reader(Reader):
                                f"{exc}); the dataset is damaged") from None
 
     def _open(self) -> None:
-        import h5py
-
         whole = map_kept(self.path)  # reopened in this process: the last open's map
-        with h5py.File(self.path, "r") as f:
-            if MANIFEST not in f:
-                raise DatasetError(f"{self.path}: HDF5 file has no packdata manifest")
-            self.manifest = Manifest.from_json(f[MANIFEST][()], str(self.path))
-            if self.manifest.version >= 2:
-                self.manifest.check_header(
-                    _mapped(f, whole, self.path, f"{RECORDS}/{HEADER_HASH}"), self.path)
-                self.manifest.attach(*from_arrays(
-                    {n: _mapped(f, whole, self.path, f"{RECORDS}/{n}") for n in DTYPES},
-                    self.manifest.count, self.path))
-            check_manifest(self.manifest, self.path)
-            for name, field in self.manifest.fields.items():
-                if field.variable:
-                    _check_rows(f, self.path, name, None)
-                    _check_rows(f, self.path, _offsets_name(name), self.manifest.count + 1)
-                else:
-                    _check_rows(f, self.path, name, self.manifest.count)
-                ds = f[name]
-                _check_field(ds, self.path, name, field)
-                offset = ds.id.get_offset()
-                if offset is None:  # empty dataset: nothing allocated on disk
-                    self.arrays[name] = np.empty(ds.shape, dtype=ds.dtype)
-                else:
-                    size = int(np.prod(ds.shape, dtype=np.int64)) * ds.dtype.itemsize
-                    if offset + size > len(whole):
-                        raise DatasetError(
-                            f"{self.path}: truncated ({len(whole)} bytes, field '{name}' ends "
-                            f"at {offset + size}); the dataset is damaged"
-                        )
-                    view = whole[offset : offset + size].view(ds.dtype).reshape(ds.shape)
-                    # small fixed fields (labels) are worth a private copy in RAM
-                    self.arrays[name] = np.array(view) if size < (16 << 20) else view
-                if not field.variable:  # each record's bytes as a row: what gather_rows takes
-                    self.rows[name] = self.arrays[name].view(np.uint8).reshape(
-                        ds.shape[0], field.nbytes)
-                if field.variable:
-                    self.offsets[name] = _offsets(f, whole, self.path, name, ds.shape[0])
+        layout = layout_of(self.path)  # and, the file unchanged, what h5py read then
+        raw = None if layout is None else layout.manifest(whole)
+        if raw is None:
+            raise DatasetError(f"{self.path}: HDF5 file has no packdata manifest")
+        self.manifest = Manifest.from_json(raw, str(self.path))
+        if self.manifest.version >= 2:
+            self.manifest.check_header(
+                mapped(layout, whole, self.path, f"{RECORDS}/{HEADER_HASH}"), self.path)
+            self.manifest.attach(*from_arrays(
+                {n: mapped(layout, whole, self.path, f"{RECORDS}/{n}") for n in DTYPES},
+                self.manifest.count, self.path))
+        check_manifest(self.manifest, self.path)
+        for name, field in self.manifest.fields.items():
+            if field.variable:
+                stored = check_rows(layout, self.path, name, None)
+                check_rows(layout, self.path, _offsets_name(name), self.manifest.count + 1)
+            else:
+                stored = check_rows(layout, self.path, name, self.manifest.count)
+            check_field(stored, self.path, name, field)
+            if stored.offset is None:  # empty dataset: nothing allocated on disk
+                self.arrays[name] = np.empty(stored.shape, dtype=stored.dtype)
+            else:
+                size = int(np.prod(stored.shape, dtype=np.int64)) * stored.dtype.itemsize
+                if stored.offset + size > len(whole):
+                    raise DatasetError(
+                        f"{self.path}: truncated ({len(whole)} bytes, field '{name}' ends "
+                        f"at {stored.offset + size}); the dataset is damaged"
+                    )
+                view = whole[stored.offset : stored.offset + size].view(stored.dtype).reshape(
+                    stored.shape)
+                # small fixed fields (labels) are worth a private copy in RAM
+                self.arrays[name] = np.array(view) if size < (16 << 20) else view
+            if field.variable:
+                self.offsets[name] = _offsets(layout, whole, self.path, name, stored.shape[0])
+            else:  # each record's bytes as a row: what gather_rows takes
+                self.rows[name] = self.arrays[name].view(np.uint8).reshape(
+                    stored.shape[0], field.nbytes)
 
     @staticmethod
     def detect(path: Path) -> bool:
         if not path.is_file():  # tar and LMDB datasets are folders: no h5py import for them
             return False
-        import h5py
-
-        if not h5py.is_hdf5(path):
-            return False
         try:
-            with h5py.File(path, "r") as f:
-                return (MANIFEST in f and isinstance(f[MANIFEST], h5py.Dataset)
-                        and f[MANIFEST].shape == () and Manifest.is_packdata(f[MANIFEST][()]))
+            layout = layout_of(path)
+            return layout is not None and Manifest.is_packdata(layout.manifest(map_kept(path)))
         except Exception as exc:  # h5py's message for a damaged file, with ours in front
             raise DatasetError(f"{path}: HDF5 file cannot be opened ({exc})") from None
 
@@ -317,50 +317,13 @@ detect = HDF5Reader.detect
 destination = same_destination
 
 
-def _check_field(ds: h5py.Dataset, path: Path, name: str, field: Field) -> None:
-    """The stored dataset holds what the manifest says: same dtype, same per-record shape."""
-    shape = ds.shape[1:]
-    expected = field.row_shape if field.variable else field.shape
-    if ds.dtype != field.np_dtype or tuple(shape) != tuple(expected):
-        raise DatasetError(f"{path}: '{name}' is stored as {ds.dtype} {list(ds.shape)}, the "
-                           f"manifest says {field.dtype} {list(field.shape)}; the dataset is "
-                           "damaged")
-
-
-def _mapped(f: h5py.File, whole: np.ndarray, path: Path, name: str) -> np.ndarray | None:
-    """The contiguous 1-D dataset ``name`` as a view of the mapped file (None if absent)."""
-    import h5py
-
-    ds = f.get(name)
-    if not isinstance(ds, h5py.Dataset) or len(ds.shape) != 1:
-        return None
-    offset = ds.id.get_offset()
-    if offset is None:  # empty: nothing allocated
-        return np.zeros(ds.shape, dtype=ds.dtype)
-    size = ds.shape[0] * ds.dtype.itemsize
-    if offset + size > len(whole):
-        raise DatasetError(f"{path}: truncated ('{name}' ends at {offset + size}, the file holds "
-                           f"{len(whole)} bytes); the dataset is damaged")
-    return whole[offset : offset + size].view(ds.dtype)
-
-
-def _offsets(f: h5py.File, whole: np.ndarray, path: Path, name: str, rows: int) -> np.ndarray:
+def _offsets(layout: Layout, whole: np.ndarray, path: Path, name: str, rows: int) -> np.ndarray:
     """A variable field's record offsets, mapped (not read: opening stays flat in the record
     count). Its ends are checked here; a damaged offset inside gives a record of wrong bytes
     (its checksum fails) or none, never a read outside the field."""
-    offsets = _mapped(f, whole, path, _offsets_name(name))
+    offsets = mapped(layout, whole, path, _offsets_name(name))
     if offsets is None or offsets.dtype.kind not in "iu" or (len(offsets) and (
             offsets[0] != 0 or offsets[-1] != rows)):
         raise DatasetError(f"{path}: '{_offsets_name(name)}' does not mark records within the "
                            f"{rows} rows of '{name}'; the dataset is damaged")
     return offsets.astype(np.int64, copy=False)
-
-
-def _check_rows(f: h5py.File, path: Path, name: str, rows: int | None) -> None:
-    """A damaged file raises DatasetError here, before h5py's KeyError or a wrong sample."""
-    if name not in f:
-        raise DatasetError(f"{path}: no dataset '{name}'; the dataset is damaged")
-    shape = f[name].shape
-    if rows is not None and (not shape or shape[0] != rows):
-        raise DatasetError(f"{path}: '{name}' has shape {shape}, expected {rows} rows; "
-                           "the dataset is damaged")

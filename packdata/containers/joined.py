@@ -5,13 +5,13 @@ per file needs a gather per shard and a second copy to put the rows in order. Li
 (``mmap`` with ``MAP_FIXED`` through ctypes); :func:`map_joined` returns None where that is not
 available, and callers keep their per-file path.
 
-The last few maps stay mapped in the process (:data:`KEEP`; one file's too, :func:`map_kept`),
-found again by their files' identity (device, inode, size, modification time): a dataset
-reopened in the same process (a script that opens per epoch) reads through the map, and the
-page-table entries, that the last open built, as LMDB's one environment per file and process
-does. A file replaced or changed in size is mapped anew; a kept map whose first file is gone or
-replaced is let go at the next call, so that deleting a dataset frees its disk space (a mapped
-file's blocks stay while it is mapped).
+The last few maps stay mapped in the process (:data:`KEPT`; one file's too, :func:`map_kept`),
+found again by their files' identity (:mod:`packdata.kept`): a dataset reopened in the same
+process (a script that opens per epoch) reads through the map, and the page-table entries, that
+the last open built, as LMDB's one environment per file and process does. A file replaced or
+changed in size is mapped anew; a kept map whose first file is gone or replaced is let go at the
+next call, so that deleting a dataset frees its disk space (a mapped file's blocks stay while it
+is mapped).
 """
 
 from __future__ import annotations
@@ -20,13 +20,12 @@ import ctypes
 import ctypes.util
 import mmap
 import os
-import threading
-from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 
 from packdata.containers.base import map_file
+from packdata.kept import KeptByFiles
 
 _PROT_NONE, _MAP_FIXED, _MAP_NORESERVE = 0, 0x10, 0x4000  # Linux values
 _FAILED = ctypes.c_void_p(-1).value
@@ -49,19 +48,7 @@ def _libc() -> ctypes.CDLL | None:
 _LIBC = _libc() if os.uname().sysname == "Linux" else None  # flag values above are Linux's
 
 #: joined maps kept in the process after their datasets close (see the module's docstring)
-KEEP = 4
-#: identity of the files → (the first file's path, the map)
-_kept: OrderedDict[tuple, tuple[Path, tuple[np.ndarray, np.ndarray]]] = OrderedDict()
-_keeping = threading.Lock()
-
-
-def _after_fork_in_child() -> None:
-    global _keeping
-    _keeping = threading.Lock()  # a thread of the parent may have held it at the fork
-
-
-if _LIBC is not None:  # Linux, where joined maps (and so the lock) are used
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+KEPT: KeptByFiles[tuple[np.ndarray, np.ndarray]] = KeptByFiles(keep=8)
 
 
 def map_joined(paths: list[Path]) -> tuple[np.ndarray, np.ndarray] | None:
@@ -70,21 +57,7 @@ def map_joined(paths: list[Path]) -> tuple[np.ndarray, np.ndarray] | None:
     The addresses stay mapped while ``whole`` or any view of it lives."""
     if _LIBC is None:
         return None
-    stats = [os.stat(p) for p in paths]
-    identity = tuple(map(_identity_of, stats))
-    with _keeping:  # readers open in loader threads too
-        for kept, (first, _) in list(_kept.items()):
-            if kept != identity and _identity(first) != kept[0]:
-                del _kept[kept]
-        if identity in _kept:
-            _kept.move_to_end(identity)
-            return _kept[identity][1]
-        joined = _map_joined(paths, [st.st_size for st in stats])
-        if joined is not None:
-            _kept[identity] = (Path(paths[0]), joined)
-            while len(_kept) > KEEP:
-                _kept.popitem(last=False)
-        return joined
+    return KEPT.get(paths, lambda stats: _map_joined(paths, [st.st_size for st in stats]))
 
 
 def map_kept(path: Path) -> np.ndarray:
@@ -95,18 +68,6 @@ def map_kept(path: Path) -> np.ndarray:
     size = os.stat(path).st_size
     joined = map_joined([Path(path)]) if size else None
     return map_file(path) if joined is None else joined[0][:size]
-
-
-def _identity(path: Path) -> tuple | None:
-    try:
-        return _identity_of(os.stat(path))
-    except OSError:
-        return None
-
-
-def _identity_of(st: os.stat_result) -> tuple:
-    """What tells one file from another here: device, inode, size and modification time."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _map_joined(paths: list[Path], sizes: list[int]) -> tuple[np.ndarray, np.ndarray] | None:

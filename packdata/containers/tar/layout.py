@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from packdata.containers.base import map_file
+from packdata.containers.joined import map_kept
 from packdata.errors import DatasetError
 from packdata.manifest import HEADER_HASH, Manifest
 from packdata.recordmeta import from_arrays, map_npz
@@ -55,7 +55,7 @@ def load_index(path: Path, manifest: Manifest) -> dict[str, np.ndarray]:
     for every field (the shard, offset and size of its member; or its value, for scalars). Its
     arrays are views of the mapped file; a version-2 manifest gets its keys and checksums."""
     try:
-        index = map_npz(path, map_file(path))
+        index = map_npz(path, map_kept(path))  # reopened here: the last open's map
     except DatasetError:
         raise
     except Exception as exc:  # numpy's messages (e.g. "contains pickled data") mislead here
