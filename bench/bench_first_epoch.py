@@ -7,10 +7,11 @@
 Converts ``--count`` real CIFAR-10 PNGs (repeated) into every container, then, in interleaved
 rounds: one epoch of the in-RAM limit (shuffled batches of 256 gathered from arrays in RAM, each
 batch's indices sorted: bench_containers' SortedGather), and for each container a fresh
-``packdata.open`` (default verify: every record checked) plus one epoch of
-``packdata.loader(ds, 256)`` in the main process. Reported: the median of per-round ratios
-(limit seconds / open-and-epoch seconds), in wall time and in this process's CPU time (which
-the machine's other jobs do not inflate).
+``packdata.open`` (default verify: every record checked) plus one shuffled epoch of
+``packdata.loader(ds, 256, shuffle=True)`` in the main process (each batch a random draw, as the
+limit's: an epoch in index order would read the file front to back). Reported: the median of
+per-round ratios (limit seconds / open-and-epoch seconds), in wall time and in this process's
+CPU time (which the machine's other jobs do not inflate).
 
 Each container is measured twice a round: reopened in this process (``reopen``: what a script
 that opens per epoch pays; LMDB keeps one environment per file and process, and HDF5 and tar
@@ -66,7 +67,7 @@ for kind in sources.KINDS:
 path, verify, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
 wall, cpu = time.perf_counter(), time.process_time()
 ds = packdata.open(path, verify=verify)
-for _ in packdata.loader(ds, batch, num_workers=0):
+for _ in packdata.loader(ds, batch, shuffle=True, num_workers=0):
     pass
 print(json.dumps([time.perf_counter() - wall, time.process_time() - cpu]))
 """
@@ -74,7 +75,7 @@ print(json.dumps([time.perf_counter() - wall, time.process_time() - cpu]))
 
 def open_and_epoch(path: Path, verify: str, batch: int = 256) -> packdata.PackedDataset:
     ds = packdata.open(path, verify=verify)
-    drain(packdata.loader(ds, batch, num_workers=0))
+    drain(packdata.loader(ds, batch, shuffle=True, num_workers=0))
     return ds
 
 
