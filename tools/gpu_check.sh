@@ -12,6 +12,10 @@
 #
 #   tools/gpu_check.sh OUT_DIR      # from the repository root, packdata importable
 #
+# bench/results/ keeps two runs' files: an H100's as bench_gpu.json, bench_gpu_amp.json and
+# augment_gpu.json, an H200's (this release's code) as bench_gpu-h200.json,
+# bench_gpu_amp-h200.json and augment_gpu-h200.json.
+#
 # Each step is bounded and writes into OUT_DIR as it goes, so a step that fails or runs long
 # leaves the others' results. DEVICE=cpu COUNT=600 runs the same steps without a GPU, smaller
 # (a dry run).
@@ -23,6 +27,8 @@ work=gpu-check-work  # relative: the JSON records paths as given, and no machine
 rm -rf "$work" && mkdir "$work"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
+# bench/*.py import packdata from here too (a script's own folder is what Python puts first)
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 log="$out/gpu_check.log"
 step() { echo "== $*" | tee -a "$log"; }
 
