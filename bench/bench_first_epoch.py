@@ -15,11 +15,12 @@ CPU time (which the machine's other jobs do not inflate).
 
 Each container is measured twice a round: reopened in this process (``reopen``: what a script
 that opens per epoch pays; LMDB keeps one environment per file and process, and HDF5 and tar
-keep their files' maps in the process, so the map, and the page-table entries of pages already
-read, outlive the dataset), and opened for the first time in a fresh process (``process``: what a spawned
+keep their files' maps and what they read of the files' structure in the process
+(packdata/kept.py), so the map, and the page-table entries of pages already read, outlive the
+dataset), and opened for the first time in a fresh process (``process``: what a spawned
 worker, a DDP rank or a new run pays; timed in the child from ``packdata.open`` to the end of
-the epoch, the interpreter's start and the imports of numpy, torch, packdata and the container
-libraries left out).
+the epoch, the interpreter's start and the imports of numpy, torch, the container libraries and
+every packdata module of the read side left out).
 
 With ``--lidar DIR`` the same for presampled point clouds instead: the LAS/LAZ files of DIR
 tiled to ``--clouds`` clouds, converted with 4 variants of 4,096 points (random sampling), read
@@ -57,13 +58,15 @@ from packdata.containers.base import gather_rows
 
 CLOUD_BATCH = 16
 FRESH = """
-import json, sys, time
-import h5py, lmdb, numpy, torch, xxhash, packdata  # imports left out of the time
-from packdata import containers, dataset, loading, sources
-for name in containers.CONTAINERS:
-    containers.get(name)
-for kind in sources.KINDS:
-    sources.get(kind)
+import importlib, json, pkgutil, sys, time
+# imports left out of the time (numpy's random and ma are imported by its functions on first use)
+import h5py, lmdb, numpy, numpy.ma, numpy.random, torch, xxhash, packdata
+# every packdata module the read side can import lazily, imported now: where Python does not
+# keep compiled bytecode (PYTHONDONTWRITEBYTECODE), a first import compiles its source, which
+# an installed package does not pay
+for module in pkgutil.walk_packages(packdata.__path__, "packdata."):
+    if not module.name.startswith(("packdata.cli", "packdata.bench", "packdata.__main__")):
+        importlib.import_module(module.name)
 path, verify, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
 wall, cpu = time.perf_counter(), time.process_time()
 ds = packdata.open(path, verify=verify)
