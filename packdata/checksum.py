@@ -41,7 +41,8 @@ entry would mean reading and hashing K times the bytes served. Such a record als
 uint64 field of K values declared in the manifest (:class:`EntryChecks`), one checksum per
 entry: entry ``k``'s is XXH3-64 over the record's other fields' bytes, then each entry field's
 entry ``k``, in manifest order (:func:`entry_checksums`). What a read of entry ``k`` returns is
-then checked by hashing it alone; the record checksum covers the entry checksums in turn.
+then checked by hashing it alone (as it is gathered, where the routine was built); the record
+checksum covers the entry checksums in turn.
 """
 
 from __future__ import annotations

@@ -232,10 +232,10 @@ class ChecksummedReader(Reader):
             return None
         out = new_arrays(self.manifest.fields, [name for name, _, _ in sources], len(idx),
                          select)
-        where = {source[0]: source for source in sources}
-        _named(self.where, checksum.gather, *native_arguments([where[checks.field]], out))
+        by_name = {source[0]: source for source in sources}
+        _named(self.where, checksum.gather, *native_arguments([by_name[checks.field]], out))
         expected = out[checks.field][np.arange(len(idx)), entries]
-        hashed = [where[name] for name in (*checks.shared, *checks.entries_of)]
+        hashed = [by_name[name] for name in (*checks.shared, *checks.entries_of)]
         _named(self.where, self._gather_checked, idx, hashed, out,
                idx * self.bits_per_record + entries, expected)
         return {name: out[name] for name in self.manifest.fields}
