@@ -2,8 +2,8 @@
 
 Opening a dataset reads the same structure every time: an HDF5 file's layout, the member
 headers of an index's ``.npz``, its files' maps. A script that opens per epoch, and
-``packdata.open`` itself (detection, then the open), would pay that each time: milliseconds,
-more than an epoch of reads of a small dataset. Such values are kept here, a few per kind,
+``packdata.open`` itself (detection, then the open), would pay that each time (for HDF5 through
+h5py, several library calls an object). Such values are kept here, a few per kind,
 under the identity of the files they came from (device, inode, size, modification time): a file
 replaced or rewritten has another identity and is read anew. An entry whose first file is gone
 or replaced is let go at the next lookup, so that what it holds (a file's map keeps the file's
@@ -37,7 +37,8 @@ def identity(path: Path) -> tuple | None:
 
 class KeptByFiles(Generic[T]):
     """Up to ``keep`` values, each read from a list of files, found again while the files
-    are unchanged (see the module's docstring). Safe in loader threads and after a fork."""
+    are unchanged (see the module's docstring). Lookups take a lock (loader threads open
+    datasets too), made anew in a forked child."""
 
     def __init__(self, keep: int) -> None:
         self.keep = keep

@@ -44,6 +44,7 @@ from packdata.containers.hdf5layout import (
     check_rows,
     layout_of,
     mapped,
+    view_of,
 )
 from packdata.containers.joined import map_kept
 from packdata.containers.spool import BLOCK_BYTES, Spool
@@ -240,19 +241,9 @@ class HDF5Reader(Reader):
             else:
                 stored = check_rows(layout, self.path, name, self.manifest.count)
             check_field(stored, self.path, name, field)
-            if stored.offset is None:  # empty dataset: nothing allocated on disk
-                self.arrays[name] = np.empty(stored.shape, dtype=stored.dtype)
-            else:
-                size = int(np.prod(stored.shape, dtype=np.int64)) * stored.dtype.itemsize
-                if stored.offset + size > len(whole):
-                    raise DatasetError(
-                        f"{self.path}: truncated ({len(whole)} bytes, field '{name}' ends "
-                        f"at {stored.offset + size}); the dataset is damaged"
-                    )
-                view = whole[stored.offset : stored.offset + size].view(stored.dtype).reshape(
-                    stored.shape)
-                # small fixed fields (labels) are worth a private copy in RAM
-                self.arrays[name] = np.array(view) if size < (16 << 20) else view
+            view = view_of(stored, whole, self.path, name)
+            # small fixed fields (labels) are worth a private copy in RAM
+            self.arrays[name] = np.array(view) if view.nbytes < (16 << 20) else view
             if field.variable:
                 self.offsets[name] = _offsets(layout, whole, self.path, name, stored.shape[0])
             else:  # each record's bytes as a row: what gather_rows takes

@@ -1,13 +1,12 @@
 """What an HDF5 dataset file says of itself (where each dataset lies, its shape and dtype, the
 manifest), read with h5py once per file and process, and the checks a reader makes of it.
 
-Opening a file through h5py costs milliseconds (each object it opens is several library calls):
-more than an epoch of reads of a small dataset, and paid twice by ``packdata.open`` (detection,
-then the open). The layout is kept in the process, found again by the file's identity
-(:mod:`packdata.kept`), so an unchanged file reopened here (a script that opens per epoch) is
-opened without h5py; a file replaced or rewritten is read anew. The manifest's bytes are read
-from the file at each open (where they lie in one piece), never kept: what the header check
-sees is what the file holds.
+Opening a file through h5py opens each object it reads with several library calls, and
+``packdata.open`` paid that twice (detection, then the open). The layout is kept in the process,
+found again by the file's identity (:mod:`packdata.kept`), so an unchanged file reopened here (a
+script that opens per epoch) is opened without h5py; a file replaced or rewritten is read anew.
+The manifest's bytes are read from the file at each open (where they lie in one piece), never
+kept: what the header check sees is what the file holds.
 """
 
 from __future__ import annotations
@@ -50,10 +49,15 @@ class Layout:
         stored = self.datasets.get(MANIFEST)
         if stored is None or stored.shape != ():
             return None
-        if stored.offset is None or stored.dtype.kind != "S":
+        if not _in_one_piece(stored):
             return self.manifest_value
         end = stored.offset + stored.dtype.itemsize
         return bytes(whole[stored.offset : end]).rstrip(b"\0") if end <= len(whole) else b""
+
+
+def _in_one_piece(stored: Stored) -> bool:
+    """Whether a scalar string's bytes lie in the file in one piece (read there at each open)."""
+    return stored.offset is not None and stored.dtype.kind == "S"
 
 
 def layout_of(path: Path) -> Layout | None:
@@ -78,8 +82,7 @@ def _read(path: Path) -> Layout | None:
                     datasets[prefix + name] = Stored(item.id.get_offset(), tuple(item.shape),
                                                      item.dtype)
         stored = datasets.get(MANIFEST)
-        if stored is not None and stored.shape == () and (stored.offset is None
-                                                          or stored.dtype.kind != "S"):
+        if stored is not None and stored.shape == () and not _in_one_piece(stored):
             manifest_value = f[MANIFEST][()]
     return Layout(datasets, manifest_value)
 
@@ -89,17 +92,24 @@ KEPT: KeptByFiles[Layout] = KeptByFiles(keep=8)
 
 
 def mapped(layout: Layout, whole: np.ndarray, path: Path, name: str) -> np.ndarray | None:
-    """The contiguous 1-D dataset ``name`` as a view of the mapped file (None if absent)."""
+    """The 1-D dataset ``name`` as a view of the mapped file (None if absent)."""
     stored = layout.datasets.get(name)
     if stored is None or len(stored.shape) != 1:
         return None
-    if stored.offset is None:  # empty: nothing allocated
+    return view_of(stored, whole, path, name)
+
+
+def view_of(stored: Stored, whole: np.ndarray, path: Path, name: str) -> np.ndarray:
+    """Dataset ``name``'s values, shaped as stored, as a view of ``whole`` (the mapped file);
+    zeros where nothing is allocated (an empty dataset). A DatasetError where the file ends
+    before it does."""
+    if stored.offset is None:
         return np.zeros(stored.shape, dtype=stored.dtype)
-    size = stored.shape[0] * stored.dtype.itemsize
+    size = int(np.prod(stored.shape, dtype=np.int64)) * stored.dtype.itemsize
     if stored.offset + size > len(whole):
         raise DatasetError(f"{path}: truncated ('{name}' ends at {stored.offset + size}, the file "
                            f"holds {len(whole)} bytes); the dataset is damaged")
-    return whole[stored.offset : stored.offset + size].view(stored.dtype)
+    return whole[stored.offset : stored.offset + size].view(stored.dtype).reshape(stored.shape)
 
 
 def check_rows(layout: Layout, path: Path, name: str, rows: int | None) -> Stored:

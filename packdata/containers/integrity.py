@@ -128,6 +128,8 @@ class ChecksummedReader(Reader):
         #: each entry read, hashed while its bytes are in cache, its bit set there too)
         self.gathers_checked = (checked and checksum.NATIVE_ROWS and inner.GATHERS_ROWS
                                 and algorithm_of(self.manifest.version) == XXH3)
+        #: whole records too (one checksum a record; entries' bits are set entry by entry)
+        self._gathers_records = self.gathers_checked and self.entry_checks is None
         self._expected = np.ascontiguousarray(self.manifest.checksums, dtype=np.uint64)
 
     def _unchecked(self, bits: np.ndarray) -> np.ndarray:
@@ -165,8 +167,8 @@ class ChecksummedReader(Reader):
         if not self.remaining:
             return read_checked(self.inner, indices, self.where, select)
         idx = self.inner.check_indices(indices)
-        if self.gathers_checked and self.entry_checks is None and not select:
-            batch = self._read_gathered(idx)
+        if self._gathers_records and not select:
+            batch = self._gather_records(idx)
             if batch is not None:
                 return batch
         if self.entry_checks is not None and self.entry_checks.selects_one_entry(select):
@@ -182,9 +184,8 @@ class ChecksummedReader(Reader):
         if not self.remaining:
             return read_checked(self.inner, indices, self.where, out=out)
         idx = self.inner.check_indices(indices)
-        if (self.gathers_checked and self.entry_checks is None
-                and set(out) == set(self.manifest.fields)):
-            batch = self._read_gathered(idx, out)
+        if self._gathers_records and set(out) == set(self.manifest.fields):
+            batch = self._gather_records(idx, out)
             if batch is not None:
                 return batch
         batch = read_checked(self.inner, idx, self.where, out=out)
@@ -193,8 +194,8 @@ class ChecksummedReader(Reader):
             self._check(idx, unchecked, batch)
         return batch
 
-    def _read_gathered(self, idx: np.ndarray, out: dict[str, np.ndarray] | None = None
-                       ) -> Batch | None:
+    def _gather_records(self, idx: np.ndarray, out: dict[str, np.ndarray] | None = None
+                        ) -> Batch | None:
         """Whole records ``idx`` gathered (into ``out``, or new arrays) and checked as they are
         copied; None where the inner reader cannot gather this batch by rows."""
         sources = _named(self.where, self.inner.row_sources, idx)

@@ -295,18 +295,25 @@ class TarReader(Reader):
         return (self._windows[nbytes],
                 starts[self.index[f"{name}.shard"][idx]] + self.index[f"{name}.offset"][idx])
 
+    def _entry_located(self, name: str, field: Field, idx: np.ndarray,
+                       entries: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
+        """:meth:`_located` for fixed field ``name``; given ``entries``, for entry ``entries[j]``
+        of its first axis in record ``idx[j]`` (rows one entry wide)."""
+        nbytes = field.nbytes if entries is None else field.nbytes // field.shape[0]
+        located = self._located(name, nbytes, idx)
+        if located is None or entries is None:
+            return located
+        return located[0], located[1] + entries * nbytes  # entry k: k * nbytes into the field
+
     def _payloads(self, name: str, idx: np.ndarray) -> list[np.ndarray]:
         shard = self.index[f"{name}.shard"][idx]
         offset = self.index[f"{name}.offset"][idx]
         nbytes = self.index[f"{name}.nbytes"][idx]
-        return [
-            np.array(self._map(s)[o : o + n])
-            for s, o, n in zip(shard.tolist(), offset.tolist(), nbytes.tolist())
-        ]
+        return [np.array(self._map(s)[o : o + n])
+                for s, o, n in zip(shard.tolist(), offset.tolist(), nbytes.tolist())]
 
-    def _gather_fixed(
-        self, name: str, field: Field, idx: np.ndarray, rows: np.ndarray | None = None
-    ) -> np.ndarray:
+    def _gather_fixed(self, name: str, field: Field, idx: np.ndarray,
+                      rows: np.ndarray | None = None) -> np.ndarray:
         """Field ``name`` of records ``idx``; with ``rows``, only entry ``rows[j]`` of the first
         axis of record ``idx[j]`` (the other entries' bytes are not touched)."""
         shape = field.shape if rows is None else field.shape[1:]
@@ -318,11 +325,9 @@ class TarReader(Reader):
                 return view[local]
             return view.reshape(len(view), parts, nbytes)[local, sel]
 
-        located = self._located(name, nbytes, idx) if len(idx) else None
+        located = self._entry_located(name, field, idx, rows) if len(idx) else None
         if located is not None:  # records of any shards at any offsets: one gather
-            window, at = located
-            at = at if rows is None else at + rows * nbytes
-            return gather_rows(window, at, dtype=field.np_dtype, shape=shape)
+            return gather_rows(*located, dtype=field.np_dtype, shape=shape)
         shards = self.index[f"{name}.shard"][idx]
         first = int(shards[0]) if len(shards) else 0
         view = self._strided(name, first)
@@ -355,10 +360,8 @@ class TarReader(Reader):
                 values, rows = self.index[f"{name}.values"], select.get(name)
                 batch[name] = values[idx] if rows is None else values[idx, rows]
             elif field.variable:
-                batch[name] = [
-                    p.view(field.np_dtype).reshape(-1, *field.row_shape)
-                    for p in self._payloads(name, idx)
-                ]
+                batch[name] = [p.view(field.np_dtype).reshape(-1, *field.row_shape)
+                               for p in self._payloads(name, idx)]
             else:
                 batch[name] = self._gather_fixed(name, field, idx, select.get(name))
         return batch
@@ -377,12 +380,10 @@ class TarReader(Reader):
                 rows = values.reshape(len(values) * parts, -1).view(np.uint8)
                 sources.append((name, rows, idx if entries is None else idx * parts + entries))
                 continue
-            located = self._located(name, field.nbytes // parts, idx)
+            located = self._entry_located(name, field, idx, entries)
             if located is None:  # shards not mapped as one range
                 return None
-            window, at = located
-            sources.append((name, window, at if entries is None
-                            else at + entries * (field.nbytes // parts)))
+            sources.append((name, *located))
         return sources
 
     def lengths(self, name: str) -> np.ndarray:
