@@ -13,7 +13,7 @@
 #   tools/gpu_check.sh OUT_DIR      # from the repository root, packdata importable
 #
 # bench/results/ keeps two runs' files: an H100's as bench_gpu.json, bench_gpu_amp.json and
-# augment_gpu.json, an H200's (this release's code) as bench_gpu-h200.json,
+# augment_gpu.json, an H200's (commit 9abf654) as bench_gpu-h200.json,
 # bench_gpu_amp-h200.json and augment_gpu-h200.json.
 #
 # Each step is bounded and writes into OUT_DIR as it goes, so a step that fails or runs long
