@@ -14,7 +14,8 @@ batch_checksums itself with and without the routine. Then what a read's check co
 in RAM (pixels and labels in two arrays, as HDF5 stores them) into the batch's arrays, alone and
 checked as gathered (``gather_checked``, the batch's stored checksums taken first as a read
 takes them, the bitmap cleared first: every record hashed, as in a first epoch: by default
-about 64 KiB of records copied, then hashed; and each record hashed right after its copy). Then
+about 64 KiB of records copied, then hashed; and each record hashed right after its copy), both
+again without asking for the rows of records ahead of the one copied (``prefetch_bytes=0``). Then
 records of two pieces (the second the 8-byte label) from 16 bytes to 64 KiB, copied against
 streamed: where the routine's limit (``stream_above``) belongs.
 """
@@ -75,6 +76,17 @@ def gather_runs(rng: np.random.Generator, records: int = 50_000) -> dict:
                                            verified)
         assert first == -1
 
+    def gather_unprefetched():  # no rows asked for ahead of the copy
+        idx = next(batches)
+        checksum._rowhash.gather([pixels, labels], [idx, idx], outs, prefetch_bytes=0)
+
+    def gather_checked_unprefetched():
+        idx = next(batches)
+        verified[:] = 0
+        first, _ = checksum._rowhash.gather([pixels, labels], [idx, idx], outs, idx, sums[idx],
+                                            verified, prefetch_bytes=0)
+        assert first == -1
+
     def gather_checked_each():  # each record hashed right after its copy: no blocks
         idx = next(batches)
         verified[:] = 0
@@ -89,6 +101,8 @@ def gather_runs(rng: np.random.Generator, records: int = 50_000) -> dict:
     return {"read: gather of a batch from RAM, native": gather,
             "read: gather, every record checked as gathered": gather_checked,
             "read: the same, each record hashed right after its copy": gather_checked_each,
+            "read: gather, no rows asked for ahead (prefetch_bytes=0)": gather_unprefetched,
+            "read: gather checked, no rows asked for ahead": gather_checked_unprefetched,
             "read: the bitmap's clearing alone (in the two rows above)": clear}
 
 

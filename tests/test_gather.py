@@ -53,6 +53,22 @@ def test_gather_copies_the_rows_numpy_would(n):
     assert labels.tolist() == table[rows // 3080, 3072:].copy().view("<i8").ravel().tolist()
 
 
+@pytest.mark.parametrize("prefetch_bytes", [0, 1, 3080 * 3, 1 << 40])
+def test_rows_asked_for_ahead_change_nothing_read(prefetch_bytes):
+    """Prefetching is a hint: the rows up to the last (the file's last record included, which a
+    read ahead of it would run past) come out as numpy's, checked or not."""
+    _, starts, columns, sums = a_file()
+    records = np.array([3, 499, 0, 250, 499, 498], dtype=np.int64)
+    for check in (None, (records, sums[records], np.zeros(63, np.uint8))):
+        outs = [np.empty((len(records), c.shape[1]), np.uint8) for c in columns]
+        result = checksum._rowhash.gather(columns, [starts[records]] * 2, outs,
+                                          *(check or (None, None, None)),
+                                          prefetch_bytes=prefetch_bytes)
+        assert result == (-1, 0 if check is None else 5)
+        for out, column in zip(outs, columns):
+            assert np.array_equal(out, column[starts[records]])
+
+
 def test_checked_gather_hashes_marks_and_names_the_first_damaged_record():
     _, starts, columns, sums = a_file()
     records = np.array([5, 9, 2, 9, 400], dtype=np.int64)
