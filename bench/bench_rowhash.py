@@ -15,7 +15,8 @@ in RAM (pixels and labels in two arrays, as HDF5 stores them) into the batch's a
 checked as gathered (``gather_checked``, the batch's stored checksums taken first as a read
 takes them, the bitmap cleared first: every record hashed, as in a first epoch: by default
 about 64 KiB of records copied, then hashed; and each record hashed right after its copy), both
-again without asking for the rows of records ahead of the one copied (``prefetch_bytes=0``). Then
+again without asking for the rows of records ahead of the one copied (``prefetch_bytes=0``);
+and a point-cloud batch (16 rows of 48 KiB, one variant of four each), both ways. Then
 records of two pieces (the second the 8-byte label) from 16 bytes to 64 KiB, copied against
 streamed: where the routine's limit (``stream_above``) belongs.
 """
@@ -106,6 +107,22 @@ def gather_runs(rng: np.random.Generator, records: int = 50_000) -> dict:
             "read: the bitmap's clearing alone (in the two rows above)": clear}
 
 
+def large_row_runs(rng: np.random.Generator, records: int = 1280, parts: int = 4) -> dict:
+    """A point-cloud epoch's gather: batches of 16 records, one of ``parts`` stored variants of
+    4,096 xyz float32 points (48 KiB) each, from RAM; the routine asks for the first 4 KiB of
+    each row ahead, against no rows asked for."""
+    rows = rng.integers(0, 256, (records * parts, 4096 * 12), dtype=np.uint8)
+    batches = itertools.cycle([np.sort(rng.permutation(records)[:16]) * parts
+                               + rng.integers(0, parts, 16) for _ in range(80)])
+    out = [np.empty((16, rows.shape[1]), np.uint8)]
+
+    def run(**limit):
+        return lambda: checksum._rowhash.gather([rows], [next(batches)], out, **limit)
+
+    return {"48 KiB rows: gather of 16, native": run(),
+            "48 KiB rows: no rows asked for ahead": run(prefetch_bytes=0)}
+
+
 def main() -> None:
     args = parser(__doc__, rounds=7, results="rowhash.json").parse_args()
     if not checksum.NATIVE_ROWS:
@@ -141,6 +158,7 @@ def main() -> None:
         "batch_checksums, pure path": pure_batch_checksums,
     }
     runs.update(gather_runs(rng))
+    runs.update(large_row_runs(rng))
     rows = [{"name": name, **t} for name, t in per_batch_us(runs, args.rounds).items()]
     for row in rows:
         print(f"{row['min_us']:8.1f} µs (median {row['median_us']:7.1f})  {row['name']}")

@@ -39,8 +39,10 @@ static digest_fn digest = NULL;
 #define STREAM_ABOVE 1024
 /* a checked gather copies about this many bytes of records, then hashes them (see gather) */
 #define BLOCK_BYTES 65536
-/* a gather asks for the rows of the record about this many bytes ahead of the one it copies */
+/* a gather asks for the rows of the record about this many bytes ahead of the one it copies, */
 #define PREFETCH_BYTES 12288
+/* each row's first bytes up to this many: past them the hardware follows a long row itself */
+#define PREFETCH_ROW_BYTES 4096
 #if defined(__GNUC__) || defined(__clang__)
 #define PREFETCH(address) __builtin_prefetch((address), 0, 1) /* to read, kept in outer caches */
 #else
@@ -458,7 +460,7 @@ STRING_OF(PREFETCH_BYTES) ")\n--\n\n"
 "record that does not match (-1 if none; the rows after it are not copied), and how many bits\n"
 "this call set. ``stream_above`` is :func:`rows`'; records are copied about ``block_bytes`` at a\n"
 "time, then hashed. While a record is copied, the rows of the record about ``prefetch_bytes``\n"
-"ahead are requested from memory (0: none).");
+"ahead (their first " STRING_OF(PREFETCH_ROW_BYTES) " bytes each) are requested from memory (0: none).");
 
 static PyObject *
 gather(PyObject *self, PyObject *args, PyObject *kwargs)
@@ -590,7 +592,8 @@ gather(PyObject *self, PyObject *args, PyObject *kwargs)
             for (Py_ssize_t k = 0; ahead && j + ahead < n && k < m; k++) {
                 const column *c = &cols[k];
                 const char *row = c->base + ((const int64_t *)rows_b[k].buf)[j + ahead] * c->stride;
-                for (Py_ssize_t at = 0; at < c->width; at += 64)
+                Py_ssize_t asked = c->width < PREFETCH_ROW_BYTES ? c->width : PREFETCH_ROW_BYTES;
+                for (Py_ssize_t at = 0; at < asked; at += 64)
                     PREFETCH(row + at);
             }
             for (Py_ssize_t k = 0; k < m; k++) {
