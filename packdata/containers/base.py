@@ -232,8 +232,8 @@ def gather_rows(view: np.ndarray, rows: np.ndarray, out: np.ndarray | None = Non
     ``out``: torch's ``index_select`` where torch is loaded and set to one thread (DataLoader's
     workers are), which writes into it (numpy's gathers first copy a non-contiguous source
     whole, ``np.take``, or make a new one); numpy's fancy indexing otherwise. Not on torch's
-    intra-op threads, though they gather 2.0× as fast on an idle 2-core machine: beside busy
-    processes they fell to 0.52× numpy's (bench/bench_gather.py), and a child forked after they
+    intra-op threads, though they gather 1.6× as fast as numpy on an idle 2-core machine: beside
+    busy processes they fell to 0.09× numpy's (bench/bench_gather.py), and a child forked after they
     ran hangs in them (tests/test_containers.py). ``packdata verify`` reads without importing
     torch."""
     if shape is None:
