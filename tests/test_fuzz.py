@@ -68,3 +68,29 @@ def test_the_harness_sees_a_crash_and_a_silent_difference(tmp_path, originals, m
 
     monkeypatch.setattr(fuzz, "child_read", segfault)
     assert fuzz.run_in_child(copy, digests, "off") == {"outcome": "crash", "error": "SIGSEGV"}
+
+
+def test_concurrent_readers_read_each_variant_against_its_own_hash(tmp_path):
+    """bench/concurrent_readers.py over the harness's hashes of a point-cloud dataset (records,
+    then each variant alone): every record and variant read and matched, and a changed hash
+    counted as a differing record, not a failed process."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # its _shared import
+    try:
+        concurrent = load_script(Path(__file__).resolve().parents[1] / "bench"
+                                 / "concurrent_readers.py", "concurrent_readers")
+    finally:
+        sys.path.pop(0)
+    import packdata
+
+    clouds = tmp_path / "clouds"
+    clouds.mkdir()
+    for f in sorted(fuzz.LIDAR.glob("ahn_*.la[sz]")):
+        shutil.copy(f, clouds / f.name)
+    path = packdata.convert(packdata.open_source(clouds, points=256, variants=2),
+                            tmp_path / "pc.h5", workers=1).path
+    digests = fuzz.digest(path)
+    count = packdata.open(path).manifest.count
+    assert len(digests) == count * 3  # the records, then variant 0 and variant 1 of each
+    assert concurrent.read_all(path, digests, 2, 0) == (2 * len(digests), 0)
+    changed = digests[: count + 1] + ["x" * 40] + digests[count + 2 :]  # variant 0 of record 1
+    assert concurrent.read_all(path, changed, 2, 0) == (2 * len(digests), 2)
