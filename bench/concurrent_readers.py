@@ -21,33 +21,29 @@ from pathlib import Path
 
 import numpy as np
 from _shared import command_line, parser, write_results
-from fuzz_readers import build_datasets, digest, record_digest
+from fuzz_readers import build_datasets, digest, digest_reads, read_as, record_digest
 
 from packdata import containers
 
 
 def read_all(path: Path, digests: list[str], passes: int, seed: int) -> tuple[int, int]:
-    """(records read, records that differ) over ``passes`` shuffled passes: whole records, and
-    where records declare entry checksums (a point cloud's K variants) each entry read alone
-    through ``select`` too, compared with :func:`fuzz_readers.digest`'s hashes (records first,
-    then entry by entry)."""
+    """(records read, records that differ) over ``passes`` shuffled passes of every read
+    :func:`fuzz_readers.digest` hashed (whole records, then each entry alone where records
+    declare entry checksums), each record against its hash there."""
     reader = containers.for_existing(path).READER(path)
-    count, checks = reader.manifest.count, reader.manifest.entry_checks
-    entries = [None] + list(range(checks.count if checks is not None else 0))
+    count = reader.manifest.count
     rng = np.random.default_rng(seed)
     read = wrong = 0
     for _ in range(passes):
         order = rng.permutation(count)
         for a in range(0, count, 16):
             idx = order[a : a + 16]
-            for entry in entries:
-                select = None if entry is None else {
-                    name: np.full(len(idx), entry) for name in checks.entries_of}
-                batch = reader.read(idx, select)
-                first = 0 if entry is None else count * (entry + 1)
+            for k, entry in enumerate(digest_reads(reader.manifest)):
+                batch = read_as(reader, idx, entry)
                 for j, i in enumerate(idx.tolist()):
                     read += 1
-                    wrong += record_digest(batch, reader.manifest.fields, j) != digests[first + i]
+                    wrong += (record_digest(batch, reader.manifest.fields, j)
+                              != digests[k * count + i])
     return read, wrong
 
 

@@ -97,10 +97,27 @@ def build_datasets(work: Path) -> dict[str, Path]:
 
 
 def digest(path: Path) -> list[str]:
-    """One hash per record (every field's dtype, shape and bytes), read from the original, then
-    one per record and entry where records declare entry checksums (:func:`entry_digests`)."""
+    """One hash per record (every field's dtype, shape and bytes), read from the original, for
+    each of :func:`digest_reads` in turn: the whole records, then where records declare entry
+    checksums each entry alone. Read ``k``'s hash of record ``i`` is item ``k * count + i``."""
     reader = containers.for_existing(path).READER(path)
-    return record_digests(reader, reader.manifest.count) + entry_digests(reader)
+    return [h for entry in digest_reads(reader.manifest) for h in read_digests(reader, entry)]
+
+
+def digest_reads(manifest) -> list[int | None]:
+    """The reads :func:`digest` hashes, in its order: None (whole records), then each entry
+    where records declare entry checksums (a point cloud's K variants)."""
+    checks = manifest.entry_checks
+    return [None, *range(checks.count if checks is not None else 0)]
+
+
+def read_as(reader, idx: np.ndarray, entry: int | None):
+    """Records ``idx`` whole (``entry`` None), or entry ``entry`` of each alone through
+    ``select``, as the point-cloud kind reads them."""
+    if entry is None:
+        return reader.read(idx)
+    return reader.read(idx, {name: np.full(len(idx), entry)
+                             for name in reader.manifest.entry_checks.entries_of})
 
 
 def record_digest(batch, fields, j: int) -> str:
@@ -113,27 +130,13 @@ def record_digest(batch, fields, j: int) -> str:
     return h.hexdigest()
 
 
-def record_digests(reader, count: int) -> list[str]:
-    out = []
+def read_digests(reader, entry: int | None = None) -> list[str]:
+    """Every record's hash, read in order in batches of 16 as :func:`read_as` reads them."""
+    count, out = reader.manifest.count, []
     for a in range(0, count, 16):
         idx = np.arange(a, min(count, a + 16))
-        batch = reader.read(idx)
+        batch = read_as(reader, idx, entry)
         out.extend(record_digest(batch, reader.manifest.fields, j) for j in range(len(idx)))
-    return out
-
-
-def entry_digests(reader) -> list[str]:
-    """Where records declare entry checksums (a point cloud's K variants): one hash per record
-    and entry, each entry read alone through ``select``, as the point-cloud kind reads them."""
-    checks = reader.manifest.entry_checks
-    if checks is None:
-        return []
-    out = []
-    for entry in range(checks.count):
-        for a in range(0, reader.manifest.count, 16):
-            idx = np.arange(a, min(reader.manifest.count, a + 16))
-            batch = reader.read(idx, {name: np.full(len(idx), entry) for name in checks.entries_of})
-            out.extend(record_digest(batch, reader.manifest.fields, j) for j in range(len(idx)))
     return out
 
 
@@ -245,8 +248,10 @@ def child_read(path: Path, digests: list[str], level: str) -> dict:
         count = reader.manifest.count
         for name in reader.manifest.variable_fields:
             reader.lengths(name)
-        entries = entry_digests(reader)  # first: a fresh reader checks them entry by entry
-        got = record_digests(reader, count) + entries
+        reads = digest_reads(reader.manifest)
+        # entries first: a fresh reader checks them entry by entry
+        entries = [h for entry in reads[1:] for h in read_digests(reader, entry)]
+        got = read_digests(reader) + entries
     except PackdataError as exc:
         named = str(path) in str(exc) or any(str(f) in str(exc) for f in files_of(path))
         return {"outcome": "named_error" if named else "unnamed_error", "error": str(exc)[:300]}
