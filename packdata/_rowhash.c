@@ -39,9 +39,9 @@ static digest_fn digest = NULL;
 #define STREAM_ABOVE 1024
 /* a checked gather copies about this many bytes of records, then hashes them (see gather) */
 #define BLOCK_BYTES 65536
-/* a gather asks for the rows of the record about this many bytes ahead of the one it copies, */
+/* a gather asks for the rows of the record about this many bytes ahead of the one it copies */
 #define PREFETCH_BYTES 12288
-/* each row's first bytes up to this many: past them the hardware follows a long row itself */
+/* of each such row, its first bytes up to this many: past them the hardware follows a row */
 #define PREFETCH_ROW_BYTES 4096
 #if defined(__GNUC__) || defined(__clang__)
 #define PREFETCH(address) __builtin_prefetch((address), 0, 1) /* to read, kept in outer caches */
@@ -581,20 +581,22 @@ gather(PyObject *self, PyObject *args, PyObject *kwargs)
     /* Rows lie at random in a file many times the CPU's caches, and the hardware's own
      * prefetcher only follows a row once it has started: asking for the rows a few records
      * ahead keeps loads from memory in flight while this record is copied (bench_rowhash). */
-    Py_ssize_t ahead = prefetch_bytes <= 0 ? 0 : (record_bytes ? prefetch_bytes / record_bytes : 1);
-    if (prefetch_bytes > 0 && ahead < 1)
-        ahead = 1;
+    Py_ssize_t ahead = 0;
+    if (prefetch_bytes > 0)
+        ahead = record_bytes > 0 && prefetch_bytes / record_bytes > 1 ? prefetch_bytes / record_bytes
+                                                                      : 1;
     for (Py_ssize_t start = 0; start < n && first_bad < 0; start += block) {
         Py_ssize_t end = start + block < n ? start + block : n;
         for (Py_ssize_t j = start; j < end; j++) {
             /* written out here: in a helper function, GCC deems the prefetches free of effects
              * and drops the call */
-            for (Py_ssize_t k = 0; ahead && j + ahead < n && k < m; k++) {
-                const column *c = &cols[k];
-                const char *row = c->base + ((const int64_t *)rows_b[k].buf)[j + ahead] * c->stride;
-                Py_ssize_t asked = c->width < PREFETCH_ROW_BYTES ? c->width : PREFETCH_ROW_BYTES;
-                for (Py_ssize_t at = 0; at < asked; at += 64)
-                    PREFETCH(row + at);
+            if (ahead && j + ahead < n) {
+                for (Py_ssize_t k = 0; k < m; k++) {
+                    const column *c = &cols[k];
+                    const char *row = c->base + ((const int64_t *)rows_b[k].buf)[j + ahead] * c->stride;
+                    for (Py_ssize_t at = 0; at < c->width && at < PREFETCH_ROW_BYTES; at += 64)
+                        PREFETCH(row + at);
+                }
             }
             for (Py_ssize_t k = 0; k < m; k++) {
                 const column *c = &cols[k];
