@@ -12,8 +12,8 @@ into one buffer, streamed from its two pieces, and as the routine chooses by def
 batch_checksums itself with and without the routine. Then what a read's check costs: a batch
 (sorted random indices, a new batch each call) gathered by the routine from 50,000 such records
 in RAM (pixels and labels in two arrays, as HDF5 stores them) into the batch's arrays, alone and
-checked as gathered (``gather_checked``, the batch's stored checksums taken first as a read
-takes them, the bitmap cleared first: every record hashed, as in a first epoch: by default
+checked as gathered (the routine given the batch's stored checksums by position, as a read
+gives them, the bitmap cleared first: every record hashed, as in a first epoch: by default
 about 64 KiB of records copied, then hashed; and each record hashed right after its copy), both
 again without asking for the rows of records ahead of the one copied (``prefetch_bytes=0``);
 and a point-cloud batch (16 rows of 48 KiB, one variant of four each), both ways. Then
@@ -66,45 +66,31 @@ def gather_runs(rng: np.random.Generator, records: int = 50_000) -> dict:
     outs = [np.empty((BATCH, 3072), np.uint8), np.empty((BATCH, 8), np.uint8)]
     verified = np.zeros((records + 7) // 8, np.uint8)
 
-    def gather():
-        idx = next(batches)
-        checksum.gather([pixels, labels], [idx, idx], outs)
+    def gather(**limit):  # limit: the routine's block_bytes or prefetch_bytes
+        def run():
+            idx = next(batches)
+            checksum._rowhash.gather([pixels, labels], [idx, idx], outs, **limit)
+        return run
 
-    def gather_checked():
-        idx = next(batches)
-        verified[:] = 0
-        first, _ = checksum.gather_checked([pixels, labels], [idx, idx], outs, idx, sums[idx],
-                                           verified)
-        assert first == -1
-
-    def gather_unprefetched():  # no rows asked for ahead of the copy
-        idx = next(batches)
-        checksum._rowhash.gather([pixels, labels], [idx, idx], outs, prefetch_bytes=0)
-
-    def gather_checked_unprefetched():
-        idx = next(batches)
-        verified[:] = 0
-        first, _ = checksum._rowhash.gather([pixels, labels], [idx, idx], outs, idx, sums[idx],
-                                            verified, prefetch_bytes=0)
-        assert first == -1
-
-    def gather_checked_each():  # each record hashed right after its copy: no blocks
-        idx = next(batches)
-        verified[:] = 0
-        first, _ = checksum._rowhash.gather([pixels, labels], [idx, idx], outs, idx,
-                                            sums[idx], verified, block_bytes=1)
-        assert first == -1
+    def checked(**limit):  # each record hashed as gathered, the bitmap cleared first
+        def run():
+            idx = next(batches)
+            verified[:] = 0
+            first, _ = checksum._rowhash.gather([pixels, labels], [idx, idx], outs, idx,
+                                                sums[idx], verified, **limit)
+            assert first == -1
+        return run
 
     def clear():  # the bitmap's clearing, timed apart: subtract it from the checked rows
         next(batches)
         verified[:] = 0
 
-    return {"read: gather of a batch from RAM, native": gather,
-            "read: gather, every record checked as gathered": gather_checked,
-            "read: the same, each record hashed right after its copy": gather_checked_each,
-            "read: gather, no rows asked for ahead (prefetch_bytes=0)": gather_unprefetched,
-            "read: gather checked, no rows asked for ahead": gather_checked_unprefetched,
-            "read: the bitmap's clearing alone (in the two rows above)": clear}
+    return {"read: gather of a batch from RAM, native": gather(),
+            "read: gather, every record checked as gathered": checked(),
+            "read: the same, each record hashed right after its copy": checked(block_bytes=1),
+            "read: gather, no rows asked for ahead (prefetch_bytes=0)": gather(prefetch_bytes=0),
+            "read: gather checked, no rows asked for ahead": checked(prefetch_bytes=0),
+            "read: the bitmap's clearing alone (in every checked row)": clear}
 
 
 def large_row_runs(rng: np.random.Generator, records: int = 1280, parts: int = 4) -> dict:
