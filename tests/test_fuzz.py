@@ -74,12 +74,9 @@ def test_concurrent_readers_read_each_variant_against_its_own_hash(tmp_path):
     """bench/concurrent_readers.py over the harness's hashes of a point-cloud dataset (records,
     then each variant alone): every record and variant read and matched, and a changed hash
     counted as a differing record, not a failed process."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # its _shared import
-    try:
-        concurrent = load_script(Path(__file__).resolve().parents[1] / "bench"
-                                 / "concurrent_readers.py", "concurrent_readers")
-    finally:
-        sys.path.pop(0)
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    load_script(bench / "_shared.py", "_shared")  # what it imports beside fuzz_readers
+    concurrent = load_script(bench / "concurrent_readers.py", "concurrent_readers")
     import packdata
 
     clouds = tmp_path / "clouds"
