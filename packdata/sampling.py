@@ -18,7 +18,8 @@ import numpy as np
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from packdata.errors import ArgumentError
+from packdata.errors import ArgumentError, ResumeError
+from packdata.units import count_argument
 
 
 def ddp_rank_world() -> tuple[int, int]:
@@ -105,7 +106,7 @@ class SeededSampler(Sampler[list[int]]):
 
     def __init__(self, seed: int, rank: int | None, world_size: int | None) -> None:
         self.rank, self.world_size = rank_and_world(rank, world_size)
-        self.seed, self.epoch, self._next_epoch = seed, 0, 0
+        self.seed, self.epoch, self._next_epoch = count_argument("seed", seed), 0, 0
         self._pending: Plan = []  # finished segments of the next epoch (after a resume)
         self._current: tuple[int, Plan, int] | None = None  # (epoch, plan, batches) iterating
         self._served = 0
@@ -119,6 +120,7 @@ class SeededSampler(Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iteration runs (as DistributedSampler's ``set_epoch``). Setting the
         epoch a loaded state is in keeps its position."""
+        epoch = count_argument("epoch", epoch)  # numpy's generators take no other
         if epoch != self._next_epoch:
             self._pending = []
         self._next_epoch = epoch
@@ -169,8 +171,6 @@ class SeededSampler(Sampler[list[int]]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration serves the rest of its epoch."""
-        from packdata.errors import ResumeError
-
         if not isinstance(state, dict) or not {"sampler", "epoch", "plan"} <= set(state):
             raise ResumeError("not a sampler state: it needs 'sampler', 'epoch' and 'plan'")
         if state["sampler"] != type(self).__name__:

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 
 from packdata.errors import ArgumentError
 
 _UNITS = (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10), ("B", 1))
+
+
+def count_argument(name: str, value: object) -> int:
+    """``value`` (an int or a numpy integer) as a non-negative int; an ArgumentError naming
+    ``name`` for anything else (booleans, floats, strings, negative numbers)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ArgumentError(f"{name} must be a non-negative integer, got {value!r}")
+    return int(value)
 
 
 def parse_bytes(value: int | str) -> int:

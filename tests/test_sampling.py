@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from packdata.errors import ArgumentError
 from packdata.sampling import EpochBatchSampler
 
 
@@ -24,6 +26,20 @@ def test_same_seed_same_batches():
     a, b = EpochBatchSampler(50, 8, seed=7), EpochBatchSampler(50, 8, seed=7)
     assert list(a) == list(b)
     assert list(EpochBatchSampler(50, 8, seed=8)) != list(EpochBatchSampler(50, 8, seed=7))
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "2", True, None])
+def test_a_seed_or_epoch_that_is_not_a_count_is_refused_by_name(value):
+    # numpy's generators would raise their own ValueError at the first batch, deep in an epoch
+    with pytest.raises(ArgumentError, match=f"seed must be a non-negative integer, got {value!r}"):
+        EpochBatchSampler(50, 8, seed=value)
+    s = EpochBatchSampler(50, 8, seed=np.int64(4))
+    with pytest.raises(ArgumentError, match=f"epoch must be a non-negative integer, got {value!r}"):
+        s.set_epoch(value)
+    s.set_epoch(np.int64(2))  # numpy integers are counts too
+    plain = EpochBatchSampler(50, 8, seed=4)
+    plain.set_epoch(2)
+    assert flat(s) == flat(plain) != flat(EpochBatchSampler(50, 8, seed=4))
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
