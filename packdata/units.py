@@ -1,4 +1,5 @@
-"""Sizes and counts as users write them, and how many cores this process may use."""
+"""Sizes and counts as users write them (a seed, an epoch), and how many cores this process may
+use."""
 
 from __future__ import annotations
 
