@@ -296,6 +296,8 @@ class PackedDataset(Dataset):
             raise ArgumentTypeError(f"sample indices must be integers, got {array.dtype} ({indices!r:.60})")
         if array.ndim != 1:
             raise IndexError(f"expected one index or a flat list of them, got shape {array.shape}")
+        if array.dtype.kind == "u" and array.max() > np.iinfo(np.int64).max:  # would wrap round
+            raise IndexError(f"index {array.max()} out of range")
         return array.astype(np.int64, copy=False)
 
     def __repr__(self) -> str:
@@ -362,8 +364,8 @@ def open_dataset(
     (at most ``cache_limit`` bytes of shards) with ``storage_options`` for fsspec; with
     ``access="ranges"`` each batch's records are fetched by ranged GETs instead (map-style access
     to a few records, no shard cached)."""
-    storage = (Storage(storage_options or {}, cache_dir, cache_limit, access=access)
-               if is_url(path) else None)
+    # checked for a local path too, where they do not apply: a wrong one is still a mistake
+    storage = Storage(storage_options or {}, cache_dir, cache_limit, access=access)
     return PackedDataset(path, transform=transform, batch_transform=batch_transform,
-                         decode=decode, storage=storage, verify=verify,
+                         decode=decode, storage=storage if is_url(path) else None, verify=verify,
                          channels_last=channels_last)

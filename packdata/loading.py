@@ -21,7 +21,7 @@ from packdata.device import Augment, DeviceLoader, map_tensors, resolve_device
 from packdata.errors import ArgumentError, ArgumentTypeError
 from packdata.sampling import EpochBatchSampler, SeededSampler
 from packdata.transfer import leave_worker
-from packdata.units import available_cores
+from packdata.units import available_cores, count_argument
 
 WorkerKind = Literal["thread", "process"]
 
@@ -333,8 +333,9 @@ def _make_loader(
     target = None if device is None else resolve_device(device)
     if num_workers is None:
         num_workers = default_num_workers(dataset)
-    if num_workers < 0:
-        raise ArgumentError(f"num_workers must be ≥ 0, got {num_workers}")
+    num_workers = count_argument("num_workers", num_workers)
+    if prefetch_factor is not None:
+        count_argument("prefetch_factor", prefetch_factor, 1)
     if workers is None:
         workers = default_worker_kind(dataset)
     if pin_memory is None:

@@ -81,7 +81,7 @@ class SharedEpoch(SharedState):
 
     def set(self, epoch: int) -> None:
         """Every process's next reads are of ``epoch``."""
-        self._state[0] = epoch
+        self._state[0] = count_argument("epoch", epoch)
 
     @property
     def value(self) -> int:
@@ -220,13 +220,10 @@ class EpochBatchSampler(SeededSampler):
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
-        if batch_size < 1:
-            raise ArgumentError(f"batch_size must be ≥ 1, got {batch_size}")
         super().__init__(seed, rank, world_size)
-        self.size = size
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.drop_last = drop_last
+        self.size = count_argument("size", size)
+        self.batch_size = count_argument("batch_size", batch_size, 1)
+        self.shuffle, self.drop_last = shuffle, drop_last
 
     def settings(self) -> dict[str, Any]:
         return {"seed": self.seed, "size": self.size, "batch_size": self.batch_size,
@@ -293,18 +290,20 @@ class LengthBucketBatchSampler(SeededSampler):
     ) -> None:
         if (batch_size is None) == (max_tokens is None):
             raise ArgumentError("give exactly one of batch_size (documents) or max_tokens (a budget)")
-        if (batch_size or max_tokens or 0) < 1:
-            raise ArgumentError(f"batch size must be ≥ 1, got {batch_size or max_tokens}")
+        count_argument("batch_size" if max_tokens is None else "max_tokens",
+                       max_tokens if batch_size is None else batch_size, 1)
         if bucket_width < 0:
             raise ArgumentError(f"bucket_width must be ≥ 0, got {bucket_width}")
         super().__init__(seed, rank, world_size)
-        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.lengths = np.asarray(lengths)
+        if len(self.lengths) and (self.lengths.dtype.kind not in "iu" or (self.lengths < 0).any()):
+            raise ArgumentError(f"lengths must be integers ≥ 0, got {lengths!r:.60}")
+        self.lengths = self.lengths.astype(np.int64)
         if len(self.lengths) < self.world_size:
             raise ArgumentError(f"{len(self.lengths)} documents cannot be split over "
                              f"{self.world_size} ranks")
         self.batch_size, self.max_tokens = batch_size, max_tokens
-        self.shuffle = shuffle
-        self.bucket_width = bucket_width
+        self.shuffle, self.bucket_width = shuffle, bucket_width
         self._cache: tuple[tuple[int, int], list[np.ndarray]] | None = None
 
     def _bucket_keys(self, rng: np.random.Generator | None) -> np.ndarray:

@@ -27,6 +27,7 @@ from packdata.errors import ResumeError
 from packdata.remote.storage import CACHE_LIMIT, Storage
 from packdata.sampling import SharedState, per_rank, rank_and_world
 from packdata.streamloader import Plan, StreamingLoader
+from packdata.units import count_argument
 from packdata.urls import is_url
 
 Span = tuple[int, int]  # sample indices [start, stop)
@@ -50,7 +51,7 @@ class StreamEpochs(SharedState):
     def set(self, epoch: int) -> None:
         """The next iteration runs ``epoch`` (and forgets which epochs were completed)."""
         self._state[1:] = [0] * self.SLOTS
-        self._state[0] = epoch
+        self._state[0] = count_argument("epoch", epoch)
 
     @property
     def value(self) -> int:
@@ -101,9 +102,12 @@ class StreamingDataset(IterableDataset):
         cache_limit: int | str = CACHE_LIMIT,
         verify: str = "full",
     ) -> None:
-        storage = Storage(storage_options or {}, cache_dir, cache_limit) if is_url(path) else None
-        self.dataset = PackedDataset(path, transform=transform, storage=storage, verify=verify)
-        self.shuffle_buffer, self.seed, self.chunk = shuffle_buffer, seed, chunk
+        # checked for a local path too, where they do not apply: a wrong one is still a mistake
+        storage = Storage(storage_options or {}, cache_dir, cache_limit)
+        self.dataset = PackedDataset(path, transform=transform,
+                                     storage=storage if is_url(path) else None, verify=verify)
+        self.shuffle_buffer = count_argument("shuffle_buffer", shuffle_buffer)
+        self.seed, self.chunk = count_argument("seed", seed), count_argument("chunk", chunk, 1)
         self.drop_last = drop_last
         self.rank, self.world_size = rank_and_world(rank, world_size)
         self._epoch = StreamEpochs()

@@ -10,6 +10,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from packdata.errors import ArgumentError
+from packdata.units import count_argument
 
 Plan = list[tuple[int, int]]  # what one reader streams: (role, samples of it already delivered)
 
@@ -28,12 +29,10 @@ class StreamingLoader:
         if dataloader_options.get("in_order", True) is not True:
             raise ArgumentError("in_order=False takes batches in the order workers finish them: "
                                 "no position can be saved")
-        if batch_size < 1:
-            raise ArgumentError(f"batch_size must be ≥ 1, got {batch_size}")
         self.stream = stream
         self.dataset = stream
-        self.batch_size = batch_size
-        self.num_workers = num_workers
+        self.batch_size = count_argument("batch_size", batch_size, 1)
+        self.num_workers = num_workers = count_argument("num_workers", num_workers)
         self.drop_last = drop_last
         self._options = dataloader_options
         self._dataloader: DataLoader | None = None

@@ -11,11 +11,11 @@ from packdata.errors import ArgumentError
 _UNITS = (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10), ("B", 1))
 
 
-def count_argument(name: str, value: object) -> int:
-    """``value`` (an int or a numpy integer) as a non-negative int; an ArgumentError naming
-    ``name`` for anything else (booleans, floats, strings, negative numbers)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ArgumentError(f"{name} must be a non-negative integer, got {value!r}")
+def count_argument(name: str, value: object, least: int = 0) -> int:
+    """``value`` (an int or a numpy integer) as an int of at least ``least``; an ArgumentError
+    naming ``name`` for anything else (booleans, floats, strings, smaller numbers)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        raise ArgumentError(f"{name} must be an integer ≥ {least}, got {value!r}")
     return int(value)
 
 

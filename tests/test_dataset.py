@@ -8,6 +8,7 @@ import re
 import shutil
 import sys
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, default_collate
@@ -71,6 +72,28 @@ def test_indexing_like_numpy_and_clear_errors(packed):
                        ([[0, 1], [2, 3]], IndexError), ([len(ds)], IndexError)):
         with pytest.raises(error):
             ds[bad]
+    # an index past int64 named as given (it had wrapped round to -9223372036854775808)
+    for huge in (2**63, [2**63], np.array([1, 2**64 - 1], dtype=np.uint64)):
+        with pytest.raises(IndexError, match="index (9223372036854775808|18446744073709551615) out of range"):
+            ds[huge]
+
+
+@pytest.mark.parametrize("value", [-1, "2", 1.0])
+def test_an_epoch_that_is_not_a_count_is_refused_by_name(packed, value):
+    # it went into the shared epoch as it was: a raw TypeError, or a negative epoch the samples
+    # of point-cloud variants would be drawn for
+    ds = packdata.open(packed["hdf5"])
+    with pytest.raises(packdata.errors.ArgumentError, match=f"epoch must be an integer ≥ 0, got {value!r}"):
+        ds.set_epoch(value)
+    assert ds.epoch == 0
+
+
+@pytest.mark.parametrize(("option", "match"), [({"access": "bogus"}, "access 'bogus'"),
+                                               ({"cache_limit": "lots"}, "size 'lots'")])
+def test_a_wrong_storage_option_is_refused_for_a_local_dataset_too(packed, option, match):
+    with pytest.raises(packdata.errors.ArgumentError, match=match):
+        packdata.open(packed["hdf5"], **option)
+    assert len(packdata.open(packed["hdf5"], access="ranges", cache_limit="1GB"))  # apply to URLs
 
 
 def test_dataset_pickles_without_open_handles(packed, container):

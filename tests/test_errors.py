@@ -58,7 +58,7 @@ def test_old_homes_still_export_the_moved_classes():
 
     assert (AugmentInputError, DeviceError, ResidentMemoryError) == (
         errors.AugmentInputError, errors.DeviceError, errors.ResidentMemoryError)
-    with pytest.raises(ValueError, match="batch_size must be ≥ 1"):  # except ValueError works
+    with pytest.raises(ValueError, match="batch_size must be an integer ≥ 1"):  # except ValueError works
         packdata.EpochBatchSampler(10, batch_size=0)
 
 

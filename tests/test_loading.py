@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader
 
 import packdata
 from packdata.augment import cifar_recipe
+from packdata.errors import ArgumentError
 from packdata.loading import Loader, default_num_workers
 from packdata.units import available_cores
 
@@ -49,6 +50,18 @@ def test_every_knob_is_overridable(packed, keep_lmdb):
         packdata.loader(packdata.open(packed["lmdb"]), 32, prefetch_factor=2)
     with pytest.raises(ValueError, match="DataLoader options"):
         packdata.loader(packdata.open(packed["lmdb"]), 32, timeout=30)  # no process to time out
+
+
+@pytest.mark.parametrize(("option", "value", "least"), [
+    ("num_workers", -1, 0), ("num_workers", 1.5, 0), ("num_workers", "2", 0),
+    ("prefetch_factor", 0, 1), ("prefetch_factor", -1, 1), ("prefetch_factor", 2.0, 1),
+])
+def test_a_worker_count_that_is_not_one_is_refused_by_name(packed, option, value, least):
+    # a float reached range() deep in the loader (a raw TypeError); a prefetch of 0 or fewer
+    # batches was taken for the default, or kept no batch in flight
+    ds = packdata.open(packed["hdf5"])
+    with pytest.raises(ArgumentError, match=f"{option} must be an integer ≥ {least}, got {value!r}"):
+        packdata.loader(ds, 32, **{"num_workers": 2, option: value})
 
 
 def test_device_augment_and_resident_options(packed):

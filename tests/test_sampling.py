@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from packdata.errors import ArgumentError
-from packdata.sampling import EpochBatchSampler
+from packdata.sampling import EpochBatchSampler, LengthBucketBatchSampler
 
 
 def flat(sampler) -> list[int]:
@@ -31,15 +31,21 @@ def test_same_seed_same_batches():
 @pytest.mark.parametrize("value", [-1, 1.5, "2", True, None])
 def test_a_seed_or_epoch_that_is_not_a_count_is_refused_by_name(value):
     # numpy's generators would raise their own ValueError at the first batch, deep in an epoch
-    with pytest.raises(ArgumentError, match=f"seed must be a non-negative integer, got {value!r}"):
+    with pytest.raises(ArgumentError, match=f"seed must be an integer ≥ 0, got {value!r}"):
         EpochBatchSampler(50, 8, seed=value)
     s = EpochBatchSampler(50, 8, seed=np.int64(4))
-    with pytest.raises(ArgumentError, match=f"epoch must be a non-negative integer, got {value!r}"):
+    with pytest.raises(ArgumentError, match=f"epoch must be an integer ≥ 0, got {value!r}"):
         s.set_epoch(value)
     s.set_epoch(np.int64(2))  # numpy integers are counts too
     plain = EpochBatchSampler(50, 8, seed=4)
     plain.set_epoch(2)
     assert flat(s) == flat(plain) != flat(EpochBatchSampler(50, 8, seed=4))
+
+
+@pytest.mark.parametrize("value", [0, -2, 2.5, "8", None])
+def test_a_batch_size_that_is_not_a_positive_integer_is_refused_by_name(value):
+    with pytest.raises(ArgumentError, match=f"batch_size must be an integer ≥ 1, got {value!r}"):
+        EpochBatchSampler(50, value)
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
@@ -79,3 +85,16 @@ def test_every_rank_runs_the_same_number_of_batches(size, world, drop_last):
     for s in others:
         s.load_state_dict(state)
     assert len({len(list(s)) for s in others}) == 1
+
+
+@pytest.mark.parametrize("size", [-5, 2.5])
+def test_a_dataset_size_that_is_not_a_count_is_refused_by_name(size):
+    with pytest.raises(ArgumentError, match=f"size must be an integer ≥ 0, got {size!r}"):
+        EpochBatchSampler(size, 4)
+
+
+@pytest.mark.parametrize("lengths", [[3.5, 4, 5], [3, -4, 5]])
+def test_document_lengths_that_are_not_counts_are_refused_not_truncated(lengths):
+    with pytest.raises(ArgumentError, match="lengths must be integers ≥ 0"):
+        LengthBucketBatchSampler(lengths, batch_size=2)
+    assert len(LengthBucketBatchSampler([3, 4, 5], batch_size=2)) == 2

@@ -6,6 +6,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 import packdata
+from packdata.errors import ArgumentError
 
 
 def labels_and_pixels(ds) -> dict[bytes, int]:
@@ -253,3 +254,22 @@ def test_in_process_and_worker_iterations_count_the_same_epochs(packed, first, t
     assert done == [stream_order(reference, lookup, first) for _ in range(2)]
     reference.set_epoch(2)  # switching readers goes on with epoch 2, not epoch 0 again
     assert stream_order(stream, lookup, then) == stream_order(reference, lookup, then)
+
+
+@pytest.mark.parametrize(("option", "value", "least"), [
+    ("shuffle_buffer", -1, 0), ("shuffle_buffer", 1.5, 0), ("chunk", 0, 1), ("chunk", -5, 1),
+    ("seed", -1, 0), ("seed", "a", 0),
+])
+def test_a_stream_setting_that_is_not_a_count_is_refused_by_name(packed, option, value, least):
+    # a chunk of 0 failed in range() at the first epoch, a negative seed in numpy's generator;
+    # a negative chunk or buffer was taken without a word
+    with pytest.raises(ArgumentError, match=f"{option} must be an integer ≥ {least}, got {value!r}"):
+        packdata.StreamingDataset(packed["tar"], **{option: value})
+
+
+def test_a_stream_epoch_or_worker_count_that_is_not_a_count_is_refused_by_name(packed):
+    stream = packdata.StreamingDataset(packed["tar"])
+    with pytest.raises(ArgumentError, match="epoch must be an integer ≥ 0, got 'a'"):
+        stream.set_epoch("a")
+    with pytest.raises(ArgumentError, match="num_workers must be an integer ≥ 0, got -1"):
+        stream.loader(8, num_workers=-1)

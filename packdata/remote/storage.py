@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from packdata.errors import ArgumentError, DatasetError, PackdataError, require
+from packdata.units import parse_bytes
 
 #: default bound on the bytes of cached shards in one cache directory
 CACHE_LIMIT = 10 << 30
@@ -49,6 +50,7 @@ class Storage:
     def __post_init__(self) -> None:
         if self.access not in ACCESS:
             raise ArgumentError(f"access '{self.access}': expected one of {', '.join(ACCESS)}")
+        parse_bytes(self.cache_limit)  # refused now, not at the first shard cached
 
     def filesystem(self, url: str) -> tuple[Any, str]:
         """The fsspec filesystem for ``url`` and the path within it."""
