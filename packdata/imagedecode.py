@@ -51,10 +51,13 @@ _pools_lock = threading.Lock()
 
 
 def _pair(size: int | Sequence[int]) -> tuple[int, int]:
-    h, w = (size, size) if isinstance(size, int) else tuple(size)
-    if int(h) <= 0 or int(w) <= 0:
-        raise ArgumentError(f"size {size!r}: expected positive integers (H, W)")
-    return int(h), int(w)
+    try:
+        h, w = (size, size) if isinstance(size, int) else tuple(size)
+        if int(h) == h > 0 and int(w) == w > 0:
+            return int(h), int(w)
+    except (TypeError, ValueError):  # not a pair, not numbers
+        pass
+    raise ArgumentError(f"size {size!r}: expected positive integers (H, W)")
 
 
 def _pool(threads: int) -> ThreadPoolExecutor:

@@ -19,7 +19,13 @@ import numpy as np
 import pytest
 
 import packdata
-from packdata.errors import InputWarning, OutputExistsError, PackdataError, SampleError
+from packdata.errors import (
+    ArgumentError,
+    InputWarning,
+    OutputExistsError,
+    PackdataError,
+    SampleError,
+)
 from packdata.sources.images import ImageSource
 from tests.conftest import copy_sample, fifo_folder
 
@@ -408,3 +414,12 @@ def test_partials_of_killed_conversions_are_cleaned_up(tmp_path, png_folder):
     alive.write_bytes(b"in progress")
     packdata.convert(packdata.open_source(png_folder), tmp_path / "out.h5")
     assert sorted(p.name for p in tmp_path.iterdir()) == [alive.name, "out.h5"]
+
+
+@pytest.mark.parametrize("workers", [-2, 1.5, "2"])
+def test_a_worker_count_that_is_not_a_count_is_refused_before_anything_is_written(
+        tmp_path, png_folder, workers):
+    # a negative count ran one worker without a word, a float failed deep in the pool
+    with pytest.raises(ArgumentError, match=f"workers must be an integer ≥ 0, got {workers!r}"):
+        packdata.convert(packdata.open_source(png_folder), tmp_path / "out.h5", workers=workers)
+    assert list(tmp_path.iterdir()) == []

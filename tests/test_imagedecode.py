@@ -288,3 +288,12 @@ def test_a_batch_buffer_is_reused_only_once_nothing_holds_its_batch():
     assert third.data_ptr() == address
     assert torch.equal(third[2:], torch.stack([second[1], second[0]]))
     assert torch.equal(view_values, second[2:]) and torch.equal(kept, second[1:2])
+
+
+@pytest.mark.parametrize("size", ["a", "ab", 2.5, (224, "x"), (224, 0), (3, 4, 5), None])
+def test_a_crop_size_that_is_not_a_pair_of_positive_integers_is_refused_by_name(size):
+    # a string or float failed unpacking inside the size parser
+    for stage in (packdata.CenterCrop, packdata.Resize, packdata.RandomResizedCrop):
+        with pytest.raises(packdata.errors.ArgumentError, match="expected positive integers"):
+            stage(size)
+    assert packdata.CenterCrop((24, 32.0)) is not None  # whole numbers, whatever their type

@@ -14,6 +14,7 @@ from packdata.conversion.parts import write as write_parts
 from packdata.conversion.upload import convert_to_url
 from packdata.remote.storage import Storage
 from packdata.sources.base import Source
+from packdata.units import count_argument
 from packdata.urls import is_url
 
 
@@ -48,6 +49,8 @@ def convert(
     independent tasks (see :mod:`packdata.conversion.parts`; ``resume`` keeps the parts an
     interrupted run finished).
     """
+    if workers is not None:
+        count_argument("workers", workers)  # 0: as many as the cores this process may use
     in_parts = Parts.asked(engine, client, scheduler, part_size, resume)
     if in_parts is not None and not is_url(dst):  # before any input is listed
         in_parts.check_destination(dst, container)
