@@ -39,7 +39,7 @@ from PIL import Image
 from torch.utils.data import get_worker_info
 
 from packdata.errors import ArgumentError, DatasetError
-from packdata.units import available_cores
+from packdata.units import available_cores, count_argument, size_pair
 
 try:  # libjpeg-turbo without Pillow's per-image overhead (same pixels, ~25 % less CPU: measured)
     import simplejpeg
@@ -48,16 +48,6 @@ except ImportError:  # pragma: no cover - optional (extra "jpeg")
 
 _pools: dict[tuple[int, int], ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
-
-
-def _pair(size: int | Sequence[int]) -> tuple[int, int]:
-    try:
-        h, w = (size, size) if isinstance(size, int) else tuple(size)
-        if int(h) == h > 0 and int(w) == w > 0:
-            return int(h), int(w)
-    except (TypeError, ValueError):  # not a pair, not numbers
-        pass
-    raise ArgumentError(f"size {size!r}: expected positive integers (H, W)")
 
 
 def _pool(threads: int) -> ThreadPoolExecutor:
@@ -85,11 +75,11 @@ class ImageDecode:
     def __init__(self, size: int | Sequence[int], *, threads: int | None = None,
                  pin_memory: bool | None = None, seed: int | None = None,
                  draft: bool = True) -> None:
-        self.size = _pair(size)
+        self.size = size_pair(size, "size")
         self.draft = draft
-        self.threads = threads
+        self.threads = None if threads is None else count_argument("threads", threads, 1)
         self.pin_memory = pin_memory
-        self.seed = seed
+        self.seed = None if seed is None else count_argument("seed", seed)
 
     def boxes(self, heights: np.ndarray, widths: np.ndarray,
               rng: np.random.Generator) -> np.ndarray:

@@ -19,6 +19,18 @@ def count_argument(name: str, value: object, least: int = 0) -> int:
     return int(value)
 
 
+def size_pair(value: object, what: str, error: type[Exception] = ArgumentError) -> tuple[int, int]:
+    """``value`` (a positive whole number, or two: height and width) as (H, W); ``error``
+    naming ``what`` for anything else."""
+    try:
+        h, w = (value, value) if isinstance(value, numbers.Integral) else tuple(value)  # type: ignore[arg-type]
+        if int(h) == h > 0 and int(w) == w > 0:
+            return int(h), int(w)
+    except (TypeError, ValueError):  # not a pair, not numbers
+        pass
+    raise error(f"{what} {value!r}: expected positive integers (H, W)")
+
+
 def parse_bytes(value: int | str) -> int:
     """``10_000_000`` or ``"10GB"``/``"512MB"``/``"64KB"`` as a byte count."""
     text = str(value).strip().upper()

@@ -256,3 +256,9 @@ def test_auto_runs_the_backend_measured_fastest_on_the_batch_device():
     auto = cifar_recipe(seed=3, backend="auto")
     assert auto.backend == "auto"
     assert torch.equal(auto(x), cifar_recipe(seed=3, backend="torch")(x))
+
+
+@pytest.mark.parametrize("size", ["a", 2.5, (24, "x"), (0, 24)])
+def test_a_crop_size_that_is_not_a_pair_of_positive_integers_is_refused(size):
+    with pytest.raises(AugmentInputError, match="RandomCrop size"):  # 'a' failed unpacking
+        RandomCrop(size)

@@ -297,3 +297,11 @@ def test_a_crop_size_that_is_not_a_pair_of_positive_integers_is_refused_by_name(
         with pytest.raises(packdata.errors.ArgumentError, match="expected positive integers"):
             stage(size)
     assert packdata.CenterCrop((24, 32.0)) is not None  # whole numbers, whatever their type
+
+
+@pytest.mark.parametrize(("option", "value", "least"), [
+    ("threads", -1, 1), ("threads", 0, 1), ("threads", 1.5, 1), ("seed", -1, 0), ("seed", "7", 0)])
+def test_a_decode_stage_count_that_is_not_one_is_refused_by_name(option, value, least):
+    # each was kept as given, to fail at the first batch or never (a negative thread count)
+    with pytest.raises(packdata.errors.ArgumentError, match=f"{option} must be an integer ≥ {least}"):
+        packdata.RandomResizedCrop(32, **{option: value})

@@ -25,18 +25,12 @@ from packdata.augment.base import (
     kornia_augmentation,
     uniform,
 )
+from packdata.units import size_pair
 
 GRAY = (0.299, 0.587, 0.114)  # ITU-R 601 luma, as torchvision's rgb_to_grayscale
 RGB_TO_YIQ = ((0.299, 0.587, 0.114), (0.596, -0.274, -0.322), (0.211, -0.523, 0.312))
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
-
-
-def _pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
-    h, w = (value, value) if isinstance(value, int) else tuple(value)
-    if h < 1 or w < 1:
-        raise AugmentInputError(f"{name}: expected positive sizes, got {value}")
-    return int(h), int(w)
 
 
 class RandomCrop(BatchAugment):
@@ -47,7 +41,7 @@ class RandomCrop(BatchAugment):
     def __init__(self, size: int | Sequence[int], padding: int = 0, fill: float = 0,
                  p: float = 1.0) -> None:
         super().__init__(p)
-        self.size = _pair(size, "RandomCrop size")
+        self.size = size_pair(size, "RandomCrop size", AugmentInputError)
         if padding < 0:
             raise AugmentInputError(f"RandomCrop padding must be ≥ 0, got {padding}")
         self.padding = int(padding)
