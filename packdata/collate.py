@@ -13,6 +13,7 @@ No Python loop over tokens: one C++ copy per sequence (padding) or one concatena
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from packdata.errors import ArgumentError
+from packdata.units import count_argument
 
 
 def _lengths_and_flat(seqs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,6 +36,7 @@ def pad_collate(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(ids, attention_mask)``: ids int64 B×L padded with ``pad_id`` to the longest sequence
     (rounded up to ``multiple_of``, which some kernels prefer), mask bool B×L, True on tokens."""
+    _check_padding(pad_id, multiple_of)
     if not len(seqs):
         raise ArgumentError("cannot collate an empty batch")
     lengths = torch.tensor([len(s) for s in seqs], dtype=torch.int64)
@@ -52,8 +55,17 @@ class PadCollate:
     pad_id: int = 0
     multiple_of: int = 1
 
+    def __post_init__(self) -> None:
+        _check_padding(self.pad_id, self.multiple_of)  # here, not at the first batch
+
     def __call__(self, seqs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         return pad_collate(seqs, self.pad_id, self.multiple_of)
+
+
+def _check_padding(pad_id: int, multiple_of: int) -> None:
+    count_argument("multiple_of", multiple_of, 1)  # 0 divided by zero, -1 was taken as 1
+    if isinstance(pad_id, bool) or not isinstance(pad_id, numbers.Integral):
+        raise ArgumentError(f"pad_id must be an integer (a token id), got {pad_id!r}")
 
 
 @dataclass(frozen=True)

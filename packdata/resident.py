@@ -17,7 +17,7 @@ import torch
 
 from packdata.dataset import PackedDataset
 from packdata.device import Augment, augment_images, resolve_device
-from packdata.errors import PackdataError, ResidentMemoryError
+from packdata.errors import ArgumentError, PackdataError, ResidentMemoryError
 from packdata.sampling import EpochBatchSampler
 
 CHUNK = 8192  # samples read per call while loading: bounded host memory for a GPU load
@@ -76,6 +76,8 @@ class ResidentLoader:
         self.augment = augment
         self.sampler = EpochBatchSampler(len(dataset), batch_size, shuffle=shuffle,
                                          drop_last=drop_last, seed=seed)
+        if not 0 < max_fraction <= 1:  # more than all of the memory is never safe
+            raise ArgumentError(f"max_fraction must be in (0, 1], got {max_fraction!r}")
         need = resident_bytes(dataset)
         limit = memory_limit if memory_limit is not None else int(
             available_bytes(self.device) * max_fraction)

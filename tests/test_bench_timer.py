@@ -131,3 +131,8 @@ def test_on_cuda_marks_are_events_that_time_the_gpu_without_stalling_the_host():
     for _ in t.iterate(loader(0.060, 6)):
         torch.cuda._sleep(step // 6)
     assert t.summary()["load_share"] > 0.6
+
+
+def test_a_skip_that_is_not_a_count_is_refused_by_name():
+    with pytest.raises(packdata.errors.ArgumentError, match="skip must be an integer ≥ 0, got -1"):
+        StepTimer(skip=-1)

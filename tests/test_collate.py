@@ -50,3 +50,15 @@ def test_collate_is_lossless_on_real_tokens(packed_text):
 
 def test_docstring_example_runs():
     assert doctest.testmod(collate).failed == 0
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    ({"multiple_of": 0}, "multiple_of must be an integer ≥ 1, got 0"),  # was ZeroDivisionError
+    ({"multiple_of": -1}, "multiple_of must be an integer ≥ 1, got -1"),  # was taken as 1
+    ({"pad_id": 1.5}, "pad_id must be an integer"),  # was cast into the int64 ids
+])
+def test_padding_options_that_are_not_counts_or_ids_are_refused_by_name(options, match):
+    with pytest.raises(packdata.errors.ArgumentError, match=match):
+        PadCollate(**options)
+    with pytest.raises(packdata.errors.ArgumentError, match=match):
+        pad_collate([torch.arange(3)], **options)

@@ -63,3 +63,11 @@ def test_a_per_sample_transform_is_refused_not_skipped(packed):
     ds = packdata.open(packed["lmdb"], transform=lambda x: x.float())
     with pytest.raises(packdata.PackdataError, match="per-sample transform"):
         ResidentLoader(ds, 16)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.5, -0.2])
+def test_a_memory_fraction_outside_0_to_1_is_refused_by_name(packed, fraction):
+    # 1.5 let a dataset past the memory there is through the check
+    with pytest.raises(packdata.errors.ArgumentError,
+                       match=f"max_fraction must be in .0, 1., got {fraction}"):
+        ResidentLoader(packdata.open(packed["hdf5"]), 8, max_fraction=fraction)

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import torch
 
 from packdata.errors import ArgumentError
+from packdata.units import count_argument
 
 T = TypeVar("T")
 
@@ -68,7 +69,7 @@ class StepTimer:
         if window < 1:
             raise ArgumentError(f"window must be ≥ 1, got {window}")
         self.window = window
-        self.skip = skip
+        self.skip = count_argument("skip", skip)
         dev = torch.device(device) if device is not None else None
         self._cuda = dev if dev is not None and dev.type == "cuda" else None
         self._load: deque[float] = deque(maxlen=window)
