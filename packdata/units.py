@@ -40,20 +40,26 @@ def parse_bytes(value: int | str) -> int:
             number, scale = text[: -len(unit)], unit_scale
             break
     try:
-        return int(float(number) * scale) if scale > 1 else int(number)
+        size = int(float(number) * scale) if scale > 1 else int(number)
     except ValueError:
-        raise ArgumentError(f"size '{value}': expected a byte count or a size like 512MB") from None
+        size = -1
+    if size < 0:
+        raise ArgumentError(f"size '{value}': expected a byte count or a size like 512MB")
+    return size
 
 
-def parse_count_or_bytes(value: int | str) -> tuple[int | None, int | None]:
-    """``"10000"`` → ``(10000, None)`` (a count); ``"512MB"`` → ``(None, 536870912)`` (bytes)."""
+def parse_count_or_bytes(value: int | str, what: str) -> tuple[int | None, int | None]:
+    """``"10000"`` → ``(10000, None)`` (a count); ``"512MB"`` → ``(None, 536870912)`` (bytes);
+    an ArgumentError naming ``what`` for anything else, or for nothing (0, or less)."""
     text = str(value).strip().upper()
-    if text.endswith(tuple(unit for unit, _ in _UNITS)):
-        return None, parse_bytes(text)
     try:
-        return int(text), None
-    except ValueError:
-        raise ArgumentError(f"'{value}': expected a count or a size like 512MB") from None
+        count, size = (None, parse_bytes(text)) if text.endswith(
+            tuple(unit for unit, _ in _UNITS)) else (int(text), None)
+    except (ValueError, ArgumentError):
+        count = size = 0
+    if (count or size or 0) < 1:  # none, or nothing in each: -5 made a shard per sample
+        raise ArgumentError(f"{what} '{value}': expected a count or a size like 512MB, above 0")
+    return count, size
 
 
 def available_cores() -> int:

@@ -423,3 +423,15 @@ def test_a_worker_count_that_is_not_a_count_is_refused_before_anything_is_writte
     with pytest.raises(ArgumentError, match=f"workers must be an integer ≥ 0, got {workers!r}"):
         packdata.convert(packdata.open_source(png_folder), tmp_path / "out.h5", workers=workers)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("shard_size", ["-5", "0", "0MB", "-1GB", "lots"])
+def test_a_shard_size_of_nothing_is_refused_by_name_and_leaves_no_output(tmp_path, png_folder,
+                                                                         shard_size):
+    # "-5" had written one shard per sample (20,003 files for 10,000 images)
+    with pytest.raises(ArgumentError, match=f"shard_size '{shard_size}': expected a count or a size"):
+        packdata.convert(packdata.open_source(png_folder), tmp_path / "out.tar",
+                         container_options={"shard_size": shard_size})
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ArgumentError, match="size '-1MB': expected a byte count"):
+        packdata.open(tmp_path / "any", cache_limit="-1MB")

@@ -48,7 +48,8 @@ class TarWriter(Writer):
         on_shard_closed: ShardClosed | None = None,
     ) -> None:
         super().__init__(path, fields, options, on_shard_closed)
-        self.max_count, self.max_bytes = parse_count_or_bytes(self.options["shard_size"])
+        self.max_count, self.max_bytes = parse_count_or_bytes(self.options["shard_size"],
+                                                               "shard_size")
         path.mkdir(parents=True)
         self.shards: list[dict[str, Any]] = []
         self.file: Any = None  # the open shard
