@@ -8,6 +8,7 @@ import laspy
 import numpy as np
 import pytest
 
+import packdata.errors
 from packdata.prep.pointsample import (
     SampleSpec,
     coverage_radius,
@@ -106,3 +107,10 @@ def test_spec_validation():
             SampleSpec(method="voxel", voxel_size=bad)
     with pytest.raises(ValueError, match="must be >= 1"):
         SampleSpec(points=0)
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5])
+def test_a_sampling_seed_that_is_not_a_count_is_refused_by_name_not_blamed_on_a_file(seed):
+    # numpy's generator refused -1 at the first cloud, reported as that file's error
+    with pytest.raises(packdata.errors.ArgumentError, match=f"seed must be an integer ≥ 0, got {seed!r}"):
+        SampleSpec(points=256, seed=seed)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from packdata.errors import ArgumentError, OptionError
+from packdata.units import count_argument
 
 METHODS = ("random", "fps", "voxel")
 FEWER = ("replace", "pad")
@@ -50,6 +51,7 @@ class SampleSpec:
                 raise OptionError(f"{name} '{value}': expected one of {', '.join(allowed)}")
         if self.points < 1 or self.variants < 1:
             raise OptionError(f"points ({self.points}) and variants ({self.variants}) must be >= 1")
+        count_argument("seed", self.seed)  # numpy's refused it at the first cloud, as the file's fault
         if self.voxel_size is not None and (self.method != "voxel" or not 0 < self.voxel_size < math.inf):
             raise OptionError("--voxel-size must be finite and > 0, and needs --sampling voxel")
 
