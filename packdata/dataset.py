@@ -33,6 +33,8 @@ from packdata.urls import is_url
 Transform = Callable[[Any], Any]
 # what a kind's code raises where a manifest's facts do not fit the records
 _KIND_ERRORS = (KeyError, IndexError, TypeError, ValueError, RuntimeError, ZeroDivisionError)
+#: records read at once for ``targets`` (a few MB of CIFAR records)
+TARGETS_CHUNK = 4096
 
 
 def _selects_stored(select: dict[str, np.ndarray], name: str, field: Field, count: int) -> bool:
@@ -111,6 +113,7 @@ class PackedDataset(Dataset):
         self._pid = os.getpid()
         self._epoch = SharedEpoch()
         self._kind_module: Any = kind
+        self._targets: list[int] | None = None
 
     @property
     def reader(self) -> Reader:
@@ -131,7 +134,7 @@ class PackedDataset(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_reader"] = state["_kind_module"] = None
+        state["_reader"] = state["_kind_module"] = state["_targets"] = None
         return state
 
     def __len__(self) -> int:
@@ -140,6 +143,26 @@ class PackedDataset(Dataset):
     @property
     def classes(self) -> list[str] | None:
         return self.manifest.classes
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Each class name's label, as torchvision's datasets give it (empty without names)."""
+        return {name: i for i, name in enumerate(self.manifest.classes or [])}
+
+    @property
+    def targets(self) -> list[int]:
+        """Every sample's label, in index order, as torchvision's datasets give them (e.g. for a
+        class-balanced sampler). Read once, on first use, through the reader (every record
+        checked, as any read): a pass over the dataset's records where labels are not stored
+        apart. An AttributeError for a dataset without labels."""
+        if "label" not in self.manifest.fields:
+            raise AttributeError(f"{self.path}: no labels, so no targets (its fields: "
+                                 f"{', '.join(self.manifest.fields)})")
+        if self._targets is None:
+            chunks = np.array_split(np.arange(len(self)), max(1, -(-len(self) // TARGETS_CHUNK)))
+            self._targets = [label for idx in chunks
+                             for label in self.reader.read(idx)["label"].tolist()]
+        return self._targets
 
     @property
     def keys(self) -> Keys:

@@ -125,6 +125,20 @@ def test_unlabelled_dataset_yields_images(tmp_path, png_folder):
     assert "label" not in ds.manifest.fields
     assert ds[0].shape == (3, 32, 32)
     assert ds[[0, 1]].shape == (2, 3, 32, 32)
+    assert not hasattr(ds, "targets") and ds.class_to_idx == {}  # as a probe for labels expects
+
+
+def test_targets_and_class_to_idx_as_torchvision_datasets_give_them(packed, container):
+    ds = packdata.open(packed[container])
+    _, labels = ds[list(range(len(ds)))]
+    assert ds.targets == labels.tolist() and all(type(t) is int for t in ds.targets)
+    assert ds.class_to_idx == {name: i for i, name in enumerate(ds.classes)} and ds.classes
+    # what code written for torchvision does with them: a class-balanced sampler
+    counts = torch.bincount(torch.tensor(ds.targets))
+    sampler = torch.utils.data.WeightedRandomSampler((1.0 / counts)[ds.targets], 64)
+    images, batch_labels = next(iter(DataLoader(ds, batch_size=64, sampler=sampler)))
+    assert images.shape == (64, 3, 32, 32) and set(batch_labels.tolist()) <= set(ds.targets)
+    assert pickle.loads(pickle.dumps(ds))._targets is None  # not sent to every worker
 
 
 def halve(x):  # module level: spawned workers unpickle it
