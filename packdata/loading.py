@@ -340,6 +340,12 @@ def _make_loader(
         workers = default_worker_kind(dataset)
     if pin_memory is None:
         pin_memory = torch.cuda.is_available() and (target is None or target.type == "cuda")
+    elif pin_memory and not torch.cuda.is_available():  # as torch's DataLoader: a warning
+        warnings.warn("pin_memory=True, but no CUDA device is available: batches are not pinned",
+                      UserWarning, stacklevel=3)
+        pin_memory = False
+    if collate is not None and not callable(collate):
+        raise ArgumentTypeError(f"collate must be callable, got {collate!r:.60}")
     if num_workers == 0 and (persistent_workers or prefetch_factor is not None):
         raise ArgumentError("persistent_workers and prefetch_factor need num_workers > 0")
     if "collate_fn" in dataloader_options:

@@ -158,3 +158,23 @@ def test_sampler_and_batch_sampler_mean_what_they_mean_to_dataloader(packed):
         packdata.loader(ds, 8, sampler=order, shuffle=True)
     with pytest.raises(ValueError, match="give batch_size .with sampler="):
         packdata.loader(ds, sampler=order)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="pinning works where CUDA is")
+@pytest.mark.parametrize(("workers", "kind"), [(0, None), (2, "thread"), (2, "process")])
+def test_pin_memory_without_cuda_warns_and_serves_as_torchs_dataloader_does(packed, workers, kind):
+    # in process and with threads it raised torch's "Cannot access accelerator device" at the
+    # first batch; a GPU script's pin_memory=True run on a CPU machine must go on, as DataLoader's
+    ds = packdata.open(packed["hdf5"])
+    with pytest.warns(UserWarning, match="pin_memory=True, but no CUDA device"):
+        loader = packdata.loader(ds, 16, pin_memory=True, num_workers=workers, workers=kind)
+    images, labels = next(iter(loader))
+    assert torch.equal(images, ds[list(range(16))][0]) and not images.is_pinned()
+
+
+@pytest.mark.parametrize("option", [{"collate": 5}, {"sampler": 5}, {"batch_sampler": 5}])
+def test_a_collate_or_sampler_of_the_wrong_kind_is_refused_by_name(packed, option):
+    (name, value), = option.items()
+    with pytest.raises(packdata.errors.ArgumentTypeError, match=f"{name} must be"):
+        packdata.loader(packdata.open(packed["hdf5"]), None if name == "batch_sampler" else 8,
+                        **option)
