@@ -84,6 +84,10 @@ class PackedDataset(Dataset):
             raise DatasetError(f"{self.path}: a {self.container_name} dataset, not {self.container}; "
                                "packdata.open(path) opens any container")
         self.verify = verify  # "full" (every record read checked), "sample" (here) or "off"
+        for name, given in (("transform", transform), ("batch_transform", batch_transform),
+                            ("decode", decode)):
+            if given is not None and not callable(given):  # else a TypeError at the first read
+                raise ArgumentTypeError(f"{name} must be callable, got {given!r:.60}")
         self.transform = transform
         self.batch_transform = batch_transform
         self.decode = decode

@@ -458,3 +458,12 @@ def test_pickling_one_row_writes_that_sample_not_the_batch(packed):
     image, label = pickle.loads(data)
     assert type(pickle.loads(data)) is tuple
     assert torch.equal(image, ds[5][0]) and int(label) == int(ds[5][1])
+
+
+@pytest.mark.parametrize("option", [{"transform": 5}, {"batch_transform": "x"}, {"decode": "bogus"}])
+def test_a_transform_or_decode_that_cannot_be_called_is_refused_at_open(packed, option):
+    # each failed at the first read; decode= was even blamed on the dataset ("the manifest does
+    # not fit the records")
+    (name, _), = option.items()
+    with pytest.raises(packdata.errors.ArgumentTypeError, match=f"{name} must be callable"):
+        packdata.open(packed["hdf5"], **option)
