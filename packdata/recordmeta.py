@@ -16,6 +16,7 @@ datasets keep their arrays in one).
 
 from __future__ import annotations
 
+import operator
 import struct
 import zipfile
 from collections.abc import Iterable, Iterator, Sequence
@@ -26,7 +27,7 @@ import numpy as np
 import xxhash
 
 from packdata.checksum import xxh3_each
-from packdata.errors import DatasetError
+from packdata.errors import ArgumentTypeError, DatasetError
 from packdata.kept import KeptByFiles
 from packdata.spooling import FLUSH, ColumnSpool, remove_sorted, sort_hashes
 
@@ -82,7 +83,7 @@ class Keys(Sequence[str]):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         n = len(self)
-        i = int(i)
+        i = operator.index(i)  # as a list's: a float or a string is a TypeError, not a key
         if not -n <= i < n:
             raise IndexError(f"key {i} out of range for {n} records")
         i %= n
@@ -93,7 +94,10 @@ class Keys(Sequence[str]):
         return (self[i] for i in range(len(self)))
 
     def index_of(self, key: str) -> int:
-        """The record whose key is ``key``; KeyError if none."""
+        """The record whose key is ``key``; KeyError if none (TypeError for a key that is not
+        a string)."""
+        if not isinstance(key, str):
+            raise ArgumentTypeError(f"keys are strings (each sample's path without suffix), got {key!r:.60}")
         if self.hashes is None or self.order is None:
             raise KeyError(key)
         h = np.uint64(key_hash(key))
@@ -106,7 +110,7 @@ class Keys(Sequence[str]):
     def __contains__(self, key: object) -> bool:
         try:
             self.index_of(key)  # type: ignore[arg-type]
-        except (KeyError, AttributeError):
+        except (KeyError, TypeError):
             return False
         return True
 

@@ -5,6 +5,7 @@ their number, with the result of the in-memory sort."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from packdata import recordmeta, spooling
 
@@ -34,3 +35,16 @@ def test_hashes_sorted_on_disk_match_the_in_memory_sort(tmp_path, monkeypatch):
     assert not [p.name for p in tmp_path.iterdir() if "bucket" in p.name]
     spool.remove()
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("disk")]
+
+
+def test_keys_are_looked_up_as_a_list_and_a_dict_are(tmp_path):
+    keys, _ = spooled(tmp_path / "k").finish()
+    for bad in ("a", 2.5, None):  # int('a') was a ValueError, and 2.5 read key 2
+        with pytest.raises(TypeError):
+            keys[bad]
+    assert keys[np.int64(3)] == KEYS[3] and keys[-3] == KEYS[-3]
+    with pytest.raises(TypeError, match="keys are strings"):  # was "'int' has no 'encode'"
+        keys.index_of(5)
+    with pytest.raises(KeyError):
+        keys.index_of("docs/part-0/nope")
+    assert 5 not in keys and "docs/part-0/nope" not in keys and KEYS[7] in keys
