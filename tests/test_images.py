@@ -319,3 +319,10 @@ def test_a_fresh_conversion_matches_in_the_order_the_dataset_was_written(orders,
     ds = packdata.open(orders[name])
     report = verify(orders[name], source=source_for(ds.manifest, orders["png"]))
     assert report.compared == len(ds) and not report.bad and not report.problems
+
+
+def test_a_pillow_mode_that_does_not_exist_is_refused_at_open_source(png_folder):
+    # each image's decode failed instead, reported as that file's error
+    with pytest.raises(packdata.errors.OptionError, match="--mode 'bogus': expected a Pillow mode"):
+        packdata.open_source(png_folder, mode="bogus")
+    assert packdata.open_source(png_folder, mode="L") is not None

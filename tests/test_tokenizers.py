@@ -123,3 +123,10 @@ def test_description_reloads_from_another_directory(tmp_path, gpt2_json, monkeyp
     desc = load_tokenizer("tokenizer.json").describe()  # given relative, as on a command line
     monkeypatch.chdir(tmp_path.parent)
     assert from_description(desc).encode_batch(["Hello"])[0].tolist() == [15496]
+
+
+@pytest.mark.parametrize("spec", [5, None, 1.5])
+def test_a_tokenizer_that_is_neither_a_name_nor_a_path_is_refused_by_name(spec):
+    # pathlib's "expected str, bytes or os.PathLike object, not int" before
+    with pytest.raises(TokenizerError, match="expected 'bytes'"):
+        load_tokenizer(spec)

@@ -214,6 +214,8 @@ def load_tokenizer(spec: str | Path | Tokenizer) -> Tokenizer:
         return spec
     if str(spec) == "bytes":
         return ByteTokenizer()
+    if not isinstance(spec, (str, os.PathLike)):  # else pathlib's own TypeError
+        raise TokenizerError(f"tokenizer {spec!r:.60}: expected {EXPECTED}")
     path = Path(spec)
     if not path.is_file():
         raise TokenizerError(f"{path}: tokeniser file not found; expected {EXPECTED}")

@@ -32,7 +32,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import get_worker_info
 
-from packdata.errors import DatasetError, PackdataError, SampleError
+from packdata.errors import DatasetError, OptionError, PackdataError, SampleError
 from packdata.imagedecode import ImageDecode
 from packdata.manifest import Field, Manifest
 from packdata.options import Option, resolve
@@ -103,6 +103,9 @@ class ImageSource(Source):
             raise PackdataError("--max-size needs a positive size, --encoding raw and no --resize "
                                 "(it keeps each image's aspect; 'keep' stores the file unchanged)")
         self.max_size = max_size
+        if o["mode"] not in Image.MODES:  # else each image's decode fails, blamed on the file
+            raise OptionError(f"--mode '{o['mode']}': expected a Pillow mode "
+                              f"({', '.join(Image.MODES)})")
         self.encoding, self.mode = o["encoding"], o["mode"]
         self.pixel_order = o["pixel_order"]
         self.labels_path = Path(o["labels"]) if o["labels"] else labelling.find_labels_file(self.root)
