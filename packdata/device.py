@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from packdata.errors import DeviceError, PackdataError
+from packdata.errors import ArgumentTypeError, DeviceError, PackdataError
 
 Augment = Callable[[torch.Tensor], torch.Tensor]
 
@@ -95,6 +95,10 @@ class DeviceLoader:
 
     def __init__(self, loader: Iterable[Any], device: str | torch.device | None = "auto",
                  augment: Augment | None = None) -> None:
+        if not isinstance(loader, Iterable):  # else a TypeError when iterated
+            raise ArgumentTypeError(f"expected an iterable of batches, got {loader!r:.60}")
+        if augment is not None and not callable(augment):
+            raise ArgumentTypeError(f"augment must be callable, got {augment!r:.60}")
         self.loader = loader
         self.device = None if device is None else resolve_device(device)
         self.augment = augment

@@ -321,6 +321,9 @@ def _make_loader(
 ) -> Loader:
     if workers not in (None, "thread", "process"):
         raise ArgumentError(f"workers must be 'thread', 'process' or None, got {workers!r}")
+    for name, given in (("collate", collate), ("augment", augment)):
+        if given is not None and not callable(given):  # else a TypeError at the first batch
+            raise ArgumentTypeError(f"{name} must be callable, got {given!r:.60}")
     if resident:
         return _resident(dataset, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed,
                          device=device, augment=augment, refused={
@@ -344,8 +347,6 @@ def _make_loader(
         warnings.warn("pin_memory=True, but no CUDA device is available: batches are not pinned",
                       UserWarning, stacklevel=3)
         pin_memory = False
-    if collate is not None and not callable(collate):
-        raise ArgumentTypeError(f"collate must be callable, got {collate!r:.60}")
     if num_workers == 0 and (persistent_workers or prefetch_factor is not None):
         raise ArgumentError("persistent_workers and prefetch_factor need num_workers > 0")
     if "collate_fn" in dataloader_options:

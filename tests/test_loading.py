@@ -178,3 +178,12 @@ def test_a_collate_or_sampler_of_the_wrong_kind_is_refused_by_name(packed, optio
     with pytest.raises(packdata.errors.ArgumentTypeError, match=f"{name} must be"):
         packdata.loader(packdata.open(packed["hdf5"]), None if name == "batch_sampler" else 8,
                         **option)
+
+
+@pytest.mark.parametrize("resident", [False, True])
+def test_an_augment_that_cannot_be_called_is_refused_when_given(packed, resident):
+    # augment="cifar" (the bench's name for the recipe) failed at the first batch in device.py
+    with pytest.raises(packdata.errors.ArgumentTypeError, match="augment must be callable"):
+        packdata.loader(packdata.open(packed["hdf5"]), 8, augment="cifar", resident=resident)
+    with pytest.raises(packdata.errors.ArgumentTypeError, match="an iterable of batches, got 5"):
+        packdata.DeviceLoader(5, device="cpu")

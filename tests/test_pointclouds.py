@@ -635,3 +635,12 @@ def test_intact_files_lie_inside_their_bounding_box(tmp_path):
     (tmp_path / "short.las").write_bytes(bytes(data))
     with pytest.raises(SampleError, match="short.las: damaged point data: x decodes"):
         pointfiles.read_columns(tmp_path / "short.las", ["x", "y", "z"])
+
+
+@pytest.mark.parametrize("fields", [5, ["xyz", 3], {"intensity": 1}])
+def test_fields_that_are_not_names_are_refused_by_name(fields):
+    from packdata.sources.pointclouds import parse_fields
+
+    with pytest.raises(packdata.errors.OptionError, match="--fields .*expected names"):
+        parse_fields(fields)  # 5 was a TypeError from iterating it
+    assert parse_fields(["intensity"]) == parse_fields("intensity") == ["xyz", "intensity"]

@@ -87,7 +87,13 @@ OPTIONS = (
 
 def parse_fields(fields: str | list[str] | tuple[str, ...]) -> list[str]:
     """``"intensity,xyz"`` → ``["xyz", "intensity"]``: xyz always present and first."""
-    names = [f.strip() for f in fields.split(",")] if isinstance(fields, str) else list(fields)
+    if isinstance(fields, str):
+        names = [f.strip() for f in fields.split(",")]
+    elif isinstance(fields, (list, tuple)) and all(isinstance(f, str) for f in fields):
+        names = list(fields)
+    else:  # else a TypeError from iterating it
+        raise OptionError(f"--fields {fields!r:.60}: expected names separated by commas, or a "
+                          "list of names")
     names = [f for f in names if f and f != "xyz"]
     if len(set(names)) != len(names):
         raise OptionError(f"fields {names}: each field may appear once")
