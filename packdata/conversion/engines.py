@@ -118,9 +118,11 @@ def dask_client(client: Any = None, scheduler: str | None = None, workers: int |
     with dask.config.set({"distributed.worker.profile.enabled": False,
                           "distributed.scheduler.worker-saturation": float("inf")}), \
             _workers_ignore_sigint():
+        # CRITICAL, not ERROR: a worker whose heartbeat meets the scheduler closing (a Ctrl-C)
+        # logs an ERROR and a traceback; a task's failure reaches the user as packdata's error
         cluster = distributed.LocalCluster(
             n_workers=workers or available_cores(), threads_per_worker=1, processes=True,
-            dashboard_address=":0", silence_logs=logging.ERROR,
+            dashboard_address=":0", silence_logs=logging.CRITICAL,
         )
     with cluster, distributed.Client(cluster) as local:
         yield local
