@@ -76,7 +76,9 @@ class PackedDataset(Dataset):
         verify: str = "full",
         channels_last: bool = False,
     ) -> None:
-        self.storage = storage if storage is not None or not is_url(path) else Storage()
+        # how to reach object storage applies to a URL only (given for a local path, where its
+        # options were still checked when it was made, it is set aside)
+        self.storage = (storage or Storage()) if is_url(path) else None
         self.path: Path | str = str(path).rstrip("/") if self.storage else Path(path)
         # object storage holds tar shards (see packdata.remote)
         self.container_name = "tar" if self.storage else containers.for_existing(self.path).NAME
@@ -391,8 +393,7 @@ def open_dataset(
     (at most ``cache_limit`` bytes of shards) with ``storage_options`` for fsspec; with
     ``access="ranges"`` each batch's records are fetched by ranged GETs instead (map-style access
     to a few records, no shard cached)."""
-    # checked for a local path too, where they do not apply: a wrong one is still a mistake
-    storage = Storage(storage_options or {}, cache_dir, cache_limit, access=access)
-    return PackedDataset(path, transform=transform, batch_transform=batch_transform,
-                         decode=decode, storage=storage if is_url(path) else None, verify=verify,
+    return PackedDataset(path, transform=transform, batch_transform=batch_transform, decode=decode,
+                         storage=Storage(storage_options or {}, cache_dir, cache_limit,
+                                         access=access), verify=verify,
                          channels_last=channels_last)

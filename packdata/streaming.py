@@ -28,7 +28,6 @@ from packdata.remote.storage import CACHE_LIMIT, Storage
 from packdata.sampling import SharedState, per_rank, rank_and_world
 from packdata.streamloader import Plan, StreamingLoader
 from packdata.units import count_argument
-from packdata.urls import is_url
 
 Span = tuple[int, int]  # sample indices [start, stop)
 
@@ -102,10 +101,8 @@ class StreamingDataset(IterableDataset):
         cache_limit: int | str = CACHE_LIMIT,
         verify: str = "full",
     ) -> None:
-        # checked for a local path too, where they do not apply: a wrong one is still a mistake
         storage = Storage(storage_options or {}, cache_dir, cache_limit)
-        self.dataset = PackedDataset(path, transform=transform,
-                                     storage=storage if is_url(path) else None, verify=verify)
+        self.dataset = PackedDataset(path, transform=transform, storage=storage, verify=verify)
         self.shuffle_buffer = count_argument("shuffle_buffer", shuffle_buffer)
         self.seed, self.chunk = count_argument("seed", seed), count_argument("chunk", chunk, 1)
         self.drop_last = drop_last

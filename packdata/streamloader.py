@@ -32,7 +32,7 @@ class StreamingLoader:
         self.stream = stream
         self.dataset = stream
         self.batch_size = count_argument("batch_size", batch_size, 1)
-        self.num_workers = num_workers = count_argument("num_workers", num_workers)
+        self.num_workers = count_argument("num_workers", num_workers)
         self.drop_last = drop_last
         self._options = dataloader_options
         self._dataloader: DataLoader | None = None
