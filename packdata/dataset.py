@@ -28,6 +28,7 @@ from packdata.remote.tar_reader import RemoteTarReader
 from packdata.rows import rows_of
 from packdata.sampling import SharedEpoch
 from packdata.transfer import worker_arrays
+from packdata.units import callable_argument
 from packdata.urls import is_url
 
 Transform = Callable[[Any], Any]
@@ -88,8 +89,7 @@ class PackedDataset(Dataset):
         self.verify = verify  # "full" (every record read checked), "sample" (here) or "off"
         for name, given in (("transform", transform), ("batch_transform", batch_transform),
                             ("decode", decode)):
-            if given is not None and not callable(given):  # else a TypeError at the first read
-                raise ArgumentTypeError(f"{name} must be callable, got {given!r:.60}")
+            callable_argument(name, given)
         self.transform = transform
         self.batch_transform = batch_transform
         self.decode = decode

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from packdata.errors import ArgumentTypeError, DeviceError, PackdataError
+from packdata.units import callable_argument
 
 Augment = Callable[[torch.Tensor], torch.Tensor]
 
@@ -97,8 +98,7 @@ class DeviceLoader:
                  augment: Augment | None = None) -> None:
         if not isinstance(loader, Iterable):  # else a TypeError when iterated
             raise ArgumentTypeError(f"expected an iterable of batches, got {loader!r:.60}")
-        if augment is not None and not callable(augment):
-            raise ArgumentTypeError(f"augment must be callable, got {augment!r:.60}")
+        callable_argument("augment", augment)
         self.loader = loader
         self.device = None if device is None else resolve_device(device)
         self.augment = augment

@@ -21,7 +21,7 @@ from packdata.device import Augment, DeviceLoader, map_tensors, resolve_device
 from packdata.errors import ArgumentError, ArgumentTypeError
 from packdata.sampling import EpochBatchSampler, SeededSampler
 from packdata.transfer import leave_worker
-from packdata.units import available_cores, count_argument
+from packdata.units import available_cores, callable_argument, count_argument
 
 WorkerKind = Literal["thread", "process"]
 
@@ -321,9 +321,8 @@ def _make_loader(
 ) -> Loader:
     if workers not in (None, "thread", "process"):
         raise ArgumentError(f"workers must be 'thread', 'process' or None, got {workers!r}")
-    for name, given in (("collate", collate), ("augment", augment)):
-        if given is not None and not callable(given):  # else a TypeError at the first batch
-            raise ArgumentTypeError(f"{name} must be callable, got {given!r:.60}")
+    callable_argument("collate", collate)
+    callable_argument("augment", augment)  # here: the DeviceLoader is made at the first epoch
     if resident:
         return _resident(dataset, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed,
                          device=device, augment=augment, refused={

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numbers
 import os
 
-from packdata.errors import ArgumentError
+from packdata.errors import ArgumentError, ArgumentTypeError
 
 _UNITS = (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10), ("B", 1))
 
@@ -17,6 +17,13 @@ def count_argument(name: str, value: object, least: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
         raise ArgumentError(f"{name} must be an integer ≥ {least}, got {value!r}")
     return int(value)
+
+
+def callable_argument(name: str, value: object) -> None:
+    """An ArgumentTypeError naming ``name`` unless ``value`` is None or can be called: refused
+    where it is given, not as a TypeError at the first batch that calls it."""
+    if value is not None and not callable(value):
+        raise ArgumentTypeError(f"{name} must be callable, got {value!r:.60}")
 
 
 def size_pair(value: object, what: str, error: type[Exception] = ArgumentError) -> tuple[int, int]:
