@@ -158,16 +158,16 @@ class PackedDataset(Dataset):
     @property
     def targets(self) -> list[int]:
         """Every sample's label, in index order, as torchvision's datasets give them (e.g. for a
-        class-balanced sampler). Read once, on first use, through the reader (every record
-        checked, as any read): a pass over the dataset's records where labels are not stored
-        apart. An AttributeError for a dataset without labels."""
+        class-balanced sampler). Read once, on first use, through the reader, whole records
+        (every one checked, as any read) in blocks: a pass over the dataset. An AttributeError
+        for a dataset without labels."""
         if "label" not in self.manifest.fields:
             raise AttributeError(f"{self.path}: no labels, so no targets (its fields: "
                                  f"{', '.join(self.manifest.fields)})")
         if self._targets is None:
             chunks = np.array_split(np.arange(len(self)), max(1, -(-len(self) // TARGETS_CHUNK)))
-            self._targets = [label for idx in chunks
-                             for label in self.reader.read(idx)["label"].tolist()]
+            self._targets = np.concatenate(
+                [self.reader.read(idx)["label"] for idx in chunks]).tolist()
         return self._targets
 
     @property
