@@ -68,7 +68,9 @@ def layers(ds: packdata.PackedDataset, limit: SortedGather, seed: int) -> dict:
     plain = checked.inner  # the container's own reader, under the checking one
     # each layer its own draws: one that read the same batches just before another would leave
     # their rows in the CPU's caches for it
-    own = {layer: shuffled_batches(len(ds), 10 * seed + k) for k, layer in enumerate(INSIDE)}
+    # (the loaders draw their own)
+    own = {layer: shuffled_batches(len(ds), 10 * seed + k)
+           for k, layer in enumerate(("gather", "container read", "checked read", "get_batch"))}
     batches = own["gather"]
     gathers = []
     for idx in batches:
