@@ -24,6 +24,7 @@ from packdata.containers.base import (
     selected_entries,
 )
 from packdata.containers.joined import byte_window, map_joined
+from packdata.containers.tar.copies import second_copies_match
 from packdata.containers.tar.layout import (
     INDEX,
     MANIFEST,
@@ -32,11 +33,9 @@ from packdata.containers.tar.layout import (
     read_manifest,
     shard_list,
 )
-from packdata.containers.tar.members import member_suffix
 from packdata.errors import DatasetError, PackdataError
 from packdata.manifest import Field, check_manifest
 
-CLS_BYTES = 21  # a .cls member's most: a sign and an int64's 19 digits, and one to spare
 #: records whose index entries are checked together (see TarReader._check_records): 4,096
 #: records' entries are ~100 KB of index a field, checked in one vectorised pass
 ENTRY_BLOCK = 4096
@@ -180,37 +179,11 @@ class TarReader(Reader):
         return entries
 
     def second_copies_match(self, indices: np.ndarray) -> dict[str, np.ndarray]:
-        """The members of the fields kept in the index (what webdataset, DALI and tar itself
-        read) against the index's values, byte for byte as the writer encodes them (``.cls``:
-        decimal text), for a batch at once."""
+        """The members of the fields kept in the index against the index's values (see
+        :func:`~packdata.containers.tar.copies.second_copies_match`)."""
         idx = self.check_indices(indices)
-        in_shard = self.shards_of(idx)
-        match = {}
-        for name, field in self.manifest.fields.items():
-            if f"{name}.values" not in self.index:
-                continue
-            values = np.asarray(self.index[f"{name}.values"][idx])
-            if member_suffix(name, field, values[:0]) == "cls":
-                want = values.astype(np.int64).astype(f"S{CLS_BYTES}").view(np.uint8)
-                want = want.reshape(len(idx), CLS_BYTES)
-                sizes = (want != 0).sum(axis=1)  # decimal text holds no zero byte
-            else:
-                want = np.ascontiguousarray(values).view(np.uint8).reshape(len(idx), -1)
-                sizes = np.full(len(idx), want.shape[1])
-            shard, offset, nbytes = (self.index[f"{name}.{c}"][idx] for c in ("shard", "offset",
-                                                                              "nbytes"))
-            ok = (shard == in_shard) & (offset >= 0) & (nbytes == sizes)
-            got = np.zeros_like(want)
-            columns = np.arange(want.shape[1])
-            for s in np.unique(shard[ok]).tolist():
-                mapped = self._map(s)
-                rows = np.flatnonzero(ok & (shard == s))
-                ok[rows] = offset[rows] <= len(mapped) - nbytes[rows]  # no overflow
-                rows = rows[ok[rows]]
-                at = np.minimum(offset[rows, None] + columns, max(len(mapped) - 1, 0))
-                got[rows] = np.where(columns < nbytes[rows, None], mapped[at], 0)
-            match[name] = ok & (got == want).all(axis=1)
-        return match
+        return second_copies_match(self.manifest.fields, self.index, idx, self.shards_of(idx),
+                                   self._map)
 
     def _stored_fields(self) -> dict[str, tuple[Field, int]]:
         """The fields stored in shards (not kept in the index), each with its record's bytes
