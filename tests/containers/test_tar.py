@@ -22,6 +22,19 @@ class TestTar(ContainerSuite):
     def test_empty_dataset(self, tmp_path):
         super().test_empty_dataset(tmp_path)
 
+    def test_a_closed_reader_reads_again(self, tmp_path):
+        """``close()`` lets the shards' maps go; the next read maps them again and finds where
+        each record lies anew, across shards."""
+        from tests.containers.suite import FIXED, make_records
+
+        records = make_records(FIXED, 23)
+        reader = self.reader(self.write(tmp_path, FIXED, records, self.options(5)))
+        idx = np.array([22, 3, 10, 0, 17])
+        self.assert_batch(reader.read(idx), records, idx.tolist(), FIXED)
+        reader.close()
+        self.assert_batch(reader.read(idx[::-1]), records, idx[::-1].tolist(), FIXED)
+        self.assert_batch(reader.read(np.arange(23)), records, list(range(23)), FIXED)
+
     def options(self, per_shard):
         return {"shard_size": str(per_shard)}
 

@@ -81,6 +81,9 @@ class TarReader(Reader):
         # records whose entries were checked (calloc'd: pages are touched only as records are
         # read, so opening stays flat), and each shard's bytes once it is mapped (-1: not yet)
         self._entries_ok = np.zeros(self.manifest.count, dtype=bool)
+        # each fixed field's records' addresses in the joined map, found as they are checked
+        # (np.empty: untouched pages cost no memory), so that a batch looks them up in one step
+        self._addresses: dict[str, np.ndarray] = {}
         self._block_bad = np.zeros(-(-self.manifest.count // ENTRY_BLOCK), dtype=bool)
         self._shard_bytes = np.full(len(self.shard_names), -1, dtype=np.int64)
         self._maps: dict[int, np.ndarray] = {}
@@ -224,7 +227,8 @@ class TarReader(Reader):
         return rows[rows < self.manifest.count]
 
     def _check_bytes(self, idx: np.ndarray) -> None:
-        for shard, offset, nbytes in self.check_entries(idx).values():
+        entries = self.check_entries(idx)
+        for shard, offset, nbytes in entries.values():
             sizes = self._shard_bytes
             for s in np.unique(shard[sizes[shard] < 0]).tolist():
                 sizes[s] = len(self._map(s))
@@ -236,6 +240,11 @@ class TarReader(Reader):
                 raise DatasetError(f"{where}: shard truncated ({len(self._map(int(shard[j])))} "
                                    f"bytes); record {int(idx[j])} lies past the cut (it needs "
                                    f"{int(ends[j])}); the dataset is damaged")
+        joined = self._joined_map()
+        for name, (shard, offset, _) in entries.items() if joined is not None else ():
+            if not self.manifest.fields[name].variable:  # each record's address, found once
+                self._addresses.setdefault(name, np.empty(self.manifest.count, np.int64))[idx] = \
+                    joined[1][shard] + offset
         self._entries_ok[idx] = True
 
     def _joined_map(self) -> tuple[np.ndarray, np.ndarray] | None:
@@ -257,16 +266,14 @@ class TarReader(Reader):
     def _located(self, name: str, nbytes: int, idx: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray] | None:
         """(a window of ``nbytes`` rows over the joined map, the address of field ``name`` of
-        each of records ``idx`` in it), or None where shards are not joined. The addresses are
-        computed per batch, not at open."""
+        each of records ``idx`` in it), or None where shards are not joined. The records must
+        have been checked (:meth:`_check_records`), which finds their addresses."""
         joined = self._joined_map()
         if joined is None:
             return None
         if nbytes not in self._windows:
             self._windows[nbytes] = byte_window(joined[0], nbytes)
-        starts = joined[1]
-        return (self._windows[nbytes],
-                starts[self.index[f"{name}.shard"][idx]] + self.index[f"{name}.offset"][idx])
+        return self._windows[nbytes], self._addresses[name][idx]
 
     def _entry_located(self, name: str, field: Field, idx: np.ndarray,
                        entries: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
@@ -369,4 +376,8 @@ class TarReader(Reader):
         self._maps.clear()
         self._windows.clear()
         self._joined = False
+        # the addresses go with the maps: found again as records are checked again (a new
+        # array, not a write: a forked process closes its parent's reader)
+        self._entries_ok = np.zeros(self.manifest.count, dtype=bool)
+        self._addresses.clear()
 
