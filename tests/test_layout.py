@@ -16,7 +16,7 @@ FLOORS = [
      "kept", "recordmeta", "manifest"],
     # on-disk formats, and work on samples that needs nothing else: conversion-time preparation,
     # the batched image decode stages
-    ["containers", "prep", "imagedecode"],
+    ["containers", "prep", "imagedecode", "jpegregion"],
     # inputs (local or at a URL) and datasets read from object storage
     ["remote", "sources"],
     # the read side: datasets, batches, sampling, workers, the device
