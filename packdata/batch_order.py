@@ -3,24 +3,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 from torch.utils.data import BatchSampler, Sampler
 
 from packdata.dataset import PackedDataset
-from packdata.errors import ArgumentError, ArgumentTypeError
+from packdata.errors import ArgumentError
 from packdata.sampling import EpochBatchSampler
+from packdata.units import iterable_argument
 
 
 def batch_order(dataset: PackedDataset, batch_size: int | None, sampler: Any, batch_sampler: Any,
                 shuffle: bool, drop_last: bool, seed: int) -> Sampler:
     """The batches of indices a loader reads, from DataLoader's arguments as DataLoader reads
     them (``shuffle``, ``drop_last`` and ``seed`` apply to the default order)."""
-    for name, given in (("sampler", sampler), ("batch_sampler", batch_sampler)):
-        if given is not None and not isinstance(given, Iterable):  # else a TypeError in torch
-            raise ArgumentTypeError(f"{name} must be an iterable of indices, got {given!r:.60}")
+    iterable_argument("sampler", sampler, "indices")  # else a TypeError inside torch
+    iterable_argument("batch_sampler", batch_sampler, "indices")
     if batch_sampler is not None:
         if batch_size is not None or shuffle or sampler is not None or drop_last:
             raise ArgumentError("batch_sampler= gives whole batches: leave out batch_size, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numbers
 import os
+from collections.abc import Iterable
 
 from packdata.errors import ArgumentError, ArgumentTypeError
 
@@ -24,6 +25,13 @@ def callable_argument(name: str, value: object) -> None:
     where it is given, not as a TypeError at the first batch that calls it."""
     if value is not None and not callable(value):
         raise ArgumentTypeError(f"{name} must be callable, got {value!r:.60}")
+
+
+def iterable_argument(name: str, value: object, of: str) -> None:
+    """An ArgumentTypeError naming ``name`` unless ``value`` is None or can be iterated (an
+    iterable ``of`` what): refused where it is given, not as a TypeError when first iterated."""
+    if value is not None and not isinstance(value, Iterable):
+        raise ArgumentTypeError(f"{name} must be an iterable of {of}, got {value!r:.60}")
 
 
 def size_pair(value: object, what: str, error: type[Exception] = ArgumentError) -> tuple[int, int]:
