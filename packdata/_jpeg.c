@@ -23,7 +23,7 @@
 struct failure {
     struct jpeg_error_mgr manager;
     jmp_buf jump;
-    int warned;  /* corrupt data libjpeg decoded past: refused, as TurboJPEG refuses it */
+    int warned;  /* corrupt data libjpeg decoded past: refused (the caller decodes it whole) */
     char message[JMSG_LENGTH_MAX];
 };
 

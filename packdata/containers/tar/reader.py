@@ -201,7 +201,8 @@ class TarReader(Reader):
 
     def _check_records(self, idx: np.ndarray) -> None:
         """:meth:`check_entries`, and every record's bytes within its shard's file (a record
-        past a truncated shard's cut raises, naming it); once per record in this reader.
+        past a truncated shard's cut raises, naming it); once per record in this reader, which
+        then keeps each fixed field's address in the joined map (:meth:`_located`).
 
         The blocks of :data:`ENTRY_BLOCK` records around the batch are checked in one call, so
         a first epoch pays a few checks, not one per batch; a block that fails is left to the
