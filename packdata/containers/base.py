@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from packdata import checksum
+from packdata.containers.plan import BatchPlan
 from packdata.errors import ArgumentError, DatasetError
 from packdata.manifest import HEADER_HASH, Field, Manifest
 from packdata.options import Option
@@ -107,6 +108,9 @@ class Reader(ABC):
         shared-memory slot a DataLoader worker sends the batch through. Gathered straight into
         them where :meth:`row_sources` says where the records lie; else read, then copied."""
         if self.GATHERS_ROWS and set(out) == set(self.manifest.fields):
+            plan = self.batch_plan()
+            if plan is not None:
+                return plan.read(indices, out)
             idx = self.check_indices(indices)
             sources = self.row_sources(idx)
             if sources is not None:
@@ -124,6 +128,13 @@ class Reader(ABC):
         (``select[name][j]`` of record ``idx[j]``). None where this batch cannot be read that
         way (it is read otherwise). Readers that declare :attr:`GATHERS_ROWS` implement it."""
         raise NotImplementedError(f"{type(self).__name__} does not declare GATHERS_ROWS")
+
+    def batch_plan(self) -> BatchPlan | None:
+        """Where every record's fixed fields lie, once this reader knows and has checked that
+        for all of its records (see :mod:`packdata.containers.plan`): :meth:`read` and
+        :meth:`read_into` of whole records then take it. None until then, and for readers that
+        do not declare :attr:`GATHERS_ROWS` or where packdata's C extension was not built."""
+        return None
 
     def read_gathered(self, idx: np.ndarray, select: Select | None = None) -> Batch | None:
         """Records ``idx`` (checked indices) gathered into new arrays in one call, where

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from packdata import checksum
 from packdata.containers.base import (
     Batch,
     Reader,
@@ -47,6 +48,7 @@ from packdata.containers.hdf5layout import (
     view_of,
 )
 from packdata.containers.joined import map_kept
+from packdata.containers.plan import BatchPlan
 from packdata.containers.spool import BLOCK_BYTES, Spool
 from packdata.errors import DatasetError, PackdataError
 from packdata.manifest import HEADER_HASH, Field, Manifest, check_manifest
@@ -212,6 +214,7 @@ class HDF5Reader(Reader):
         self.arrays: dict[str, np.ndarray] = {}
         self.offsets: dict[str, np.ndarray] = {}
         self.rows: dict[str, np.ndarray] = {}  # fixed fields as (records, bytes) uint8 views
+        self._plan: BatchPlan | None = None
         try:
             self._open()
         except PackdataError:
@@ -261,6 +264,9 @@ class HDF5Reader(Reader):
             raise DatasetError(f"{path}: HDF5 file cannot be opened ({exc})") from None
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
+        plan = None if select else self.batch_plan()
+        if plan is not None:
+            return plan.read(indices)
         idx = self.check_indices(indices)
         batch = self.read_gathered(idx, select)  # every field fixed: one gather
         if batch is not None:
@@ -293,6 +299,16 @@ class HDF5Reader(Reader):
         entries = selected_entries(select, name, field, len(idx))
         return self.rows[name].reshape(-1, field.nbytes // parts), idx * parts + entries
 
+    def batch_plan(self) -> BatchPlan | None:
+        # from open: record i is row i of each field's view, which holds exactly the records
+        if (self._plan is None and checksum.NATIVE_ROWS and self.rows
+                and not self.manifest.variable_fields):
+            self._plan = BatchPlan(
+                self.manifest.fields, [(name, self.rows[name], None) for name in self.rows],
+                self.check_indices, f"{self.path}: a record lies outside its field; the "
+                "dataset is damaged")
+        return self._plan
+
     def lengths(self, name: str) -> np.ndarray:
         self.check_variable(name)
         return np.diff(self.offsets[name])
@@ -300,6 +316,7 @@ class HDF5Reader(Reader):
     def close(self) -> None:
         self.arrays.clear()
         self.rows.clear()
+        self._plan = None
 
 
 WRITER = HDF5Writer

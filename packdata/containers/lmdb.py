@@ -28,6 +28,7 @@ from typing import Any
 import lmdb
 import numpy as np
 
+from packdata import checksum
 from packdata.containers.base import (
     Batch,
     Reader,
@@ -49,6 +50,7 @@ from packdata.containers.lmdbmap import (
     record_key,
     write_offsets,
 )
+from packdata.containers.plan import BatchPlan
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest, check_manifest
 from packdata.spooling import ColumnSpool, save_npz
@@ -177,6 +179,7 @@ class LMDBReader(Reader):
             checked_env(self.path)
         self._record_map: RecordMap | bool = False
         self._record_map_pid = -1
+        self._plan: BatchPlan | None = None
 
     def _size(self, i: int) -> int:
         """Bytes of record ``i``'s value, from its fields and length tables."""
@@ -215,6 +218,9 @@ class LMDBReader(Reader):
         return raw is not None and Manifest.is_packdata(raw.tobytes())
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
+        plan = None if select else self.batch_plan()
+        if plan is not None:
+            return plan.read(indices)
         try:
             idx = self.check_indices(indices)
             batch = self.read_gathered(idx, select)  # fixed-size records located: one gather
@@ -228,6 +234,19 @@ class LMDBReader(Reader):
         except lmdb.Error as exc:  # a damaged B-tree found by a lookup: name the dataset
             raise DatasetError(f"{self.path}: LMDB cannot be read ({type(exc).__name__}: {exc}); "
                                "the dataset is damaged") from None
+
+    def batch_plan(self) -> BatchPlan | None:
+        # fixed-size records at the offsets conversion stored: a damaged offset is a row outside
+        # the file, which the gather refuses
+        stored = self._stored
+        if (self._plan is None and stored is not None and checksum.NATIVE_ROWS
+                and not self.row_bytes):
+            self._plan = BatchPlan(
+                self.manifest.fields,
+                [(name, stored.column(a, b), stored.offsets) for name, _, a, b in self.columns],
+                self.check_indices, f"{self.path}: a record lies outside data.mdb; the dataset "
+                "is damaged")
+        return self._plan
 
     def _read_stored(self, idx: np.ndarray) -> Batch:
         """Variable-size records ``idx`` (checked) read at their stored offsets."""

@@ -146,6 +146,31 @@ class ContainerSuite:
         # a strided view of indices (a rank's share, indices[rank::world])
         self.assert_batch(checked.read(idx[::-2]), records, idx[::-2].tolist(), fields)
 
+    def test_a_batch_plan_reads_what_records_hold(self, tmp_path):
+        """Once a reader knows where every record lies (after reading each once, at the
+        latest), it reads whole batches through its plan: the same records in any order,
+        negative indices from the end, a bad index named as before, into given arrays too."""
+        from packdata import checksum
+
+        records = make_records(FIXED, 23)
+        reader = self.reader(self.write(tmp_path, FIXED, records, self.options(5)))
+        reader.read(np.arange(23))  # every record once (a tar reader checks its entries)
+        plan = reader.batch_plan() if checksum.NATIVE_ROWS else None
+        if plan is None:
+            pytest.skip(f"{self.name}: no batch plan (needs GATHERS_ROWS and the C extension)")
+        for idx in ([0], [22, 3, 3, 10], [-1, -23, 5], list(range(23))[::-1], []):
+            want = [i % 23 for i in idx]
+            self.assert_batch(plan.read(np.array(idx, dtype=np.int64)), records, want, FIXED)
+            self.assert_batch(reader.read(np.array(idx, dtype=np.int64)), records, want, FIXED)
+        for bad in ([23], [0, -24]):
+            with pytest.raises(IndexError, match=f"index {bad[-1]} out of range"):
+                reader.read(np.array(bad))
+        idx = np.array([4, 9, 4])
+        out = {name: np.empty((3, *f.shape), f.np_dtype) for name, f in FIXED.items()}
+        batch = reader.read_into(idx, out)
+        assert all(batch[name] is out[name] for name in FIXED)
+        self.assert_batch(batch, records, idx.tolist(), FIXED)
+
     def test_lengths_of_variable_fields(self, tmp_path):
         records = make_records(VARIABLE, 9)
         reader = self.reader(self.write(tmp_path, VARIABLE, records, self.options(4)))

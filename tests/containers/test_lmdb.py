@@ -146,6 +146,25 @@ def test_a_damaged_offset_or_length_of_a_variable_record_is_a_named_error(
         ds[1]
 
 
+@pytest.mark.parametrize("verify", ["off", "full"])
+@pytest.mark.parametrize("offset", [1 << 40, -5], ids=["past the file", "negative"])
+def test_a_damaged_offset_of_a_fixed_record_is_a_named_error(tmp_path, packed, verify, offset):
+    """Fixed-size records are gathered at their stored offsets (by the batch plan, where no
+    checksum is checked first): an offset outside data.mdb is a DatasetError naming the dataset,
+    the other records read."""
+    import packdata
+
+    copy = shutil.copytree(packed["lmdb"], tmp_path / "d.lmdb")
+    offsets, _ = _tree_value(copy, b"__offsets__")
+    _poke(copy, offsets + 8, offset)
+    ds = packdata.open(copy, verify=verify)
+    assert len(ds[0]) and len(ds[2])
+    with pytest.raises(packdata.DatasetError, match=f"{copy}.*outside data.mdb.*damaged"):
+        ds[1]
+    with pytest.raises(packdata.DatasetError, match=f"{copy}.*outside data.mdb.*damaged"):
+        ds.get_batch([0, 1, 2])
+
+
 def test_opening_a_dataset_with_stored_offsets_does_not_walk_the_tree(tmp_path, monkeypatch):
     """Opening costs O(depth) pages, not O(records): the whole-tree check runs only for
     datasets read through LMDB's lookups (here: one whose offsets were deleted)."""

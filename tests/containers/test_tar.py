@@ -35,6 +35,31 @@ class TestTar(ContainerSuite):
         self.assert_batch(reader.read(idx[::-1]), records, idx[::-1].tolist(), FIXED)
         self.assert_batch(reader.read(np.arange(23)), records, list(range(23)), FIXED)
 
+    def test_a_batch_plan_once_every_record_was_checked(self, tmp_path, monkeypatch):
+        """The batch plan gathers at the addresses found as records' entries are checked: it is
+        there once every record's are (blocks of ENTRY_BLOCK records at a time), dropped by
+        ``close()`` with the maps, and there again once every record is checked again."""
+        from packdata import checksum
+        from packdata.containers.tar import reader as tar_reader
+        from tests.containers.suite import FIXED, make_records
+
+        if not checksum.NATIVE_ROWS:
+            pytest.skip("the batch plan needs packdata's C extension")
+        monkeypatch.setattr(tar_reader, "ENTRY_BLOCK", 4)
+        records = make_records(FIXED, 23)
+        reader = self.reader(self.write(tmp_path, FIXED, records, self.options(5)))
+        self.assert_batch(reader.read(np.array([22, 0])), records, [22, 0], FIXED)
+        assert reader.batch_plan() is None  # records 4 to 19 not checked yet
+        self.assert_batch(reader.read(np.arange(23)), records, list(range(23)), FIXED)
+        assert reader.batch_plan() is not None
+        reader.close()
+        assert reader.batch_plan() is None
+        self.assert_batch(reader.read(np.array([3, 21])), records, [3, 21], FIXED)
+        assert reader.batch_plan() is None
+        reader.read(np.arange(23)[::-1])
+        self.assert_batch(reader.batch_plan().read(np.array([5, 17, -1])), records, [5, 17, 22],
+                          FIXED)
+
     def options(self, per_shard):
         return {"shard_size": str(per_shard)}
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from packdata.containers.joined import map_kept
 from packdata.errors import DatasetError
-from packdata.manifest import HEADER_HASH, Manifest
+from packdata.manifest import HEADER_HASH, Field, Manifest
 from packdata.recordmeta import from_arrays, map_npz
 
 MANIFEST = "manifest.json"
@@ -93,7 +93,7 @@ def shard_list(path: Path, manifest: Manifest) -> list[dict[str, Any]]:
 def check_index(path: Path, index: dict[str, np.ndarray], manifest: Manifest) -> None:
     """The index's columns are integers and its scalar values the manifest's type: checked at
     open in O(1). Each record's entries (its shard, offset and size) are checked when it is
-    read (:meth:`TarReader.check_entries`), before any view is laid over a shard, so that
+    read (:func:`checked_entries`), before any view is laid over a shard, so that
     opening reads no per-record entry."""
     for name, field in manifest.fields.items():
         if any(index[f"{name}.{col}"].dtype.kind not in "iu"
@@ -105,3 +105,27 @@ def check_index(path: Path, index: dict[str, np.ndarray], manifest: Manifest) ->
                                    or field.variable or values.shape[1:] != tuple(field.shape)):
             raise DatasetError(f"{path}: the index's values of '{name}' do not match the "
                                "manifest; the dataset is damaged")
+
+
+def checked_entries(path: Path, index: dict[str, np.ndarray], stored: dict[str, tuple[Field, int]],
+                    idx: np.ndarray, shards: np.ndarray) -> dict[str, tuple[np.ndarray, ...]]:
+    """The index entries ``(shard, offset, nbytes)`` of records ``idx`` (held in ``shards``) of
+    each field ``stored`` in shards (with its record's bytes, or a row's for a variable field),
+    checked before any of their bytes is read (per read, so that opening stays flat in the
+    record count): each in the shard that holds the record, at a non-negative offset, of the
+    size its field needs. ``path`` is the index's, named in errors."""
+    entries = {}
+    for name, (field, row) in stored.items():
+        shard, offset, nbytes = (index[f"{name}.{c}"][idx] for c in ("shard", "offset", "nbytes"))
+        if not np.array_equal(shard, shards) or (len(idx) and (
+                offset.min() < 0 or nbytes.min() < 0)):
+            raise DatasetError(f"{path}: the index of '{name}' points outside its shards; the "
+                               "dataset is damaged")
+        fixed = not field.variable
+        bad = nbytes != row if fixed else (nbytes % row != 0) if row else (nbytes != 0)
+        if np.any(bad):
+            raise DatasetError(f"{path}: the index of '{name}' gives sizes that do not fit its "
+                               f"field ({field.dtype} {list(field.shape)}); the dataset is "
+                               "damaged (or the manifest edited)")
+        entries[name] = (shard, offset, nbytes)
+    return entries

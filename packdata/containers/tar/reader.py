@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from packdata import checksum
 from packdata.containers.base import (
     Batch,
     Reader,
@@ -24,11 +25,13 @@ from packdata.containers.base import (
     selected_entries,
 )
 from packdata.containers.joined import byte_window, map_joined
+from packdata.containers.plan import BatchPlan
 from packdata.containers.tar.copies import second_copies_match
 from packdata.containers.tar.layout import (
     INDEX,
     MANIFEST,
     check_index,
+    checked_entries,
     load_index,
     read_manifest,
     shard_list,
@@ -81,6 +84,7 @@ class TarReader(Reader):
         # records whose entries were checked (calloc'd: pages are touched only as records are
         # read, so opening stays flat), and each shard's bytes once it is mapped (-1: not yet)
         self._entries_ok = np.zeros(self.manifest.count, dtype=bool)
+        self._unchecked, self._plan = self.manifest.count, None  # records not in _entries_ok
         # each fixed field's records' addresses in the joined map, found as they are checked
         # (np.empty: untouched pages cost no memory), so that a batch looks them up in one step
         self._addresses: dict[str, np.ndarray] = {}
@@ -159,27 +163,9 @@ class TarReader(Reader):
         return np.searchsorted(self.shard_start, indices, side="right") - 1
 
     def check_entries(self, idx: np.ndarray) -> dict[str, tuple[np.ndarray, ...]]:
-        """The index entries ``(shard, offset, nbytes)`` of records ``idx`` by field, checked
-        before any of their bytes is read (per read, so that opening stays flat in the record
-        count): each in the shard that holds the record, at a non-negative offset, of the size
-        its field needs. Fields kept in the index (``values``) are left out."""
-        expected = self.shards_of(idx)
-        entries = {}
-        for name, (field, row) in self._stored_fields().items():
-            shard, offset, nbytes = (self.index[f"{name}.{c}"][idx]
-                                     for c in ("shard", "offset", "nbytes"))
-            if not np.array_equal(shard, expected) or (len(idx) and (
-                    offset.min() < 0 or nbytes.min() < 0)):
-                raise DatasetError(f"{self.path / INDEX}: the index of '{name}' points outside "
-                                   "its shards; the dataset is damaged")
-            fixed = not field.variable
-            bad = nbytes != row if fixed else (nbytes % row != 0) if row else (nbytes != 0)
-            if np.any(bad):
-                raise DatasetError(f"{self.path / INDEX}: the index of '{name}' gives sizes that "
-                                   f"do not fit its field ({field.dtype} {list(field.shape)}); "
-                                   "the dataset is damaged (or the manifest edited)")
-            entries[name] = (shard, offset, nbytes)
-        return entries
+        """The index entries of records ``idx`` by field, checked (:func:`checked_entries`)."""
+        return checked_entries(self.path / INDEX, self.index, self._stored_fields(), idx,
+                               self.shards_of(idx))
 
     def second_copies_match(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         """The members of the fields kept in the index against the index's values (see
@@ -246,6 +232,7 @@ class TarReader(Reader):
             if not self.manifest.fields[name].variable:  # each record's address, found once
                 self._addresses.setdefault(name, np.empty(self.manifest.count, np.int64))[idx] = \
                     joined[1][shard] + offset
+        self._unchecked -= int(np.count_nonzero(~self._entries_ok[np.unique(idx)]))
         self._entries_ok[idx] = True
 
     def _joined_map(self) -> tuple[np.ndarray, np.ndarray] | None:
@@ -269,12 +256,20 @@ class TarReader(Reader):
         """(a window of ``nbytes`` rows over the joined map, the address of field ``name`` of
         each of records ``idx`` in it), or None where shards are not joined. The records must
         have been checked (:meth:`_check_records`), which finds their addresses."""
-        joined = self._joined_map()
-        if joined is None:
+        if self._joined_map() is None:
             return None
+        return self._window(nbytes), self._addresses[name][idx]
+
+    def _window(self, nbytes: int) -> np.ndarray:
+        """Rows of ``nbytes`` at every byte of the joined map (which must be there)."""
         if nbytes not in self._windows:
-            self._windows[nbytes] = byte_window(joined[0], nbytes)
-        return self._windows[nbytes], self._addresses[name][idx]
+            self._windows[nbytes] = byte_window(self._joined[0], nbytes)  # type: ignore[index]
+        return self._windows[nbytes]
+
+    def _index_rows(self, name: str, parts: int = 1) -> np.ndarray:
+        """Field ``name``'s values kept in the index, as rows of bytes (``parts`` a record)."""
+        values = self.index[f"{name}.values"]
+        return values.reshape(len(values) * parts, -1).view(np.uint8)
 
     def _entry_located(self, name: str, field: Field, idx: np.ndarray,
                        entries: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
@@ -327,7 +322,23 @@ class TarReader(Reader):
                 out[mask] = gather(view, local, None if rows is None else rows[mask])
         return out.view(field.np_dtype).reshape(len(idx), *shape)
 
+    def batch_plan(self) -> BatchPlan | None:
+        # once every record's entries were checked, which found its fields' addresses
+        if (self._plan is None and not self._unchecked and self._cut is None
+                and checksum.NATIVE_ROWS and not self.manifest.variable_fields
+                and self._joined_map() is not None):
+            columns = [(name, self._index_rows(name), None) if f"{name}.values" in self.index
+                       else (name, self._window(field.nbytes), self._addresses[name])
+                       for name, field in self.manifest.fields.items()]
+            self._plan = BatchPlan(self.manifest.fields, columns, self.check_indices,
+                                   f"{self.path}: a record lies outside its shards; the dataset "
+                                   "is damaged")
+        return self._plan
+
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
+        plan = None if select else self.batch_plan()
+        if plan is not None:
+            return plan.read(indices)
         idx = self.check_indices(indices)
         batch = self.read_gathered(idx, select)  # shards joined, every field fixed: one gather
         if batch is not None:
@@ -357,9 +368,8 @@ class TarReader(Reader):
             if select and name in select:  # only the selected entries' bytes are gathered
                 parts, entries = field.shape[0], selected_entries(select, name, field, len(idx))
             if f"{name}.values" in self.index:  # kept in the index (labels): no shard touched
-                values = self.index[f"{name}.values"]
-                rows = values.reshape(len(values) * parts, -1).view(np.uint8)
-                sources.append((name, rows, idx if entries is None else idx * parts + entries))
+                sources.append((name, self._index_rows(name, parts),
+                                idx if entries is None else idx * parts + entries))
                 continue
             located = self._entry_located(name, field, idx, entries)
             if located is None:  # shards not mapped as one range
@@ -380,5 +390,6 @@ class TarReader(Reader):
         # the addresses go with the maps: found again as records are checked again (a new
         # array, not a write: a forked process closes its parent's reader)
         self._entries_ok = np.zeros(self.manifest.count, dtype=bool)
+        self._unchecked, self._plan = self.manifest.count, None
         self._addresses.clear()
 
