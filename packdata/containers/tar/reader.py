@@ -217,8 +217,9 @@ class TarReader(Reader):
         entries = self.check_entries(idx)
         for shard, offset, nbytes in entries.values():
             sizes = self._shard_bytes
-            for s in np.unique(shard[sizes[shard] < 0]).tolist():
-                sizes[s] = len(self._map(s))
+            # shards these records lie in, not mapped yet (a count per shard, not a sort)
+            for s in np.flatnonzero(np.bincount(shard, minlength=len(sizes)) * (sizes < 0)):
+                sizes[s] = len(self._map(int(s)))
             ends = offset + nbytes
             past = np.flatnonzero(ends > sizes[shard])
             if len(past):
@@ -232,8 +233,11 @@ class TarReader(Reader):
             if not self.manifest.fields[name].variable:  # each record's address, found once
                 self._addresses.setdefault(name, np.empty(self.manifest.count, np.int64))[idx] = \
                     joined[1][shard] + offset
-        self._unchecked -= int(np.count_nonzero(~self._entries_ok[np.unique(idx)]))
+        fresh = int(np.count_nonzero(~self._entries_ok[idx]))  # a repeated index counted twice
         self._entries_ok[idx] = True
+        self._unchecked -= fresh
+        if self._unchecked <= 0:  # exact before it may read 0 (a plan needs every record)
+            self._unchecked = int(np.count_nonzero(~self._entries_ok))
 
     def _joined_map(self) -> tuple[np.ndarray, np.ndarray] | None:
         """All shards mapped back to back (see :mod:`packdata.containers.joined`), once each
