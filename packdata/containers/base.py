@@ -16,15 +16,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from packdata import checksum
-from packdata.containers.plan import BatchPlan
+from packdata.containers.plan import BatchPlan, Select, selected_entries
 from packdata.errors import ArgumentError, DatasetError
 from packdata.manifest import HEADER_HASH, Field, Manifest
 from packdata.options import Option
 from packdata.recordmeta import from_arrays, map_npz
 
 Batch = dict[str, "np.ndarray | list[np.ndarray]"]
-#: per fixed field, the one entry of its first axis to read for each requested record
-Select = dict[str, np.ndarray]
 
 
 #: what a writer announces when a shard is complete: its files (e.g. a tar file and its index)
@@ -110,7 +108,7 @@ class Reader(ABC):
         if self.GATHERS_ROWS and set(out) == set(self.manifest.fields):
             plan = self.batch_plan()
             if plan is not None:
-                return plan.read(indices, out)
+                return plan.read(indices, out=out)
             idx = self.check_indices(indices)
             sources = self.row_sources(idx)
             if sources is not None:
@@ -207,18 +205,6 @@ def records_of(rows: np.ndarray, fields: dict[str, Field]) -> list[dict[str, np.
     """The records of a table of records' bytes, as dicts of views of the table."""
     columns = columns_of(rows, fields)
     return [{name: column[j] for name, column in columns.items()} for j in range(len(rows))]
-
-
-def selected_entries(select: Select, name: str, field: Field, count: int) -> np.ndarray:
-    """``select[name]`` as int64, checked: one entry of ``field``'s first axis for each of the
-    ``count`` records read. An IndexError otherwise, for readers that gather an entry at its
-    byte offset (an entry past the axis would be another record's bytes)."""
-    entries = np.asarray(select[name], dtype=np.int64)
-    if entries.shape != (count,) or (count and (entries.min() < 0
-                                                or entries.max() >= field.shape[0])):
-        raise IndexError(f"select['{name}'] must hold one entry of {field.shape[0]} per record "
-                         f"read, got {entries!r:.80}")
-    return entries
 
 
 def apply_select(batch: Batch, select: Select | None, fields: dict[str, Field]) -> Batch:

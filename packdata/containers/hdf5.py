@@ -264,9 +264,9 @@ class HDF5Reader(Reader):
             raise DatasetError(f"{path}: HDF5 file cannot be opened ({exc})") from None
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
-        plan = None if select else self.batch_plan()
+        plan = self.batch_plan()
         if plan is not None:
-            return plan.read(indices)
+            return plan.read(indices, select)
         idx = self.check_indices(indices)
         batch = self.read_gathered(idx, select)  # every field fixed: one gather
         if batch is not None:

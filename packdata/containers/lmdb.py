@@ -218,9 +218,9 @@ class LMDBReader(Reader):
         return raw is not None and Manifest.is_packdata(raw.tobytes())
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
-        plan = None if select else self.batch_plan()
+        plan = self.batch_plan()
         if plan is not None:
-            return plan.read(indices)
+            return plan.read(indices, select)
         try:
             idx = self.check_indices(indices)
             batch = self.read_gathered(idx, select)  # fixed-size records located: one gather

@@ -171,6 +171,28 @@ class ContainerSuite:
         assert all(batch[name] is out[name] for name in FIXED)
         self.assert_batch(batch, records, idx.tolist(), FIXED)
 
+    def test_a_batch_plan_reads_one_entry_per_record(self, tmp_path):
+        """``select`` through the plan: entry ``rows[j]`` of record ``idx[j]`` (the other
+        entries' bytes not read), negative indices from the end; a bad entry is named."""
+        from packdata import checksum
+
+        records = make_records(VARIANTS, 12)
+        reader = self.reader(self.write(tmp_path, VARIANTS, records, self.options(5)))
+        reader.read(np.arange(12))
+        plan = reader.batch_plan() if checksum.NATIVE_ROWS else None
+        if plan is None:
+            pytest.skip(f"{self.name}: no batch plan (needs GATHERS_ROWS and the C extension)")
+        idx, rows = np.array([11, 0, 5, 6, -1]), np.array([2, 0, 1, 2, 1])
+        for batch in (plan.read(idx, {"points": rows}), reader.read(idx, {"points": rows})):
+            np.testing.assert_array_equal(batch["points"], np.stack(
+                [records[i]["points"][r] for i, r in zip(idx, rows)]))
+            np.testing.assert_array_equal(batch["label"], [records[i]["label"] for i in idx])
+        for bad in ([0, 3], [-1, 0], [0]):
+            with pytest.raises(IndexError, match="select"):
+                plan.read(np.array([4, 5]), {"points": np.array(bad)})
+        with pytest.raises(IndexError, match="index 12 out of range"):
+            plan.read(np.array([12]), {"points": np.array([0])})
+
     def test_lengths_of_variable_fields(self, tmp_path):
         records = make_records(VARIABLE, 9)
         reader = self.reader(self.write(tmp_path, VARIABLE, records, self.options(4)))

@@ -328,9 +328,9 @@ class TarReader(Reader):
 
     def batch_plan(self) -> BatchPlan | None:
         # once every record's entries were checked, which found its fields' addresses
-        if (self._plan is None and not self._unchecked and self._cut is None
-                and checksum.NATIVE_ROWS and not self.manifest.variable_fields
-                and self._joined_map() is not None):
+        if (self._plan is None and not self._unchecked and self.manifest.count
+                and self._cut is None and checksum.NATIVE_ROWS
+                and not self.manifest.variable_fields and self._joined_map() is not None):
             columns = [(name, self._index_rows(name), None) if f"{name}.values" in self.index
                        else (name, self._window(field.nbytes), self._addresses[name])
                        for name, field in self.manifest.fields.items()]
@@ -340,9 +340,9 @@ class TarReader(Reader):
         return self._plan
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
-        plan = None if select else self.batch_plan()
+        plan = self.batch_plan()
         if plan is not None:
-            return plan.read(indices)
+            return plan.read(indices, select)
         idx = self.check_indices(indices)
         batch = self.read_gathered(idx, select)  # shards joined, every field fixed: one gather
         if batch is not None:
