@@ -87,6 +87,9 @@ class Tree:
     def __init__(self, path: Path, last_pgno: int, txnid: int) -> None:
         self.data = path / "data.mdb"
         self.whole = map_file(self.data)
+        # keys found, by key: the tree is this process's for one version of the file, whose
+        # opens look up the same few keys (the manifest, the offsets, the first and last record)
+        self._found: dict[bytes, tuple[int, int] | None] = {}
         with self._named():
             self.psize, self.pages, self.depth, self.root = _root(self.whole, last_pgno, txnid)
 
@@ -104,8 +107,10 @@ class Tree:
 
     def locate(self, key: bytes) -> tuple[int, int] | None:
         """(file offset, size) of ``key``'s value, or None if the tree has no such key."""
-        with self._named():
-            return self._locate(key)
+        if key not in self._found:
+            with self._named():
+                self._found[key] = self._locate(key)
+        return self._found[key]
 
     def _locate(self, key: bytes) -> tuple[int, int] | None:
         if self.root is None:

@@ -165,6 +165,28 @@ def test_a_damaged_offset_of_a_fixed_record_is_a_named_error(tmp_path, packed, v
         ds.get_batch([0, 1, 2])
 
 
+def test_a_reopened_dataset_finds_its_keys_without_walking_the_tree_again(packed, tmp_path,
+                                                                          monkeypatch):
+    """The keys an open looks up (manifest, offsets, first and last record) are found once per
+    process and version of data.mdb: a reopen walks no page; a rewritten file is walked anew."""
+    import packdata
+    from packdata.containers.lmdbcheck import Tree
+
+    copy = shutil.copytree(packed["lmdb"], tmp_path / "d.lmdb")
+    walks = []
+    locate = Tree._locate
+    monkeypatch.setattr(Tree, "_locate", lambda self, key: walks.append(key) or locate(self, key))
+    first = packdata.open(copy)[3]
+    assert walks and set(walks) >= {b"__offsets__", b"%010d" % 0}
+    walked = len(walks)
+    again = packdata.open(copy)[3]
+    assert len(walks) == walked and all(np.array_equal(a, b) for a, b in zip(first, again))
+    data = copy / "data.mdb"
+    data.write_bytes(data.read_bytes() + bytes(4096))  # another version of the file
+    assert all(np.array_equal(a, b) for a, b in zip(first, packdata.open(copy)[3]))
+    assert len(walks) > walked
+
+
 def test_opening_a_dataset_with_stored_offsets_does_not_walk_the_tree(tmp_path, monkeypatch):
     """Opening costs O(depth) pages, not O(records): the whole-tree check runs only for
     datasets read through LMDB's lookups (here: one whose offsets were deleted)."""
