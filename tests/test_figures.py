@@ -29,7 +29,7 @@ RESULTS = ROOT / "bench" / "results"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "examples" / "README.md"]
 MARKER = re.compile(r"^<!--\s*figures:\s*(.+?)\s*-->$")
 #: a number as the docs print it: 1,234.5 with an optional unit that scales it
-NUMBER = re.compile(r"(?<![\w.\-])([≤≥<>]\s*)?(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?"
+NUMBER = re.compile(r"(?<![\w.\-])([≤≥<>]\s*)?([−-])?(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?"
                     r"(\s*%|×| M\b| MiB\b| ms\b)?")
 
 
@@ -96,10 +96,10 @@ def sibling_sums(items: list) -> list[float]:
 def numbers_in(cell: str) -> list[tuple[float, int, str]]:
     """(value, decimals shown, unit) of each figure printed in ``cell`` (targets left out)."""
     out = []
-    for target, whole, frac, unit in NUMBER.findall(cell):
+    for target, sign, whole, frac, unit in NUMBER.findall(cell):
         if not target:
-            out.append((float(whole.replace(",", "") + ("." + frac if frac else "")),
-                        len(frac), unit.strip()))
+            value = float(whole.replace(",", "") + ("." + frac if frac else ""))
+            out.append((-value if sign else value, len(frac), unit.strip()))
     return out
 
 
@@ -216,6 +216,9 @@ def test_the_checker_refuses_a_figure_its_json_lacks(tmp_path):
     rows = [["a", "75,135", ""], ["b", "20,794", "3.61×"]]
     assert agrees(numbers_in("3.61×")[0], ratios(rows, 1, 2) + ratios(rows, 0, 1))
     assert numbers_in("≤ 5 % and 2.8 %") == [(2.8, 1, "%")]
+    assert numbers_in("40.8 / −11.2 / -7.3 µs, 0.57–0.64") == [
+        (40.8, 1, ""), (-11.2, 1, ""), (-7.3, 1, ""), (0.57, 2, ""), (0.64, 2, "")]
+    assert not agrees(numbers_in("−11.2")[0], [11.2]) and agrees(numbers_in("−11.2")[0], [-11.2])
 
 
 # -- figures in prose ------------------------------------------------------------------------
