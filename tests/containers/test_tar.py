@@ -59,6 +59,9 @@ class TestTar(ContainerSuite):
         reader.read(np.arange(23)[::-1])
         self.assert_batch(reader.batch_plan().read(np.array([5, 17, -1])), records, [5, 17, 22],
                           FIXED)
+        reader.allow_truncated_shards()  # packdata verify: no joined map, so no plan either
+        assert reader.batch_plan() is None
+        self.assert_batch(reader.read(np.arange(23)), records, list(range(23)), FIXED)
 
     def options(self, per_shard):
         return {"shard_size": str(per_shard)}

@@ -150,7 +150,7 @@ class TarReader(Reader):
         verify``: they are intact); reading one past the cut raises a DatasetError naming it."""
         self._cut = {}
         self.JOINS_SHARDS = False  # type: ignore[misc]  # joined maps assume whole shards
-        self._joined = False
+        self._joined, self._plan = False, None
 
     def truncated(self) -> dict[str, tuple[int, int, int | None]]:
         """Shards found truncated so far (with :meth:`allow_truncated_shards`): name → (bytes
