@@ -11,8 +11,8 @@ checked once is not hashed again). Then, in interleaved rounds, one epoch of shu
 - ``limit``: bench_containers' in-RAM limit (``SortedGather``), which the Speed table divides by;
 - ``gather``: packdata's native gather alone (``packdata.checksum.gather``), where each batch's
   records lie worked out beforehand, into new arrays each batch as a read makes them;
-- ``container read``: the container's own reader: the indices checked, where the records lie
-  (``row_sources``), the arrays made, the gather;
+- ``container read``: the container's own reader, which in a later epoch reads through its
+  batch plan (``packdata/containers/plan.py``: a lookup per field, the arrays made, the gather);
 - ``checked read``: the checking reader around it (``ds.reader``), its records already checked;
 - ``get_batch``: ``ds.get_batch(indices)``: the sample kind's tensors;
 - ``packdata.loader``: ``packdata.loader(ds, 256, shuffle=True)``, its own shuffled batches;
