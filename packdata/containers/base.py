@@ -129,9 +129,10 @@ class Reader(ABC):
 
     def batch_plan(self) -> BatchPlan | None:
         """Where every record's fixed fields lie, once this reader knows and has checked that
-        for all of its records (see :mod:`packdata.containers.plan`): :meth:`read` and
-        :meth:`read_into` of whole records then take it. None until then, and for readers that
-        do not declare :attr:`GATHERS_ROWS` or where packdata's C extension was not built."""
+        for all of its records (see :mod:`packdata.containers.plan`): :meth:`read` (with or
+        without ``select``) and :meth:`read_into` of whole records then take it. None until
+        then, where it never knows (e.g. LMDB datasets read through LMDB's own lookups), and
+        where packdata's C extension was not built."""
         return None
 
     def read_gathered(self, idx: np.ndarray, select: Select | None = None) -> Batch | None:

@@ -7,8 +7,9 @@ holds for every record (at open for HDF5 and for LMDB's stored offsets; for tar 
 record's index entries were checked, i.e. after a first epoch), a :class:`BatchPlan` reads a batch
 as one table lookup per field and one native gather, which itself refuses a row outside its
 file; with ``select`` (a point cloud's variant), only the selected entry's bytes. The layers'
-Python work per batch is what separated a later epoch from the in-RAM limit
-(bench/bench_read_layers.py).
+Python work per batch was most of what separated a later epoch from the in-RAM limit
+(bench/bench_read_layers.py: 51.5 / 22.4 / 56.0 µs in the containers' readers alone, lmdb /
+hdf5 / tar, before the plan).
 """
 
 from __future__ import annotations
