@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from packdata.errors import ArgumentTypeError, DeviceError, PackdataError
+from packdata.errors import DeviceError, PackdataError
 from packdata.units import callable_argument, iterable_argument
 
 Augment = Callable[[torch.Tensor], torch.Tensor]
@@ -96,9 +96,7 @@ class DeviceLoader:
 
     def __init__(self, loader: Iterable[Any], device: str | torch.device | None = "auto",
                  augment: Augment | None = None) -> None:
-        if loader is None:
-            raise ArgumentTypeError("loader must be an iterable of batches, got None")
-        iterable_argument("loader", loader, "batches")  # else a TypeError when iterated
+        iterable_argument("loader", loader, "batches", optional=False)  # else a TypeError later
         callable_argument("augment", augment)
         self.loader = loader
         self.device = None if device is None else resolve_device(device)

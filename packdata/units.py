@@ -27,10 +27,11 @@ def callable_argument(name: str, value: object) -> None:
         raise ArgumentTypeError(f"{name} must be callable, got {value!r:.60}")
 
 
-def iterable_argument(name: str, value: object, of: str) -> None:
-    """An ArgumentTypeError naming ``name`` unless ``value`` is None or can be iterated (an
-    iterable ``of`` what): refused where it is given, not as a TypeError when first iterated."""
-    if value is not None and not isinstance(value, Iterable):
+def iterable_argument(name: str, value: object, of: str, optional: bool = True) -> None:
+    """An ArgumentTypeError naming ``name`` unless ``value`` can be iterated (an iterable ``of``
+    what), or is None where ``optional``: refused where it is given, not as a TypeError when
+    first iterated."""
+    if not (optional and value is None) and not isinstance(value, Iterable):
         raise ArgumentTypeError(f"{name} must be an iterable of {of}, got {value!r:.60}")
 
 

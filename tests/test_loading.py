@@ -187,3 +187,5 @@ def test_an_augment_that_cannot_be_called_is_refused_when_given(packed, resident
         packdata.loader(packdata.open(packed["hdf5"]), 8, augment="cifar", resident=resident)
     with pytest.raises(packdata.errors.ArgumentTypeError, match="an iterable of batches, got 5"):
         packdata.DeviceLoader(5, device="cpu")
+    with pytest.raises(packdata.errors.ArgumentTypeError, match="an iterable of batches, got None"):
+        packdata.DeviceLoader(None, device="cpu")
