@@ -191,6 +191,14 @@ class Reader(ABC):
         return field
 
 
+def counted_down(left: int, done: int, recount: Callable[[], int]) -> int:
+    """What is ``left`` to do once ``done`` more are (a count that may take a repeat twice, so
+    ``left`` only runs ahead of the truth): the exact ``recount()`` once it would reach 0, so it
+    never reads 0 while something is left."""
+    left -= done
+    return left if left > 0 else recount()
+
+
 def columns_of(rows: np.ndarray, fields: dict[str, Field]) -> dict[str, np.ndarray]:
     """Each field of a table of records' bytes (see :meth:`Writer.append_rows`) as a view of
     the table, shaped (records, *field shape)."""

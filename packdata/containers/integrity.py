@@ -32,6 +32,7 @@ from packdata.containers.base import (
     RowSources,
     Select,
     apply_select,
+    counted_down,
     native_arguments,
     new_arrays,
     selected_entries,
@@ -158,10 +159,8 @@ class ChecksummedReader(Reader):
         to find them; a bit set natively while :meth:`_mark` rewrote its byte lost): reaching 0
         it is recounted from the bitmap, so it never reads 0 while a bit is unset. Called
         holding the lock."""
-        self.remaining -= marked
-        if self.remaining <= 0:
-            self.remaining = (self.manifest.count * self.bits_per_record
-                              - int(_BITS_SET[self.verified].sum()))
+        self.remaining = counted_down(self.remaining, marked, lambda: (
+            self.manifest.count * self.bits_per_record - int(_BITS_SET[self.verified].sum())))
 
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         if not self.remaining:

@@ -20,6 +20,7 @@ from packdata.containers.base import (
     Reader,
     RowSources,
     Select,
+    counted_down,
     gather_rows,
     map_file,
     selected_entries,
@@ -234,10 +235,9 @@ class TarReader(Reader):
                 self._addresses.setdefault(name, np.empty(self.manifest.count, np.int64))[idx] = \
                     joined[1][shard] + offset
         fresh = int(np.count_nonzero(~self._entries_ok[idx]))  # a repeated index counted twice
-        self._entries_ok[idx] = True
-        self._unchecked -= fresh
-        if self._unchecked <= 0:  # exact before it may read 0 (a plan needs every record)
-            self._unchecked = int(np.count_nonzero(~self._entries_ok))
+        self._entries_ok[idx] = True  # (a plan needs every record: the count is exact at 0)
+        self._unchecked = counted_down(self._unchecked, fresh,
+                                       lambda: int(np.count_nonzero(~self._entries_ok)))
 
     def _joined_map(self) -> tuple[np.ndarray, np.ndarray] | None:
         """All shards mapped back to back (see :mod:`packdata.containers.joined`), once each
