@@ -227,11 +227,14 @@ class PackedDataset(Dataset):
             select = kind.select(self.manifest, indices, self.epoch) if kind.select else None
         except _KIND_ERRORS as exc:
             raise self._samples_error(kind, exc) from None
-        if select:
-            self._check_select(select, len(indices))
         out = self._slot_arrays(len(indices)) if select is None else None
-        batch = self.reader.read(indices, select) if out is None else \
-            self.reader.read_into(indices, out)
+        try:
+            batch = self.reader.read(indices, select) if out is None else \
+                self.reader.read_into(indices, out)
+        except IndexError:
+            if select:  # the readers check the entries first; one they refuse is named here
+                self._check_select(select, len(indices))
+            raise
         extra: dict[str, Any] = {"decode": self.decode} if self.decode is not None else {}
         if self.channels_last:
             extra["channels_last"] = True
