@@ -36,6 +36,11 @@ def scaled_box(box: np.ndarray, shape: tuple[int, ...], h: int, w: int) -> np.nd
     return np.minimum(scaled, [dw, dh, dw, dh])
 
 
+def scaled_size(h: int, w: int, scale: int) -> tuple[int, int]:
+    """The (H, W) libjpeg decodes an H×W JPEG to at 1/``scale``: rounded up."""
+    return -(-h // scale), -(-w // scale)
+
+
 def decode_crop(data: np.ndarray, hw: tuple[int, int], scale: int, box: np.ndarray,
                 grey: bool) -> torch.Tensor | None:
     """The pixels of ``box`` (of the H×W image) of the JPEG ``data`` decoded at 1/``scale``
@@ -47,7 +52,7 @@ def decode_crop(data: np.ndarray, hw: tuple[int, int], scale: int, box: np.ndarr
         # box alone never looks: the whole decode finds (and names) what is missing
         return None
     h, w = hw
-    dh, dw = -(-h // scale), -(-w // scale)  # libjpeg's size at that scale
+    dh, dw = scaled_size(h, w, scale)
     left, top, right, bottom = (int(v) for v in scaled_box(box, (dh, dw), h, w))
     channels = 1 if grey else 3
     rows = bottom - top
