@@ -8,6 +8,7 @@ tuple) per sample, which the default collate turns back into the batch read, wit
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,7 +22,7 @@ from packdata import containers, sources
 from packdata.containers.base import Reader, selected_entries
 from packdata.containers.integrity import ChecksummedReader, at_open
 from packdata.errors import ArgumentError, ArgumentTypeError, DatasetError, PackdataError
-from packdata.manifest import Field, Manifest
+from packdata.manifest import Manifest
 from packdata.recordmeta import Keys
 from packdata.remote.storage import CACHE_LIMIT, Storage
 from packdata.remote.tar_reader import RemoteTarReader
@@ -36,15 +37,6 @@ Transform = Callable[[Any], Any]
 _KIND_ERRORS = (KeyError, IndexError, TypeError, ValueError, RuntimeError, ZeroDivisionError)
 #: records read at once for ``targets`` (a few MB of CIFAR records)
 TARGETS_CHUNK = 4096
-
-
-def _selects_stored(select: dict[str, np.ndarray], name: str, field: Field, count: int) -> bool:
-    """Whether ``select[name]`` picks entries the field stores (the containers' check)."""
-    try:
-        selected_entries(select, name, field, count)
-    except IndexError:
-        return False
-    return True
 
 
 class PackedDataset(Dataset):
@@ -265,9 +257,10 @@ class PackedDataset(Dataset):
         containers' check (:func:`selected_entries`), failing by the dataset's name."""
         for name, rows in select.items():
             field = self.manifest.fields.get(name)
-            if not len(rows) or (field is not None and not field.variable
-                                 and _selects_stored(select, name, field, count)):
-                continue
+            with contextlib.suppress(IndexError):  # the containers' check
+                if not len(rows) or (field is not None and not field.variable
+                                     and selected_entries(select, name, field, count) is not None):
+                    continue
             stored = field.shape[0] if field is not None and field.shape else 0
             raise DatasetError(
                 f"{self.path}: the manifest asks for entry {int(np.max(rows))} of '{name}', "
