@@ -20,7 +20,12 @@ keep their files' maps and what they read of the files' structure in the process
 dataset), and opened for the first time in a fresh process (``process``: what a spawned
 worker, a DDP rank or a new run pays; timed in the child from ``packdata.open`` to the end of
 the epoch, the interpreter's start and the imports of numpy, torch, the container libraries and
-every packdata module of the read side left out).
+every packdata module of the read side left out). With every record checked, both again with 2
+reading threads (``num_workers=2``: what the hashing costs when split over two cores).
+
+The floor of the fresh-process rows (``fresh map``): the limit's own gather of the same
+batches, in a new process, from the HDF5 file mapped afresh instead of from arrays in RAM: what
+mapping the pages an epoch reads costs (a first touch of each), before any reader's work.
 
 With ``--lidar DIR`` the same for presampled point clouds instead: the LAS/LAZ files of DIR
 tiled to ``--clouds`` clouds, converted with 4 variants of 4,096 points (random sampling), read
@@ -38,6 +43,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import h5py
 import numpy as np
 import torch
 from _shared import (
@@ -67,38 +73,77 @@ import h5py, lmdb, numpy, numpy.ma, numpy.random, torch, xxhash, packdata
 for module in pkgutil.walk_packages(packdata.__path__, "packdata."):
     if not module.name.startswith(("packdata.cli", "packdata.bench", "packdata.__main__")):
         importlib.import_module(module.name)
-path, verify, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
+path, verify, batch, workers = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 wall, cpu = time.perf_counter(), time.process_time()
 ds = packdata.open(path, verify=verify)
-for _ in packdata.loader(ds, batch, shuffle=True, num_workers=0):
+for _ in packdata.loader(ds, batch, shuffle=True, num_workers=workers):
     pass
+print(json.dumps([time.perf_counter() - wall, time.process_time() - cpu]))
+"""
+# the floor of a first open: the limit's gather, from the file mapped afresh in a new process
+FRESH_MAP = """
+import json, sys, time
+import numpy, torch, packdata
+from packdata.containers.base import gather_rows, map_file
+path, offset, count, row_bytes, batch = sys.argv[1], *(int(a) for a in sys.argv[2:6])
+served = numpy.load(sys.argv[6])
+order = numpy.random.default_rng().permutation(len(served))
+wall, cpu = time.perf_counter(), time.process_time()
+rows = map_file(path)[offset : offset + count * row_bytes].reshape(count, row_bytes)
+for start in range(0, len(order), batch):
+    gather_rows(rows, served[numpy.sort(order[start : start + batch])])
 print(json.dumps([time.perf_counter() - wall, time.process_time() - cpu]))
 """
 
 
-def open_and_epoch(path: Path, verify: str, batch: int = 256) -> packdata.PackedDataset:
+def open_and_epoch(path: Path, verify: str, batch: int = 256,
+                   workers: int = 0) -> packdata.PackedDataset:
     ds = packdata.open(path, verify=verify)
-    drain(packdata.loader(ds, batch, shuffle=True, num_workers=0))
+    drain(packdata.loader(ds, batch, shuffle=True, num_workers=workers))
     return ds
 
 
-def in_fresh_process(path: Path, verify: str, batch: int) -> tuple[float, float]:
-    """Wall and CPU seconds of a first open plus one epoch, timed in a new process."""
-    done = subprocess.run([sys.executable, "-c", FRESH, str(path), verify, str(batch)],
+def in_new_process(script: str, *args: object) -> tuple[float, float]:
+    """Wall and CPU seconds that ``script`` timed and printed, run in a new process."""
+    done = subprocess.run([sys.executable, "-c", script, *map(str, args)],
                           capture_output=True, text=True, check=True)
     wall, cpu = json.loads(done.stdout.strip().splitlines()[-1])
     return wall, cpu
 
 
 def runs_of(paths: dict[str, Path], prefix: str, batch: int) -> dict:
-    """Every container and level, reopened here and first opened in a fresh process."""
+    """Every container and level, reopened here and first opened in a fresh process; and, every
+    record checked, the same with 2 reading threads (``num_workers=2``)."""
     runs = {}
     for c, path in paths.items():
-        for v in ("full", "off"):
-            runs[f"{prefix}{c} {v} reopen"] = lambda p=path, v=v: timed(
-                lambda: open_and_epoch(p, v, batch))
-            runs[f"{prefix}{c} {v} process"] = lambda p=path, v=v: in_fresh_process(p, v, batch)
+        for v, workers in (("full", 0), ("off", 0), ("full", 2)):
+            name = f"{prefix}{c} {v}" + (f", {workers} threads" if workers else "")
+            runs[f"{name} reopen"] = lambda p=path, v=v, w=workers: timed(
+                lambda: open_and_epoch(p, v, batch, w))
+            runs[f"{name} process"] = lambda p=path, v=v, w=workers: in_new_process(
+                FRESH, p, v, batch, w)
     return runs
+
+
+def fresh_map_run(path: Path, field: str, served: np.ndarray, rows_per_record: int,
+                  batch: int, tmp: Path):
+    """The floor of a first open in a new process: the limit's gather of the ``served`` row of
+    each record (rows of HDF5 dataset ``field``, ``rows_per_record`` a record) from the file
+    mapped afresh, where every page the epoch reads is mapped on first touch."""
+    offset, count, row_bytes = stored_rows(path, field, rows_per_record)
+    plan = tmp / f"{field}-served.npy"
+    np.save(plan, served)
+    return lambda: in_new_process(FRESH_MAP, path, offset, count, row_bytes, batch, plan)
+
+
+def stored_rows(path: Path, field: str, rows_per_record: int) -> tuple[int, int, int]:
+    """(byte offset, rows, bytes a row) of HDF5 dataset ``field`` in the file at ``path``,
+    ``rows_per_record`` rows a record (a point cloud's variants)."""
+    with h5py.File(path, "r") as f:
+        stored = f[field]
+        rows = stored.shape[0] * rows_per_record
+        return (stored.id.get_offset(), rows,
+                stored.dtype.itemsize * int(np.prod(stored.shape[1:])) // rows_per_record)
 
 
 class VariantGather:
@@ -130,7 +175,8 @@ def cifar_runs(args, tmp: Path):
     ds = packdata.open(paths["hdf5"], verify="off")
     images = np.ascontiguousarray(ds.reader.read(np.arange(len(ds)))["image"])
     limit = SortedGather(images, np.arange(len(ds), dtype=np.int64))
-    return limit, runs_of(paths, "", 256)
+    floor = fresh_map_run(paths["hdf5"], "image", np.arange(len(ds)), 1, 256, tmp)
+    return limit, {"fresh map process": floor, **runs_of(paths, "", 256)}
 
 
 def lidar_runs(args, tmp: Path):
@@ -141,7 +187,11 @@ def lidar_runs(args, tmp: Path):
     ds = packdata.open(paths["hdf5"], verify="off")
     points = np.ascontiguousarray(ds.reader.read(np.arange(len(ds)))["points"])
     limit = VariantGather(points, ds.manifest)
-    return limit, runs_of(paths, "lidar-", CLOUD_BATCH)
+    k = points.shape[1]
+    served = np.arange(len(ds)) * k + sources.get("pointcloud").select(
+        ds.manifest, np.arange(len(ds)), 0)["points"]
+    floor = fresh_map_run(paths["hdf5"], "points", served, k, CLOUD_BATCH, tmp)
+    return limit, {"lidar-fresh map process": floor, **runs_of(paths, "lidar-", CLOUD_BATCH)}
 
 
 def main() -> None:
@@ -159,7 +209,8 @@ def main() -> None:
             cpu = [ram[1] / t[1] for ram, t in zip(times["limit"], times[name])]
             rows[name] = {"ratio": statistics.median(wall), "per_round": wall,
                           "cpu_ratio": statistics.median(cpu), "cpu_per_round": cpu}
-            print(f"{name:24s} open + first epoch / in-RAM limit: {rows[name]['ratio']:.2f} "
+            what = "map + gather" if "fresh map" in name else "open + first epoch"
+            print(f"{name:32s} {what} / in-RAM limit: {rows[name]['ratio']:.2f} "
                   f"(in CPU time of this process: {rows[name]['cpu_ratio']:.2f})", flush=True)
     write_results(args.json, {"command": command_line(),
                               **({"clouds": args.clouds, "points": 4096, "variants": 4,

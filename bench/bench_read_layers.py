@@ -18,10 +18,14 @@ checked once is not hashed again). Then, in interleaved rounds, one epoch of shu
 - ``packdata.loader``: ``packdata.loader(ds, 256, shuffle=True)``, its own shuffled batches;
 - ``stock DataLoader``: ``DataLoader(ds, 256, shuffle=True)``;
 - ``torch sampler``: that DataLoader's sampler alone (``BatchSampler(RandomSampler(ds), 256,
-  False)``), its index lists built and dropped.
+  False)``), its index lists built and dropped;
+- ``torch profiler scope``: the scope that DataLoader's iterator opens around every batch it
+  hands out (``torch.autograd.profiler.record_function``, entered and left once a batch), alone.
 
 Reported per container: each layer's median µs per batch and what it adds to the layer inside
-it (the stock DataLoader: beyond ``get_batch`` and its sampler). Needs the C extension (the
+it (the stock DataLoader: beyond ``get_batch`` and its sampler, and beyond those and its
+profiler scope: what is left is the drop-in's hand-over, ``__getitems__`` and the default
+collate, and the rest of torch's iterator in Python). Needs the C extension (the
 gather row); a later epoch only: first epochs and fresh processes are bench_first_epoch's.
 """
 
@@ -34,6 +38,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 from _shared import CIFAR_PNG, command_line, drain, interleaved, parser, write_results
 from bench_containers import BATCH, TARGETS, SortedGather, build_folder
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
@@ -97,13 +102,22 @@ def layers(ds: packdata.PackedDataset, limit: SortedGather, seed: int) -> dict:
         "stock DataLoader": per_batch(lambda: drain(stock), n),
         "torch sampler": per_batch(
             lambda: drain(BatchSampler(RandomSampler(ds), BATCH, drop_last=False)), n),
+        "torch profiler scope": per_batch(lambda: drain(map(profiler_scope, range(n))), n),
     }
+
+
+def profiler_scope(_: int) -> None:
+    """The profiler scope torch's DataLoader iterator opens and closes around each batch."""
+    with torch.autograd.profiler.record_function("enumerate(DataLoader)#__next__"):
+        pass
 
 
 def summary(rounds: dict[str, list[float]]) -> dict:
     us = {name: statistics.median(times) * 1e6 for name, times in rounds.items()}
     own = {name: us[name] - us[inner] for name, inner in INSIDE.items() if inner}
     own["stock DataLoader"] = us["stock DataLoader"] - us["get_batch"] - us["torch sampler"]
+    own["stock DataLoader, beyond its profiler scope"] = (own["stock DataLoader"]
+                                                          - us["torch profiler scope"])
     return {"us_per_batch": us, "own_us_per_batch": own,
             "rounds_us": {name: [t * 1e6 for t in times] for name, times in rounds.items()}}
 

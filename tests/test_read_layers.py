@@ -30,7 +30,8 @@ def test_every_layer_reads_an_epoch_of_its_own_batches(read_layers, packed, cont
     images, labels = ds.get_batch(np.arange(len(ds)))
     limit = read_layers.SortedGather(images.numpy(), labels.numpy())
     runs = read_layers.layers(ds, limit, seed=0)
-    assert list(runs) == ["limit", *read_layers.INSIDE, "stock DataLoader", "torch sampler"]
+    assert list(runs) == ["limit", *read_layers.INSIDE, "stock DataLoader", "torch sampler",
+                          "torch profiler scope"]
     times = {layer: [run(), run()] for layer, run in runs.items()}
     assert all(t > 0 for pair in times.values() for t in pair)
     result = read_layers.summary(times)
@@ -39,6 +40,9 @@ def test_every_layer_reads_an_epoch_of_its_own_batches(read_layers, packed, cont
         us["checked read"] - us["container read"])
     assert result["own_us_per_batch"]["stock DataLoader"] == pytest.approx(
         us["stock DataLoader"] - us["get_batch"] - us["torch sampler"])
+    assert result["own_us_per_batch"]["stock DataLoader, beyond its profiler scope"] == \
+        pytest.approx(us["stock DataLoader"] - us["get_batch"] - us["torch sampler"]
+                      - us["torch profiler scope"])
     # each layer drew its own batches, each an epoch of every record once
     draws = [read_layers.shuffled_batches(len(ds), k) for k in range(2)]
     assert sorted(np.concatenate(draws[0]).tolist()) == list(range(len(ds)))
