@@ -16,6 +16,10 @@ checked once is not hashed again). Then, in interleaved rounds, one epoch of shu
 - ``checked read``: the checking reader around it (``ds.reader``), its records already checked;
 - ``get_batch``: ``ds.get_batch(indices)``: the sample kind's tensors;
 - ``packdata.loader``: ``packdata.loader(ds, 256, shuffle=True)``, its own shuffled batches;
+- ``__getitems__ + collate``: what the stock DataLoader calls for a batch, without the
+  DataLoader: ``default_collate(ds.__getitems__(indices))``, the indices a list of Python ints
+  as its sampler gives them (the drop-in's hand-over: the list read as indices, the rows handed
+  over, the batch found again by the collate);
 - ``stock DataLoader``: ``DataLoader(ds, 256, shuffle=True)``;
 - ``torch sampler``: that DataLoader's sampler alone (``BatchSampler(RandomSampler(ds), 256,
   False)``), its index lists built and dropped;
@@ -23,9 +27,9 @@ checked once is not hashed again). Then, in interleaved rounds, one epoch of shu
   hands out (``torch.autograd.profiler.record_function``, entered and left once a batch), alone.
 
 Reported per container: each layer's median µs per batch and what it adds to the layer inside
-it (the stock DataLoader: beyond ``get_batch`` and its sampler, and beyond those and its
-profiler scope: what is left is the drop-in's hand-over, ``__getitems__`` and the default
-collate, and the rest of torch's iterator in Python). Needs the C extension (the
+it (the stock DataLoader: beyond ``get_batch`` and its sampler; beyond those and its profiler
+scope; and beyond its sampler, its profiler scope and ``__getitems__ + collate``: the rest of
+torch's iterator, in Python). Needs the C extension (the
 gather row); a later epoch only: first epochs and fresh processes are bench_first_epoch's.
 """
 
@@ -41,7 +45,7 @@ import numpy as np
 import torch
 from _shared import CIFAR_PNG, command_line, drain, interleaved, parser, write_results
 from bench_containers import BATCH, TARGETS, SortedGather, build_folder
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, default_collate
 
 import packdata
 from packdata import checksum
@@ -50,7 +54,8 @@ from packdata.containers.base import native_arguments, new_arrays
 #: each layer and the layer inside it (what its own cost is counted against)
 INSIDE: dict[str, str | None] = {
     "gather": None, "container read": "gather", "checked read": "container read",
-    "get_batch": "checked read", "packdata.loader": "get_batch"}
+    "get_batch": "checked read", "packdata.loader": "get_batch",
+    "__getitems__ + collate": "get_batch"}
 
 
 def shuffled_batches(count: int, seed: int) -> list[np.ndarray]:
@@ -75,7 +80,9 @@ def layers(ds: packdata.PackedDataset, limit: SortedGather, seed: int) -> dict:
     # their rows in the CPU's caches for it
     # (the loaders draw their own)
     own = {layer: shuffled_batches(len(ds), 10 * seed + k)
-           for k, layer in enumerate(("gather", "container read", "checked read", "get_batch"))}
+           for k, layer in enumerate(("gather", "container read", "checked read", "get_batch",
+                                      "__getitems__ + collate"))}
+    lists = [idx.tolist() for idx in own["__getitems__ + collate"]]  # as torch's sampler gives
     batches = own["gather"]
     gathers = []
     for idx in batches:
@@ -99,6 +106,8 @@ def layers(ds: packdata.PackedDataset, limit: SortedGather, seed: int) -> dict:
                                   n),
         "get_batch": per_batch(lambda: drain(ds.get_batch(idx) for idx in own["get_batch"]), n),
         "packdata.loader": per_batch(lambda: drain(loader), n),
+        "__getitems__ + collate": per_batch(
+            lambda: drain(default_collate(ds.__getitems__(idx)) for idx in lists), n),
         "stock DataLoader": per_batch(lambda: drain(stock), n),
         "torch sampler": per_batch(
             lambda: drain(BatchSampler(RandomSampler(ds), BATCH, drop_last=False)), n),
@@ -118,6 +127,9 @@ def summary(rounds: dict[str, list[float]]) -> dict:
     own["stock DataLoader"] = us["stock DataLoader"] - us["get_batch"] - us["torch sampler"]
     own["stock DataLoader, beyond its profiler scope"] = (own["stock DataLoader"]
                                                           - us["torch profiler scope"])
+    own["stock DataLoader, beyond its sampler, profiler scope and hand-over"] = (
+        us["stock DataLoader"] - us["__getitems__ + collate"] - us["torch sampler"]
+        - us["torch profiler scope"])
     return {"us_per_batch": us, "own_us_per_batch": own,
             "rounds_us": {name: [t * 1e6 for t in times] for name, times in rounds.items()}}
 

@@ -43,6 +43,8 @@ def test_every_layer_reads_an_epoch_of_its_own_batches(read_layers, packed, cont
     assert result["own_us_per_batch"]["stock DataLoader, beyond its profiler scope"] == \
         pytest.approx(us["stock DataLoader"] - us["get_batch"] - us["torch sampler"]
                       - us["torch profiler scope"])
+    assert result["own_us_per_batch"]["__getitems__ + collate"] == pytest.approx(
+        us["__getitems__ + collate"] - us["get_batch"])
     # each layer drew its own batches, each an epoch of every record once
     draws = [read_layers.shuffled_batches(len(ds), k) for k in range(2)]
     assert sorted(np.concatenate(draws[0]).tolist()) == list(range(len(ds)))
