@@ -61,6 +61,18 @@ def load_script(path: Path, name: str) -> ModuleType:
     return module
 
 
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def load_bench(name: str) -> ModuleType:
+    """bench/``name``.py imported, after the bench modules it imports by name (bench/ is on a
+    script's import path, not the tests')."""
+    for needed in ("_shared", "bench_containers"):
+        if needed != name and needed not in sys.modules:
+            load_script(BENCH / f"{needed}.py", needed)
+    return load_script(BENCH / f"{name}.py", name)
+
+
 @pytest.fixture
 def one_thread():
     """One intra-op torch thread for the test: on 2 shared cores torch's second mostly spins."""

@@ -11,16 +11,12 @@ import pytest
 
 import packdata
 from packdata.containers.base import gather_rows, map_file
-from tests.conftest import load_script
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from tests.conftest import load_bench
 
 
 @pytest.fixture(scope="module")
 def first_epoch():
-    load_script(BENCH / "_shared.py", "_shared")
-    load_script(BENCH / "bench_containers.py", "bench_containers")
-    return load_script(BENCH / "bench_first_epoch.py", "bench_first_epoch")
+    return load_bench("bench_first_epoch")
 
 
 def test_the_floor_gathers_the_records_own_bytes(first_epoch, packed, tmp_path):

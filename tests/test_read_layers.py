@@ -3,23 +3,17 @@ own shuffled batches, and the summary counts each layer's own cost against the o
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import packdata
 from packdata import checksum
-from tests.conftest import load_script
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from tests.conftest import load_bench
 
 
 @pytest.fixture(scope="module")
 def read_layers():
-    load_script(BENCH / "_shared.py", "_shared")
-    load_script(BENCH / "bench_containers.py", "bench_containers")
-    return load_script(BENCH / "bench_read_layers.py", "bench_read_layers")
+    return load_bench("bench_read_layers")
 
 
 @pytest.mark.skipif(not checksum.NATIVE_ROWS, reason="the gather layer is the C extension's")
