@@ -257,9 +257,11 @@ class PackedDataset(Dataset):
         containers' check (:func:`selected_entries`), failing by the dataset's name."""
         for name, rows in select.items():
             field = self.manifest.fields.get(name)
-            with contextlib.suppress(IndexError):  # the containers' check
-                if not len(rows) or (field is not None and not field.variable
-                                     and selected_entries(select, name, field, count) is not None):
+            if not len(rows):
+                continue
+            with contextlib.suppress(IndexError):  # the containers' check: passed, nothing to name
+                if field is not None and not field.variable:
+                    selected_entries(select, name, field, count)
                     continue
             stored = field.shape[0] if field is not None and field.shape else 0
             raise DatasetError(
