@@ -91,8 +91,8 @@ def _map_joined(paths: list[Path], sizes: list[int]) -> tuple[np.ndarray, np.nda
                              f.fileno(), 0)
         if got != base + start:
             return None  # region goes with its reservation
-    # frombuffer, not np.ctypeslib.as_array: the latter imports numpy.ctypeslib and builds a
-    # dtype from the ctypes type, milliseconds at the first open in a process
+    # frombuffer, not np.ctypeslib.as_array, which imports numpy.ctypeslib and builds a dtype
+    # from the ctypes type at each process's first open
     whole = np.frombuffer(region, dtype=np.uint8)
     whole.flags.writeable = False
     return whole, starts[:-1]

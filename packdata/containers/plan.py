@@ -6,10 +6,9 @@ records were checked, where each record lies and that it lies inside the file. O
 holds for every record (at open for HDF5 and for LMDB's stored offsets; for tar shards once each
 record's index entries were checked, i.e. after a first epoch), a :class:`BatchPlan` reads a batch
 as one table lookup per field and one native gather, which itself refuses a row outside its
-file; with ``select`` (a point cloud's variant), only the selected entry's bytes. The layers'
-Python work per batch was most of what separated a later epoch from the in-RAM limit
-(bench/bench_read_layers.py: 51.5 / 22.4 / 56.0 µs in the containers' readers alone, lmdb /
-hdf5 / tar, before the plan).
+file; with ``select`` (a point cloud's variant), only the selected entry's bytes. Before the
+plan, the containers' readers alone spent 51.5 / 22.4 / 56.0 µs a later-epoch batch over their
+gather (lmdb / hdf5 / tar; bench/bench_read_layers.py at commit a26ca72).
 """
 
 from __future__ import annotations
