@@ -91,14 +91,23 @@ class Reader(ABC):
     #: for every field, which checking fuses into)
     GATHERS_ROWS: ClassVar[bool] = False
 
-    @abstractmethod
     def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         """Records ``indices`` (in that order): fixed fields stacked into one array each,
         variable-length fields as a list of arrays.
 
         ``select`` names fixed fields of which only one entry of the first axis is wanted per
         record (e.g. one of K stored variants): ``select["points"][j]`` for record
-        ``indices[j]``. A container reads only those bytes where its layout allows."""
+        ``indices[j]``. A container reads only those bytes where its layout allows.
+
+        Through the reader's :meth:`batch_plan` where it has one, else :meth:`read_records`."""
+        plan = self.batch_plan()
+        if plan is not None:
+            return plan.read(indices, select)
+        return self.read_records(indices, select)
+
+    @abstractmethod
+    def read_records(self, indices: np.ndarray, select: Select | None = None) -> Batch:
+        """:meth:`read` without a batch plan: what every container implements."""
 
     def read_into(self, indices: np.ndarray, out: dict[str, np.ndarray]) -> Batch:
         """:meth:`read`, with the fixed fields named in ``out`` placed in those arrays (each

@@ -263,10 +263,7 @@ class HDF5Reader(Reader):
         except Exception as exc:  # h5py's message for a damaged file, with ours in front
             raise DatasetError(f"{path}: HDF5 file cannot be opened ({exc})") from None
 
-    def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
-        plan = self.batch_plan()
-        if plan is not None:
-            return plan.read(indices, select)
+    def read_records(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         idx = self.check_indices(indices)
         batch = self.read_gathered(idx, select)  # every field fixed: one gather
         if batch is not None:

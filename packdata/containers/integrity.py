@@ -162,7 +162,7 @@ class ChecksummedReader(Reader):
         self.remaining = counted_down(self.remaining, marked, lambda: (
             self.manifest.count * self.bits_per_record - int(_BITS_SET[self.verified].sum())))
 
-    def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
+    def read_records(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         if not self.remaining:
             return read_checked(self.inner, indices, self.where, select)
         idx = self.inner.check_indices(indices)

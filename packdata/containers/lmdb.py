@@ -217,10 +217,7 @@ class LMDBReader(Reader):
         raw = shared_tree(path).get(MANIFEST_KEY)
         return raw is not None and Manifest.is_packdata(raw.tobytes())
 
-    def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
-        plan = self.batch_plan()
-        if plan is not None:
-            return plan.read(indices, select)
+    def read_records(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         try:
             idx = self.check_indices(indices)
             batch = self.read_gathered(idx, select)  # fixed-size records located: one gather

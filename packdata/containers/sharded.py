@@ -86,7 +86,7 @@ class ShardedReader(Reader):
             self._readers[number] = reader
         return reader
 
-    def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
+    def read_records(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         idx = self.check_indices(indices)
         parts = np.searchsorted(self.starts, idx, side="right") - 1
         first = int(parts[0]) if len(parts) else 0

@@ -131,9 +131,9 @@ class RemoteTarReader(tar.TarReader):
 
         atomic.write_file(self.local / name, fetch)
 
-    def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
+    def read_records(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         if self.storage.access != "ranges":
-            return super().read(indices, select)
+            return super().read_records(indices, select)
         idx = self.check_indices(indices)
         self.check_entries(idx)  # before any range is asked for
         select = {name: selected_entries(select, name, self.manifest.fields[name], len(idx))

@@ -171,6 +171,12 @@ class ContainerSuite:
         assert all(batch[name] is out[name] for name in FIXED)
         self.assert_batch(batch, records, idx.tolist(), FIXED)
 
+        def unplanned(*args: object) -> None:
+            raise AssertionError("a read left the batch plan")
+
+        reader.read_records = unplanned  # Reader.read takes the plan, whatever the container
+        self.assert_batch(reader.read(np.array([2, 7])), records, [2, 7], FIXED)
+
     def test_a_batch_plan_reads_one_entry_per_record(self, tmp_path):
         """``select`` through the plan: entry ``rows[j]`` of record ``idx[j]`` (the other
         entries' bytes not read), negative indices from the end; a bad entry is named."""

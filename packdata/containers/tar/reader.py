@@ -339,10 +339,7 @@ class TarReader(Reader):
                                    "is damaged")
         return self._plan
 
-    def read(self, indices: np.ndarray, select: Select | None = None) -> Batch:
-        plan = self.batch_plan()
-        if plan is not None:
-            return plan.read(indices, select)
+    def read_records(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         idx = self.check_indices(indices)
         batch = self.read_gathered(idx, select)  # shards joined, every field fixed: one gather
         if batch is not None:
