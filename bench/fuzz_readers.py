@@ -50,7 +50,7 @@ import numpy as np
 from packdata import containers
 from packdata.containers.integrity import at_open
 from packdata.errors import PackdataError
-from packdata.verify import verify
+from packdata.verification import verify
 
 ROOT = Path(__file__).resolve().parents[1]
 CIFAR = ROOT / "packdata" / "demo_data" / "cifar10"

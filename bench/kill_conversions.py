@@ -41,7 +41,7 @@ import numpy as np
 import packdata
 import packdata.containers
 from packdata.errors import DatasetError
-from packdata.verify import verify
+from packdata.verification import verify
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = {"lmdb": "d.lmdb", "hdf5": "d.h5", "tar": "d-tar"}

@@ -9,9 +9,9 @@
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
+
+from packdata._version import __version__
 
 # Names are imported on first use (PEP 562): `import packdata` costs nothing until then, so the
 # command line can install its Ctrl-C handling before torch and friends load.
@@ -34,7 +34,7 @@ _HOMES = {
     "EpochBatchSampler": "packdata.sampling", "LengthBucketBatchSampler": "packdata.sampling",
     "open_source": "packdata.sources",
     "StreamingDataset": "packdata.streaming", "StreamingLoader": "packdata.streaming",
-    "VerifyReport": "packdata.verify", "verify": "packdata.verify",
+    "VerifyReport": "packdata.verification", "verify": "packdata.verification",
 }
 _RENAMED = {"open": "open_dataset"}  # the package's front door
 
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from packdata.sampling import EpochBatchSampler, LengthBucketBatchSampler
     from packdata.sources import open_source
     from packdata.streaming import StreamingDataset, StreamingLoader
-    from packdata.verify import VerifyReport, verify
+    from packdata.verification import VerifyReport, verify
 
 
 def __getattr__(name: str) -> Any:
@@ -82,27 +82,11 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_HOMES})
 
 
-class _Package(types.ModuleType):
-    """Loading a submodule sets it as an attribute of its package: ``packdata.convert`` would
-    become the module, hiding the function of that name. The export wins (as it did when this
-    file imported everything up front); the module stays in ``sys.modules``."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _HOMES and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
-
-__version__ = "0.1.0"
-
 __all__ = [
     "CenterCrop", "ConvertResult", "DatasetError", "DeviceLoader", "EpochBatchSampler", "Field",
     "HDF5Dataset", "ImageDecode", "LMDBDataset", "LengthBucketBatchSampler", "Loader", "Manifest",
     "MissingExtraError", "OutputExistsError", "PackCollate", "PackdataError", "PackedDataset",
     "PadCollate", "RandomResizedCrop", "ResidentLoader", "Resize", "ResumeError", "SampleError",
     "StepTimer", "StreamingDataset", "StreamingLoader", "TarDataset", "VerifyReport", "convert",
-    "loader", "open", "open_source", "verify",
+    "__version__", "loader", "open", "open_source", "verify",
 ]

@@ -66,7 +66,7 @@ def _bound_rowhash():
     """:mod:`packdata._rowhash` bound to xxhash's own XXH3-64 functions, or None where it was not
     built (an install without a C compiler) or this xxhash does not export them by name."""
     try:
-        from packdata import _rowhash
+        import packdata._rowhash as _rowhash
 
         library = ctypes.CDLL(xxhash._xxhash.__file__)
 

@@ -16,9 +16,12 @@ from rich.console import Console
 from rich.table import Table
 from torch.utils.data import DataLoader
 
-import packdata
 from packdata.bench.baselines import InMemoryBatches, PerFileImageDataset, tile_image_folder
 from packdata.bench.throughput import sample_rate
+from packdata.conversion.dispatch import convert
+from packdata.dataset import open_dataset
+from packdata.loading import loader
+from packdata.sources import open_source
 
 SAMPLE = Path(__file__).parent / "demo_data" / "cifar10"
 TARGETS = {"lmdb": "cifar.lmdb", "hdf5": "cifar.h5", "tar": "cifar-tar"}
@@ -47,16 +50,16 @@ def run_demo(
         )
         rows.append({"name": "per-file PNG Dataset", "samples_per_s": base})
 
-        source = packdata.open_source(folder)
+        source = open_source(folder)
         arrays = None
         for container, name in TARGETS.items():
-            result = packdata.convert(source, root / name, overwrite=True)
+            result = convert(source, root / name, overwrite=True)
             log(f"converted to {container} in {result.seconds:.1f} s")
-            ds = packdata.open(result.path)
+            ds = open_dataset(result.path)
             if arrays is None:
                 arrays = tuple(t.numpy() for t in ds.get_batch(np.arange(len(ds))))
             # a new loader per timing pass, each replaying epoch 0's order on purpose (same work)
-            rate = sample_rate(lambda ds=ds: packdata.loader(ds, BATCH, shuffle=True, epoch=0),
+            rate = sample_rate(lambda ds=ds: loader(ds, BATCH, shuffle=True, epoch=0),
                                min_seconds=min_seconds)
             rows.append({"name": f"packdata {container}", "samples_per_s": rate,
                          "convert_s": result.seconds})

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 try:
-    from packdata import _jpeg
+    import packdata._jpeg as _jpeg
 except ImportError:  # built without libjpeg's headers: whole images are decoded instead
     _jpeg = None
 

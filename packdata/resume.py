@@ -27,7 +27,7 @@ ORDER_VERSION = 1
 
 
 def packdata_version() -> str:
-    from packdata import __version__
+    from packdata._version import __version__
 
     return __version__
 

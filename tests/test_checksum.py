@@ -21,7 +21,7 @@ from packdata.checksum import (
 from packdata.containers.integrity import ChecksummedReader
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest, check_manifest
-from packdata.verify import verify
+from packdata.verification import verify
 
 K = 3
 FIELDS = {

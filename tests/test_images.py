@@ -18,7 +18,7 @@ import packdata
 from packdata.cli import app
 from packdata.loading import default_num_workers
 from packdata.sources.images import ImageSource, limited_size
-from packdata.verify import source_for, verify
+from packdata.verification import source_for, verify
 from tests.conftest import copy_sample, pillow_pixels
 
 FIXTURES = Path(__file__).parent / "fixtures" / "images"

@@ -12,8 +12,8 @@ PACKAGE = Path(__file__).parents[1] / "packdata"
 FLOORS = [
     # what every layer needs: errors, names of things, the checksum, the atomic commit, what is
     # kept per file in the process
-    ["errors", "urls", "units", "interrupts", "options", "checksum", "atomic", "spooling",
-     "kept", "recordmeta", "manifest"],
+    ["_version", "errors", "urls", "units", "interrupts", "options", "checksum", "atomic",
+     "spooling", "kept", "recordmeta", "manifest"],
     # on-disk formats, and work on samples that needs nothing else: conversion-time preparation,
     # the batched image decode stages
     ["containers", "prep", "imagedecode", "jpegregion"],
@@ -24,10 +24,15 @@ FLOORS = [
      "batch_order", "loading",
      "resume", "device", "resident", "augment", "dali"],
     # the write side and the checks on top of both
-    ["conversion", "verify", "describe", "resume_check"],
+    ["conversion", "verification", "describe", "resume_check"],
     ["bench", "demo"],
-    ["cli", "__main__", "__init__"],
+    # the command line: library calls and rendering
+    ["cli", "__main__"],
+    # the package face (packdata/__init__.py): it hands the public names on and nothing below
+    # imports it (`import packdata`, or `from packdata import NAME` of a name that is no module)
+    ["__init__"],
 ]
+FACE = "packdata.__init__"
 MAX_LINES = 400
 MAX_CLI_LINES = 300
 
@@ -43,29 +48,48 @@ def _modules() -> dict[str, Path]:
 
 
 def _floor(module: str) -> int:
-    top = module.split(".")[1] if "." in module else "__init__"
+    top = module.split(".")[1]
     return next(i for i, names in enumerate(FLOORS) if top in names)
+
+
+def _module_of(name: str, modules: dict[str, Path]) -> str | None:
+    """The packdata module (a file, or a package's ``__init__``) that ``name`` names, or that
+    holds it; None for what no Python file of the package defines (an extension module)."""
+    if name == "packdata":
+        return FACE
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name if name and name != "packdata" else None
+
+
+def _is_extension(name: str) -> bool:
+    """A C extension module of the package (built from packdata/NAME.c)."""
+    return (PACKAGE / f"{name}.c").is_file()
 
 
 def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
     """Every packdata module each module imports, at module level, inside functions or for type
-    hints only (a circle there is still a circle between the modules' concerns)."""
+    hints only (a circle there is still a circle between the modules' concerns). ``import
+    packdata`` and ``from packdata import NAME`` of a name that is no module are imports of the
+    face; ``from packdata import containers`` imports the module ``packdata.containers``."""
     edges: dict[str, set[str]] = {}
     for name, path in modules.items():
         targets = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
+                found = [_module_of(a.name, modules) for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                # `from package import submodule` runs the package's __init__ and the submodule
-                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                if node.module == "packdata":
+                    found = [_module_of(f"packdata.{a.name}", modules)
+                             if f"packdata.{a.name}" in modules or _is_extension(a.name)
+                             else FACE for a in node.names]
+                else:
+                    # `from package import submodule` runs the package's __init__ and the submodule
+                    found = [_module_of(node.module, modules)] + [
+                        _module_of(f"{node.module}.{a.name}", modules) for a in node.names]
             else:
                 continue
-            for target in names:
-                while target and target not in modules:
-                    target = target.rpartition(".")[0]
-                if target and target != name and target != "packdata.__init__":
-                    targets.add(target)
+            targets.update(t for t in found if t is not None and t != name)
         edges[name] = targets
     return edges
 
@@ -80,6 +104,26 @@ def test_imports_go_down_only():
     upward = [f"{a} -> {b}" for a, targets in _imports(modules).items() for b in targets
               if _floor(b) > _floor(a)]
     assert upward == []
+
+
+def test_the_face_is_imported_by_nobody_inside():
+    """Catches what the floors would: `import packdata` below the top is an arrow back up."""
+    modules = _modules()
+    assert FACE in modules
+    importers = sorted(a for a, targets in _imports(modules).items() if FACE in targets)
+    assert importers == []
+
+
+def test_the_checker_sees_an_import_of_the_face(tmp_path):
+    """The import reading itself: each way of naming the face is an arrow to it; a submodule or
+    an extension module named through the package is not."""
+    modules = {**_modules()}
+    probe = tmp_path / "probe.py"
+    probe.write_text("import packdata\nfrom packdata import open_source\n"
+                     "from packdata import containers\nimport packdata._rowhash\n"
+                     "from packdata import _jpeg\n")
+    modules["packdata.probe"] = probe
+    assert _imports(modules)["packdata.probe"] == {FACE, "packdata.containers"}
 
 
 def test_no_import_circles():

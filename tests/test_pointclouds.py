@@ -24,7 +24,7 @@ from packdata.errors import DatasetError, InputWarning, MissingExtraError, Packd
 from packdata.manifest import Field
 from packdata.prep.pointsample import coverage_radius
 from packdata.sources import pointfiles
-from packdata.verify import verify
+from packdata.verification import verify
 
 FIXTURES = Path(__file__).parent / "fixtures" / "lidar"
 FILTERED = sorted(FIXTURES.glob("ahn_filtered_*.las"))  # 4,040 and 3,317 points

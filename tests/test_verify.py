@@ -1,4 +1,4 @@
-"""packdata.verify: the `verify` command, verify= at open, and the structural checks at open."""
+"""packdata.verification: the `verify` command, verify= at open, and the structural checks at open."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from packdata import checksum
 from packdata.cli import app
 from packdata.containers.tar import shard_paths
 from packdata.streaming import StreamingDataset
-from packdata.verify import verify
+from packdata.verification import verify
 
 runner = CliRunner()
 

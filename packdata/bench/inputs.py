@@ -11,11 +11,14 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-import packdata
 from packdata import containers, sources
 from packdata.bench.baselines import PerFileImageDataset
 from packdata.collate import PadCollate
+from packdata.conversion.dispatch import convert
+from packdata.dataset import open_dataset
 from packdata.errors import DatasetError, PackdataError
+from packdata.loading import loader
+from packdata.sources import open_source
 from packdata.units import available_cores
 from packdata.urls import is_url
 
@@ -77,7 +80,7 @@ class BenchInput:
         # token ids of varying length become (ids, mask) B×T, what the transformer takes
         collate = PadCollate() if self.kind == "text" else None
         # every measuring round builds its loader and replays epoch 0's order on purpose
-        return packdata.loader(self.dataset, batch_size, shuffle=True, seed=seed,  # type: ignore[arg-type]
+        return loader(self.dataset, batch_size, shuffle=True, seed=seed,  # type: ignore[arg-type]
                                collate=collate, epoch=0, **kwargs)
 
     def rewind(self, loader: Any, seed: int = 0) -> None:
@@ -111,7 +114,7 @@ def open_input(path: str | Path) -> BenchInput:
     """A packdata dataset at ``path``, or else an image folder; otherwise an error saying what
     is there."""
     if is_url(path):  # object storage holds packdata datasets only
-        ds = packdata.open(path)
+        ds = open_dataset(path)
         m = ds.manifest
         return BenchInput(m.container, path, m.container, m.kind, ds, _num_classes(m.classes))
     path = Path(path)
@@ -132,7 +135,7 @@ def open_input(path: str | Path) -> BenchInput:
         classes = sorted(set(ds.labels.values())) if ds.labels else None
         n = max(classes) + 1 if classes else 10
         return BenchInput(FOLDER, path, FOLDER, "image", ds, n)
-    ds = packdata.open(path)
+    ds = open_dataset(path)
     m = ds.manifest
     return BenchInput(m.container, path, m.container, m.kind, ds, _num_classes(m.classes))
 
@@ -140,11 +143,11 @@ def open_input(path: str | Path) -> BenchInput:
 def convert_all(folder: Path, workdir: Path, log: Callable[[str], Any] = lambda m: None,
                 workers: int | None = None) -> list[BenchInput]:
     """The image folder converted into every container under ``workdir`` (for ``--compare``)."""
-    source = packdata.open_source(folder)
+    source = open_source(folder)
     out = []
     for name in containers.CONTAINERS:
         target = workdir / COMPARE_TARGETS.get(name, f"bench.{name}")
-        result = packdata.convert(source, target, container=name, overwrite=True,
+        result = convert(source, target, container=name, overwrite=True,
                                   workers=workers or available_cores())
         log(f"converted {folder} to {name} in {result.seconds:.1f} s")
         out.append(open_input(result.path))

@@ -89,8 +89,8 @@ def verify(
 ) -> None:
     """Check a dataset: manifest, record count, every record's shape and checksum; exits 1 when
     anything is wrong, listing the bad records by key."""
-    from packdata.verify import source_for
-    from packdata.verify import verify as run_verify
+    from packdata.verification import source_for
+    from packdata.verification import verify as run_verify
 
     try:
         src = None
@@ -141,13 +141,13 @@ def check_resume(
 
     Example: packdata check-resume cifar.lmdb --trials 3
     """
-    import packdata
+    from packdata.dataset import open_dataset
     from packdata.resume_check import SETUPS
     from packdata.resume_check import check_resume as run_checks
 
     setups = SETUPS if processes else tuple(s for s in SETUPS if s[2] != "process")
     try:
-        results = run_checks(packdata.open(dataset), setups=setups, trials=trials, seed=seed,
+        results = run_checks(open_dataset(dataset), setups=setups, trials=trials, seed=seed,
                              batch_size=batch_size, log=lambda row: print(row, flush=True))
     except (PackdataError, OSError) as exc:
         fail(exc)

@@ -12,7 +12,7 @@
 - ``verify="off"``: neither. The structural checks every Reader makes when it opens (the manifest,
   sizes and offsets: :func:`packdata.manifest.check_manifest`) always run.
 
-``packdata verify`` (:mod:`packdata.verify`) builds on these to check a whole dataset.
+``packdata verify`` (:mod:`packdata.verification`) builds on these to check a whole dataset.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from packdata.checksum import record_checksum, rows_checksums
 from packdata.containers.integrity import at_open
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest
-from packdata.verify import verify
+from packdata.verification import verify
 
 Record = dict[str, np.ndarray]
 
