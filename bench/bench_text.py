@@ -39,8 +39,8 @@ import numpy as np
 import torch
 
 import packdata
-from packdata.collate import PadCollate
-from packdata.sampling import (
+from packdata.loading.collate import PadCollate
+from packdata.loading.sampling import (
     EpochBatchSampler,
     LengthBucketBatchSampler,
     _budget_batches,

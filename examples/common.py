@@ -27,8 +27,8 @@ from torch.utils.data import Sampler
 
 import packdata
 from packdata.bench.report import json_safe
-from packdata.device import resolve_device
 from packdata.errors import PackdataError
+from packdata.loading.device import resolve_device
 from packdata.sources import detect_kind
 
 LOADERS = ("baseline", "packdata")

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 import packdata  # noqa: E402
-from packdata.collate import pad_collate  # noqa: E402
+from packdata.loading.collate import pad_collate  # noqa: E402
 from packdata.prep.tokenizers import load_tokenizer  # noqa: E402
 
 

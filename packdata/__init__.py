@@ -17,35 +17,31 @@ from packdata._version import __version__
 # command line can install its Ctrl-C handling before torch and friends load.
 _HOMES = {
     "StepTimer": "packdata.bench.timer",
-    "PackCollate": "packdata.collate", "PadCollate": "packdata.collate",
+    "PackCollate": "packdata.loading.collate", "PadCollate": "packdata.loading.collate",
     "ConvertResult": "packdata.conversion.job", "convert": "packdata.conversion.dispatch",
-    "HDF5Dataset": "packdata.dataset", "LMDBDataset": "packdata.dataset",
-    "PackedDataset": "packdata.dataset", "TarDataset": "packdata.dataset",
-    "open": "packdata.dataset",
-    "DeviceLoader": "packdata.device",
+    "HDF5Dataset": "packdata.loading.dataset", "LMDBDataset": "packdata.loading.dataset",
+    "PackedDataset": "packdata.loading.dataset", "TarDataset": "packdata.loading.dataset",
+    "open": "packdata.loading.dataset",
+    "DeviceLoader": "packdata.loading.device",
     "CenterCrop": "packdata.imagedecode", "ImageDecode": "packdata.imagedecode",
     "RandomResizedCrop": "packdata.imagedecode", "Resize": "packdata.imagedecode",
     "DatasetError": "packdata.errors", "MissingExtraError": "packdata.errors",
     "OutputExistsError": "packdata.errors", "PackdataError": "packdata.errors",
     "ResumeError": "packdata.errors", "SampleError": "packdata.errors",
-    "Loader": "packdata.loading", "loader": "packdata.loading",
+    "Loader": "packdata.loading.loader", "loader": "packdata.loading.loader",
     "Field": "packdata.manifest", "Manifest": "packdata.manifest",
-    "ResidentLoader": "packdata.resident",
-    "EpochBatchSampler": "packdata.sampling", "LengthBucketBatchSampler": "packdata.sampling",
+    "ResidentLoader": "packdata.loading.resident",
+    "EpochBatchSampler": "packdata.loading.sampling", "LengthBucketBatchSampler": "packdata.loading.sampling",
     "open_source": "packdata.sources",
-    "StreamingDataset": "packdata.streaming", "StreamingLoader": "packdata.streaming",
+    "StreamingDataset": "packdata.loading.streaming", "StreamingLoader": "packdata.loading.streaming",
     "VerifyReport": "packdata.verification", "verify": "packdata.verification",
 }
 _RENAMED = {"open": "open_dataset"}  # the package's front door
 
 if TYPE_CHECKING:
     from packdata.bench.timer import StepTimer
-    from packdata.collate import PackCollate, PadCollate
     from packdata.conversion.dispatch import convert
     from packdata.conversion.job import ConvertResult
-    from packdata.dataset import HDF5Dataset, LMDBDataset, PackedDataset, TarDataset
-    from packdata.dataset import open_dataset as open  # noqa: A004
-    from packdata.device import DeviceLoader
     from packdata.errors import (
         DatasetError,
         MissingExtraError,
@@ -55,12 +51,16 @@ if TYPE_CHECKING:
         SampleError,
     )
     from packdata.imagedecode import CenterCrop, ImageDecode, RandomResizedCrop, Resize
-    from packdata.loading import Loader, loader
+    from packdata.loading.collate import PackCollate, PadCollate
+    from packdata.loading.dataset import HDF5Dataset, LMDBDataset, PackedDataset, TarDataset
+    from packdata.loading.dataset import open_dataset as open  # noqa: A004
+    from packdata.loading.device import DeviceLoader
+    from packdata.loading.loader import Loader, loader
+    from packdata.loading.resident import ResidentLoader
+    from packdata.loading.sampling import EpochBatchSampler, LengthBucketBatchSampler
+    from packdata.loading.streaming import StreamingDataset, StreamingLoader
     from packdata.manifest import Field, Manifest
-    from packdata.resident import ResidentLoader
-    from packdata.sampling import EpochBatchSampler, LengthBucketBatchSampler
     from packdata.sources import open_source
-    from packdata.streaming import StreamingDataset, StreamingLoader
     from packdata.verification import VerifyReport, verify
 
 

@@ -31,9 +31,9 @@ from packdata.augment.ops import CIFAR10_MEAN, CIFAR10_STD
 from packdata.containers.tar import read_manifest, shard_paths
 from packdata.containers.tar.indexes import dali_index_paths
 from packdata.containers.tar.reindex import write_reader_indexes
-from packdata.dataset import PackedDataset
 from packdata.errors import ArgumentError, DatasetError, require
 from packdata.imagedecode import CenterCrop, ImageDecode, RandomResizedCrop
+from packdata.loading.dataset import PackedDataset
 from packdata.manifest import Manifest
 from packdata.sources.images import stored_chw
 
@@ -220,7 +220,7 @@ def external_loader(dataset: PackedDataset, batch_size: int, *, device: str = "a
                     std: Sequence[float] = CIFAR10_STD, num_threads: int = 2) -> DaliLoader:
     """A DALI loader fed with batches of ``dataset`` (read by :func:`packdata.loader`, so any
     container and ``keep``-encoded records decoded by packdata) through ``fn.external_source``."""
-    from packdata.loading import loader
+    from packdata.loading.loader import loader
 
     dali = _dali()
     device, device_id = _device(device, device_id)

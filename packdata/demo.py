@@ -19,8 +19,8 @@ from torch.utils.data import DataLoader
 from packdata.bench.baselines import InMemoryBatches, PerFileImageDataset, tile_image_folder
 from packdata.bench.throughput import sample_rate
 from packdata.conversion.dispatch import convert
-from packdata.dataset import open_dataset
-from packdata.loading import loader
+from packdata.loading.dataset import open_dataset
+from packdata.loading.loader import loader
 from packdata.sources import open_source
 
 SAMPLE = Path(__file__).parent / "demo_data" / "cifar10"

@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 
 from packdata.containers.base import disk_size
-from packdata.dataset import open_dataset
 from packdata.errors import DatasetError
+from packdata.loading.dataset import open_dataset
+from packdata.loading.sampling import EpochBatchSampler, LengthBucketBatchSampler, padding_fraction
 from packdata.remote.storage import errors
-from packdata.sampling import EpochBatchSampler, LengthBucketBatchSampler, padding_fraction
 from packdata.urls import is_url
 
 PADDING_BATCH = 64  # batch size of the padding estimate shown for text datasets

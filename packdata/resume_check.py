@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from packdata.sampling import EpochBatchSampler, LengthBucketBatchSampler
+from packdata.loading.sampling import EpochBatchSampler, LengthBucketBatchSampler
 from packdata.units import plural
 
 # (world size, num_workers, workers): in-process; two thread workers; DataLoader processes
@@ -111,7 +111,7 @@ def check_resume(
 def _check(dataset: Any, samplers: dict[str, SamplerFactory] | None, setups: Sequence[tuple],
            trials: int, seed: int, batch_size: int,
            log: Callable[[str], None] | None) -> list[ScenarioResult]:
-    from packdata.loading import Loader
+    from packdata.loading.loader import Loader
 
     rng = np.random.default_rng(seed)
     samplers = samplers or default_samplers(dataset, batch_size, seed)
@@ -150,7 +150,7 @@ def _check_stream(dataset: Any, setups: Sequence[tuple[int, int, str | None]], t
     resumed at the same ``num_workers`` (the order must continue unchanged) or another (each
     sample still once; the next epoch as uninterrupted at that ``num_workers``). A stream state
     loaded at another world size must be refused."""
-    from packdata.streaming import StreamingDataset
+    from packdata.loading.streaming import StreamingDataset
 
     def workers(setup: tuple[int, int, str | None]) -> int:
         return setup[1] if setup[2] == "process" else 0

@@ -16,8 +16,8 @@ import numpy as np
 from packdata.checksum import algorithm_of, entry_checksums, record_checksum
 from packdata.containers.base import Batch, Reader
 from packdata.containers.integrity import read_checked
-from packdata.dataset import open_dataset
 from packdata.errors import InputWarning, PackdataError
+from packdata.loading.dataset import open_dataset
 from packdata.manifest import Manifest
 from packdata.urls import is_url
 

@@ -21,8 +21,8 @@ from packdata.bench.runner import (
     measure_train,
     to_device,
 )
-from packdata.device import DeviceError
 from packdata.errors import BenchError
+from packdata.loading.device import DeviceError
 
 CPU = torch.device("cpu")
 TINY = BenchSettings(batch_size=20, steps=4, warmup=1, max_seconds=30)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from packdata.sampling import EpochBatchSampler, LengthBucketBatchSampler, padding_fraction
+from packdata.loading.sampling import EpochBatchSampler, LengthBucketBatchSampler, padding_fraction
 
 
 @pytest.fixture(scope="module")

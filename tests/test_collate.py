@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import packdata
-from packdata import collate
-from packdata.collate import PackCollate, PadCollate, pack_sequences, pad_collate
+from packdata.loading import collate
+from packdata.loading.collate import PackCollate, PadCollate, pack_sequences, pad_collate
 
 
 def test_pad_collate_hand_checked():

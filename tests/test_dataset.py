@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 import packdata
-from packdata.rows import BatchRow
+from packdata.loading.rows import BatchRow
 
 
 def seen_keys(ds, batches) -> list[int]:

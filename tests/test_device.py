@@ -9,7 +9,7 @@ import torch
 
 import packdata
 from packdata.augment import cifar_recipe
-from packdata.device import DeviceError, DeviceLoader, augment_images, map_tensors, resolve_device
+from packdata.loading.device import DeviceError, DeviceLoader, augment_images, map_tensors, resolve_device
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA behaviour")
 
@@ -51,7 +51,7 @@ def test_batches_of_any_structure():
 def test_packed_text_batches_and_namedtuples_are_moved_whole():
     from collections import namedtuple
 
-    from packdata.collate import pack_sequences
+    from packdata.loading.collate import pack_sequences
 
     packed = pack_sequences([torch.arange(5), torch.arange(7)], block_size=4)
     moved = map_tensors(packed, lambda t: t.to("meta"))

@@ -53,8 +53,8 @@ def test_each_error_is_also_a_builtin(cls):
 
 def test_old_homes_still_export_the_moved_classes():
     from packdata.augment import AugmentInputError
-    from packdata.device import DeviceError
-    from packdata.resident import ResidentMemoryError
+    from packdata.loading.device import DeviceError
+    from packdata.loading.resident import ResidentMemoryError
 
     assert (AugmentInputError, DeviceError, ResidentMemoryError) == (
         errors.AugmentInputError, errors.DeviceError, errors.ResidentMemoryError)

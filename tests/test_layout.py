@@ -20,9 +20,7 @@ FLOORS = [
     # inputs (local or at a URL) and datasets read from object storage
     ["remote", "sources"],
     # the read side: datasets, batches, sampling, workers, the device
-    ["rows", "transfer", "sampling", "collate", "dataset", "streaming", "streamloader",
-     "batch_order", "loading",
-     "resume", "device", "resident", "augment", "dali"],
+    ["loading", "augment", "dali"],
     # the write side and the checks on top of both
     ["conversion", "verification", "describe", "resume_check"],
     ["bench", "demo"],

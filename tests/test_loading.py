@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 import packdata
 from packdata.augment import cifar_recipe
 from packdata.errors import ArgumentError
-from packdata.loading import Loader, default_num_workers
+from packdata.loading.loader import Loader, default_num_workers
 from packdata.units import available_cores
 
 

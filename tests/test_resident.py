@@ -8,7 +8,7 @@ import torch
 
 import packdata
 from packdata.augment import cifar_recipe
-from packdata.resident import ResidentLoader, ResidentMemoryError, resident_bytes
+from packdata.loading.resident import ResidentLoader, ResidentMemoryError, resident_bytes
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Mid-epoch resume: every stateful piece through one definition (packdata.resume.resumable),
+"""Mid-epoch resume: every stateful piece through one definition (packdata.loading.resume.resumable),
 refusals of states that do not fit, and check-resume catching deliberately broken samplers."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import torch
 
 import packdata
 from packdata.errors import ResumeError
-from packdata.resume import resumable
+from packdata.loading.resume import resumable
+from packdata.loading.sampling import EpochBatchSampler, LengthBucketBatchSampler
 from packdata.resume_check import check_resume, sample_ids
-from packdata.sampling import EpochBatchSampler, LengthBucketBatchSampler
 
 LENGTHS = np.random.default_rng(3).integers(1, 300, size=203)
 
@@ -145,7 +145,7 @@ def test_a_refused_state_names_how_the_datasets_differ(packed, png_folder, tmp_p
 
 
 def test_same_records_in_another_container_share_the_fingerprint(packed, tmp_path):
-    from packdata.resume import fingerprint
+    from packdata.loading.resume import fingerprint
     from tests.conftest import copy_sample
 
     a, b = packdata.open(packed["lmdb"]), packdata.open(packed["hdf5"])

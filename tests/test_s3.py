@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import packdata
-from packdata import sampling
 from packdata.errors import ArgumentError, DatasetError, PackdataError
+from packdata.loading import sampling
 
 moto_server = pytest.importorskip("moto.server")
 fsspec = pytest.importorskip("fsspec")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from packdata.errors import ArgumentError
-from packdata.sampling import EpochBatchSampler, LengthBucketBatchSampler
+from packdata.loading.sampling import EpochBatchSampler, LengthBucketBatchSampler
 
 
 def flat(sampler) -> list[int]:

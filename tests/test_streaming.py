@@ -84,7 +84,7 @@ def sample_key(sample):
 @pytest.mark.parametrize("k", [1, 50, 119, 130])
 @pytest.mark.parametrize("buffer", [1, 40])
 def test_stream_resumes_mid_epoch_in_process(packed, k, buffer):
-    from packdata.resume import resumable
+    from packdata.loading.resume import resumable
 
     ok, why = resumable(lambda: packdata.StreamingDataset(packed["tar"], shuffle_buffer=buffer,
                                                           seed=2, chunk=16),
@@ -105,7 +105,7 @@ def test_stream_loader_resumes_mid_epoch_with_workers(packed, workers, k, batch,
     """Each worker skips exactly what the loop took from it; the order is the uninterrupted one,
     also when stopped mid-way through a round of workers (k=9), in the second epoch, or when
     workers run out of batches at different rounds (rank 3 of 7: 18 samples over 4 workers)."""
-    from packdata.resume import resumable
+    from packdata.loading.resume import resumable
 
     ok, why = resumable(lambda: packdata.StreamingDataset(
         packed["tar"], shuffle_buffer=20, seed=2, chunk=16, rank=world // 2, world_size=world,
@@ -134,7 +134,7 @@ def test_stream_resumed_at_another_num_workers_serves_the_rest_once(packed, work
                                                                     k):
     """Re-planned: the interrupted epoch serves exactly its remaining samples, the next epoch is
     the uninterrupted one at the new num_workers."""
-    from packdata.resume import resumable
+    from packdata.loading.resume import resumable
 
     def build(n):
         stream = packdata.StreamingDataset(packed["tar"], shuffle_buffer=20, seed=2, chunk=16)
@@ -168,7 +168,7 @@ def test_stream_interrupted_twice_at_other_num_workers_serves_the_epoch_once(pac
 
 
 def test_resumable_into_another_setup_catches_a_changed_order(packed):
-    from packdata.resume import resumable
+    from packdata.loading.resume import resumable
 
     def build(seed):
         return packdata.StreamingDataset(packed["tar"], shuffle_buffer=20, seed=seed,
@@ -194,7 +194,7 @@ def test_resumable_into_another_setup_catches_a_changed_order(packed):
 def test_stream_refuses_a_state_of_other_settings_world_size_dataset_or_corrupted(packed,
                                                                                  packed_text):
     from packdata.errors import ResumeError
-    from packdata.resume import sealed
+    from packdata.loading.resume import sealed
 
     stream = packdata.StreamingDataset(packed["tar"], shuffle_buffer=40, seed=2)
     it = iter(stream)

@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 
 import packdata
 from packdata.cli import app
-from packdata.collate import PackCollate, PadCollate
 from packdata.errors import PackdataError, SampleError, TokenizerError
+from packdata.loading.collate import PackCollate, PadCollate
+from packdata.loading.sampling import LengthBucketBatchSampler
 from packdata.prep.tokenizers import load_tokenizer
-from packdata.sampling import LengthBucketBatchSampler
 from packdata.sources import text as text_source
 
 

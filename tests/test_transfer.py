@@ -18,8 +18,8 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data._utils.collate import default_collate
 
 import packdata
-import packdata.dataset
-from packdata import transfer
+import packdata.loading.dataset
+from packdata.loading import transfer
 
 
 def test_a_marked_tensor_arrives_plain_with_its_values_and_memory_order():
@@ -169,7 +169,7 @@ def test_a_batch_gathered_into_a_slot_leaves_without_a_copy(packed, container, m
     reader gathered into, marked with their places in it; arrays gathered into a slot and
     dropped without being sent free it again."""
     def in_worker(yes: bool) -> None:
-        for module in (transfer, packdata.dataset):
+        for module in (transfer, packdata.loading.dataset):
             monkeypatch.setattr(module, "get_worker_info", (lambda: object()) if yes else
                                 (lambda: None))
 

@@ -17,7 +17,7 @@ import packdata
 from packdata import checksum
 from packdata.cli import app
 from packdata.containers.tar import shard_paths
-from packdata.streaming import StreamingDataset
+from packdata.loading.streaming import StreamingDataset
 from packdata.verification import verify
 
 runner = CliRunner()

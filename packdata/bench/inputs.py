@@ -13,11 +13,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from packdata import containers, sources
 from packdata.bench.baselines import PerFileImageDataset
-from packdata.collate import PadCollate
 from packdata.conversion.dispatch import convert
-from packdata.dataset import open_dataset
 from packdata.errors import DatasetError, PackdataError
-from packdata.loading import loader
+from packdata.loading.collate import PadCollate
+from packdata.loading.dataset import open_dataset
+from packdata.loading.loader import loader
 from packdata.sources import open_source
 from packdata.units import available_cores
 from packdata.urls import is_url

@@ -21,8 +21,8 @@ from torch.profiler import ProfilerActivity, record_function, schedule, tensorbo
 from packdata.bench.inputs import BenchInput, LoaderOptions, endless
 from packdata.bench.runner import BenchSettings, Trainer, to_device
 from packdata.bench.timer import device_sync
-from packdata.device import Augment, augment_images
 from packdata.errors import BenchError
+from packdata.loading.device import Augment, augment_images
 
 #: range name → breakdown part
 RANGES = {"packdata.load": "data_loading", "packdata.to_device": "host_to_device",

@@ -33,8 +33,8 @@ from torch import nn
 from packdata.bench.inputs import BenchInput, LoaderOptions, endless
 from packdata.bench.models import describe_batch, loss_of, prepare_inputs, split_batch
 from packdata.bench.timer import StepTimer, batch_size_of, device_sync
-from packdata.device import Augment, augment_images, map_tensors, resolve_device
 from packdata.errors import BenchError
+from packdata.loading.device import Augment, augment_images, map_tensors, resolve_device
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class BenchSettings:
 
 def bench_device(name: str) -> torch.device:
     """``auto`` → cuda when a GPU is visible, else cpu (quietly: a CPU bench is a normal choice);
-    a device that is not present is :func:`packdata.device.resolve_device`'s error."""
+    a device that is not present is :func:`packdata.loading.device.resolve_device`'s error."""
     if name == "auto" and not torch.cuda.is_available():
         return torch.device("cpu")
     device = resolve_device(name)

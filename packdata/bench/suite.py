@@ -36,8 +36,8 @@ from packdata.bench.runner import (
 from packdata.bench.sweep import default_grid, run_sweep
 from packdata.bench.timer import batch_size_of, device_sync
 from packdata.bench.verdict import Facts, advice, verdict
-from packdata.device import Augment
 from packdata.errors import BenchError
+from packdata.loading.device import Augment
 from packdata.units import available_cores
 
 #: augmentations ``--augment`` knows by name

@@ -15,8 +15,8 @@ import torch
 
 from packdata.bench.inputs import BenchInput, LoaderOptions
 from packdata.bench.runner import BenchSettings, Trainer, measure_loop
-from packdata.device import Augment
 from packdata.errors import BenchError
+from packdata.loading.device import Augment
 
 
 def worker_counts(cores: int) -> list[int]:

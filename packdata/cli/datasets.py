@@ -95,7 +95,7 @@ def verify(
     try:
         src = None
         if source is not None:
-            from packdata.dataset import open_dataset
+            from packdata.loading.dataset import open_dataset
 
             src = source_for(open_dataset(dataset, verify="off").manifest, source)
         report = run_verify(dataset, source=src, deep=deep)
@@ -141,7 +141,7 @@ def check_resume(
 
     Example: packdata check-resume cifar.lmdb --trials 3
     """
-    from packdata.dataset import open_dataset
+    from packdata.loading.dataset import open_dataset
     from packdata.resume_check import SETUPS
     from packdata.resume_check import check_resume as run_checks
 

@@ -49,7 +49,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 def map_tensors(batch: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     """Apply ``fn`` to every tensor in a batch of nested tuples (named ones too), lists, dicts and
-    dataclasses (e.g. :class:`~packdata.collate.PackedBatch`)."""
+    dataclasses (e.g. :class:`~packdata.loading.collate.PackedBatch`)."""
     if isinstance(batch, torch.Tensor):
         return fn(batch)
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple

@@ -15,12 +15,12 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from packdata.batch_order import batch_order
-from packdata.dataset import PackedDataset
-from packdata.device import Augment, DeviceLoader, map_tensors, resolve_device
 from packdata.errors import ArgumentError, ArgumentTypeError
-from packdata.sampling import EpochBatchSampler, SeededSampler
-from packdata.transfer import leave_worker
+from packdata.loading.dataset import PackedDataset
+from packdata.loading.device import Augment, DeviceLoader, map_tensors, resolve_device
+from packdata.loading.order import batch_order
+from packdata.loading.sampling import EpochBatchSampler, SeededSampler
+from packdata.loading.transfer import leave_worker
 from packdata.units import available_cores, callable_argument, count_argument
 
 WorkerKind = Literal["thread", "process"]
@@ -142,7 +142,7 @@ class Loader:
     def state_dict(self) -> dict[str, Any]:
         """Epoch and position (batches delivered so far), O(1) in the dataset size: save it with
         a checkpoint; :meth:`load_state_dict` on a rebuilt loader serves exactly the rest."""
-        from packdata.resume import loader_state
+        from packdata.loading.resume import loader_state
 
         delivered = self._delivered_count
         return loader_state(self, delivered, self._start_state if delivered == 0 else None)
@@ -151,7 +151,7 @@ class Loader:
         """Continue from a :meth:`state_dict`: the next iteration serves the rest of its epoch
         (also with another ``num_workers``; at another world size the rest is re-split). A state
         of another dataset, packdata version or a corrupted one raises ResumeError."""
-        from packdata.resume import load_loader_state
+        from packdata.loading.resume import load_loader_state
 
         load_loader_state(self, state)
         self._delivered_count = None
@@ -196,7 +196,7 @@ class Loader:
 
 class _LeaveWorkerCollate:
     """Run in each worker: the batch (collated by ``collate``, if given) made ready to leave the
-    worker through its ring of shared-memory slots (:mod:`packdata.transfer`)."""
+    worker through its ring of shared-memory slots (:mod:`packdata.loading.transfer`)."""
 
     def __init__(self, collate: Callable[[Any], Any] | None) -> None:
         self.collate = collate
@@ -254,11 +254,11 @@ def loader(
 
     Batches follow the index order, as torch's DataLoader's do; with ``shuffle=True`` each epoch
     reshuffles from ``seed``. Epochs split across DDP ranks (see
-    :class:`packdata.sampling.EpochBatchSampler`). As in DataLoader, ``sampler`` (one index at
+    :class:`packdata.loading.sampling.EpochBatchSampler`). As in DataLoader, ``sampler`` (one index at
     a time, e.g. ``RandomSampler(ds)``) sets the order, batched by ``batch_size``; or, instead of
     ``batch_size``, ``batch_sampler`` gives whole batches of indices (e.g.
-    :class:`~packdata.sampling.LengthBucketBatchSampler`). ``collate`` turns each batch into what
-    the loop takes (e.g. :class:`~packdata.collate.PadCollate`).
+    :class:`~packdata.loading.sampling.LengthBucketBatchSampler`). ``collate`` turns each batch into what
+    the loop takes (e.g. :class:`~packdata.loading.collate.PadCollate`).
 
     Defaults, each overridable: ``num_workers`` from :func:`default_num_workers` (0 for raw
     records, the fastest choice); ``workers`` (``"thread"`` or ``"process"``) from
@@ -365,7 +365,7 @@ def _make_loader(
 def _resident(dataset: PackedDataset, batch_size: int | None, *, shuffle: bool, drop_last: bool,
               seed: int, device: str | torch.device | None, augment: Augment | None,
               refused: dict[str, Any]) -> Loader:
-    from packdata.resident import ResidentLoader
+    from packdata.loading.resident import ResidentLoader
 
     given = sorted(name for name, value in refused.items() if value is not None)
     if given:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.utils.data._utils.collate import collate, default_collate_fn_map
 
-from packdata.transfer import leave_worker
+from packdata.loading.transfer import leave_worker
 
 
 class BatchRow(tuple):

@@ -1,7 +1,7 @@
 """Resident mode: the whole dataset loaded once into host RAM or GPU memory, shuffled batches
 served by index on that device (CIFAR-10 as uint8 is ~150 MB).
 
-Batches follow the same :class:`packdata.sampling.EpochBatchSampler` as :func:`packdata.loader`,
+Batches follow the same :class:`packdata.loading.sampling.EpochBatchSampler` as :func:`packdata.loader`,
 so for one seed both yield the same samples in the same order; the dataset's ``batch_transform``
 and the ``augment`` pipeline run after the gather, on the device.
 """
@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from packdata.dataset import PackedDataset
-from packdata.device import Augment, augment_images, resolve_device
 from packdata.errors import ArgumentError, PackdataError, ResidentMemoryError
-from packdata.sampling import EpochBatchSampler
+from packdata.loading.dataset import PackedDataset
+from packdata.loading.device import Augment, augment_images, resolve_device
+from packdata.loading.sampling import EpochBatchSampler
 
 CHUNK = 8192  # samples read per call while loading: bounded host memory for a GPU load
 

@@ -9,7 +9,7 @@ Resume: an epoch's rank share is cut into ``roles`` streams (one per reader: a D
 or this process), each with its own shuffle buffer. A state records, per role, how many samples
 of its stream were delivered; a resumed reader replays its role's stream up to there without
 yielding it (the buffer's order depends on every sample before) and serves the rest.
-:class:`~packdata.streamloader.StreamingLoader` counts the batches the training loop took, which
+:class:`~packdata.loading.streamloader.StreamingLoader` counts the batches the training loop took, which
 fixes each worker's position because a DataLoader takes batches from its workers in turn.
 """
 
@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from packdata.dataset import PackedDataset, Transform
 from packdata.errors import ResumeError
+from packdata.loading.dataset import PackedDataset, Transform
+from packdata.loading.sampling import SharedState, per_rank, rank_and_world
+from packdata.loading.streamloader import Plan, StreamingLoader
 from packdata.remote.storage import CACHE_LIMIT, Storage
-from packdata.sampling import SharedState, per_rank, rank_and_world
-from packdata.streamloader import Plan, StreamingLoader
 from packdata.units import count_argument
 
 Span = tuple[int, int]  # sample indices [start, stop)
@@ -164,7 +164,7 @@ class StreamingDataset(IterableDataset):
     def _state(self, epoch: int, roles: int, groups: list[list[int]], positions: list[int],
                next: int) -> dict[str, Any]:
         """The position sealed with the dataset's fingerprint and packdata's version."""
-        from packdata.resume import sealed
+        from packdata.loading.resume import sealed
 
         if all(p >= self.role_size(r, roles) for r, p in enumerate(positions)):
             epoch, roles, groups, positions, next = epoch + 1, 1, [[0]], [0], 0
@@ -178,7 +178,7 @@ class StreamingDataset(IterableDataset):
         number of DataLoader workers (at the saved number, in the order an uninterrupted run
         has). Another world size, other settings, another dataset or packdata version, or a
         corrupted state raise ResumeError naming the difference."""
-        from packdata.resume import opened
+        from packdata.loading.resume import opened
 
         state = opened(self.dataset, state)
         if not isinstance(state, dict) or state.get("sampler") != type(self).__name__:

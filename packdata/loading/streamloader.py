@@ -1,6 +1,6 @@
-"""Batches of a :class:`~packdata.streaming.StreamingDataset` through a DataLoader, with the
+"""Batches of a :class:`~packdata.loading.streaming.StreamingDataset` through a DataLoader, with the
 position the training loop reached: a DataLoader takes batches from its workers in turn, so the
-batches taken fix each worker's position in its stream (see :mod:`packdata.streaming`)."""
+batches taken fix each worker's position in its stream (see :mod:`packdata.loading.streaming`)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class StreamingLoader:
     a rebuilt one serves exactly the rest, also at another ``num_workers`` (then in another
     order: each worker batches its own stream). Iterate it once per epoch.
 
-    ``stream`` is the :class:`~packdata.streaming.StreamingDataset` (which builds this loader
+    ``stream`` is the :class:`~packdata.loading.streaming.StreamingDataset` (which builds this loader
     with its ``loader()``: this module does not import it, so the two do not import each other)."""
 
     def __init__(self, stream: Any, batch_size: int, *, num_workers: int = 0,

@@ -2,7 +2,7 @@
 
 Indexing follows numpy: ``ds[i]`` is one sample, ``ds[[i, j, …]]`` one batch read with a few
 vectorised calls. ``__getitems__`` (what torch's DataLoader calls with automatic batching) reads
-the batch the same way and hands the stock collate one :class:`~packdata.rows.BatchRow` (a
+the batch the same way and hands the stock collate one :class:`~packdata.loading.rows.BatchRow` (a
 tuple) per sample, which the default collate turns back into the batch read, without a copy.
 """
 
@@ -22,13 +22,13 @@ from packdata import containers, sources
 from packdata.containers.base import Reader, selected_entries
 from packdata.containers.integrity import ChecksummedReader, at_open
 from packdata.errors import ArgumentError, ArgumentTypeError, DatasetError, PackdataError
+from packdata.loading.rows import rows_of
+from packdata.loading.sampling import SharedEpoch
+from packdata.loading.transfer import worker_arrays
 from packdata.manifest import Manifest
 from packdata.recordmeta import Keys
 from packdata.remote.storage import CACHE_LIMIT, Storage
 from packdata.remote.tar_reader import RemoteTarReader
-from packdata.rows import rows_of
-from packdata.sampling import SharedEpoch
-from packdata.transfer import worker_arrays
 from packdata.units import callable_argument
 from packdata.urls import is_url
 
@@ -271,7 +271,8 @@ class PackedDataset(Dataset):
     def _slot_arrays(self, n: int) -> dict[str, np.ndarray] | None:
         """In a DataLoader worker, where the batch is handed over as read (fixed fields, no
         decode stage, transform or channels-last copy), arrays in a shared-memory slot to read
-        it into: it then leaves the worker without a copy (:func:`packdata.transfer.worker_arrays`)."""
+        it into: it then leaves the worker without a copy
+        (:func:`packdata.loading.transfer.worker_arrays`)."""
         m = self.manifest
         if (not n or get_worker_info() is None or self.decode is not None or self.channels_last
                 or self.transform is not None or self.batch_transform is not None
@@ -298,7 +299,7 @@ class PackedDataset(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> list:
         """What DataLoader's automatic batching calls: the batch read (and transformed) as in
-        :meth:`get_batch`, handed over as one :class:`~packdata.rows.BatchRow` (a tuple of views)
+        :meth:`get_batch`, handed over as one :class:`~packdata.loading.rows.BatchRow` (a tuple of views)
         per sample, which torch's default collate turns back into that batch without copying it."""
         idx = self._indices(indices)
         if self.transform is not None and self.batch_transform is None:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from packdata.device import map_tensors
+from packdata.loading.device import map_tensors
 
 #: larger tensors go through torch's own shared memory, where the fixed cost is spread over more
 #: bytes (a limit chosen, not measured)

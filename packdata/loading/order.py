@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 from torch.utils.data import BatchSampler, Sampler
 
-from packdata.dataset import PackedDataset
 from packdata.errors import ArgumentError
-from packdata.sampling import EpochBatchSampler
+from packdata.loading.dataset import PackedDataset
+from packdata.loading.sampling import EpochBatchSampler
 from packdata.units import iterable_argument
 
 
