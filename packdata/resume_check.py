@@ -112,6 +112,7 @@ def _check(dataset: Any, samplers: dict[str, SamplerFactory] | None, setups: Seq
            trials: int, seed: int, batch_size: int,
            log: Callable[[str], None] | None) -> list[ScenarioResult]:
     from packdata.loading.loader import Loader
+    from packdata.loading.settings import LoaderSettings
 
     rng = np.random.default_rng(seed)
     samplers = samplers or default_samplers(dataset, batch_size, seed)
@@ -125,7 +126,8 @@ def _check(dataset: Any, samplers: dict[str, SamplerFactory] | None, setups: Seq
 
             def build(setup: tuple[int, int, str | None], rank: int, factory=factory) -> Loader:
                 w, n, how = setup
-                return Loader(dataset, factory(dataset, rank, w), num_workers=n, workers=how)
+                return Loader(dataset, factory(dataset, rank, w),
+                              LoaderSettings(num_workers=n, workers=how if n else None))
 
             for t in range(trials):
                 other = setups[(s + 1 + t) % len(setups)] if len(setups) > 1 else setups[s]

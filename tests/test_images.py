@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 import packdata
 from packdata.cli import app
-from packdata.loading.loader import default_num_workers
+from packdata.loading.settings import default_num_workers
 from packdata.sources.images import ImageSource, limited_size
 from packdata.verification import source_for, verify
 from tests.conftest import copy_sample, pillow_pixels

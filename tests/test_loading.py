@@ -11,7 +11,8 @@ from torch.utils.data import DataLoader
 import packdata
 from packdata.augment import cifar_recipe
 from packdata.errors import ArgumentError
-from packdata.loading.loader import Loader, default_num_workers
+from packdata.loading.loader import Loader
+from packdata.loading.settings import default_num_workers
 from packdata.units import available_cores
 
 
@@ -78,11 +79,22 @@ def test_device_augment_and_resident_options(packed):
 
 @pytest.mark.parametrize("option", [{"collate": lambda b: b}, {"num_workers": 2},
                                     {"pin_memory": True}, {"workers": "thread"},
-                                    {"prefetch_factor": 2}, {"timeout": 5},
-                                    {"sampler": [3, 1, 2]}])
+                                    {"prefetch_factor": 2}, {"timeout": 5}])
 def test_resident_refuses_what_cannot_apply(packed, option):
     with pytest.raises(ValueError, match=f"resident=True.*{next(iter(option))}"):
         packdata.loader(packdata.open(packed["hdf5"]), 32, resident=True, **option)
+
+
+@pytest.mark.parametrize("order", [{"batch_size": 2, "sampler": [7, 3, 1, 2, 9]},
+                                   {"batch_sampler": [[5, 0], [8], [2, 2, 6]]},
+                                   {"batch_size": 16, "shuffle": True, "drop_last": True}])
+def test_resident_serves_the_order_the_streamed_loader_reads(packed, order):
+    ds = packdata.open(packed["hdf5"])
+    resident = packdata.loader(ds, resident=True, seed=3, **order)
+    streamed = packdata.loader(ds, seed=3, **order)
+    assert len(resident) == len(streamed) > 0
+    for (x, y), (sx, sy) in zip(resident, streamed, strict=True):
+        assert torch.equal(x, sx) and torch.equal(y, sy)
 
 
 @pytest.mark.parametrize("options", [{"resident": True}, {"num_workers": 2},

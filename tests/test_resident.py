@@ -21,7 +21,7 @@ def keep_tar(tmp_path_factory, png_folder):
 @pytest.mark.parametrize("name", ["lmdb", "tar"])
 def test_every_sample_once_per_epoch_and_the_streamed_batches(packed, name):
     ds = packdata.open(packed[name])
-    resident = ResidentLoader(ds, 32, seed=5)
+    resident = ResidentLoader(ds, 32, shuffle=True, seed=5)
     streamed = packdata.loader(ds, 32, shuffle=True, seed=5)
     epochs = []
     for _ in range(2):
@@ -42,7 +42,7 @@ def test_augment_and_batch_transform_run_after_the_gather(packed):
                                                                                 backend="torch")))
     assert [len(b[0]) for b in batches] == [40, 40, 40]
     assert batches[0][0].dtype == torch.float32
-    plain = ResidentLoader(ds, 40, shuffle=False)
+    plain = ResidentLoader(ds, 40)  # index order, as DataLoader's default
     first = next(iter(plain))[0]
     assert torch.equal(first, ds[list(range(40))][0])  # the dataset's batch_transform applied
 

@@ -181,25 +181,27 @@ class PackedDataset(Dataset):
         """The samples ``indices`` as one batch: a tuple of batched tensors (or lists, for
         variable-length fields); a lone tensor when samples have one part. A per-sample
         ``transform`` runs on each sample, then ``batch_transform`` on the collated batch."""
-        out = self._batch(self._indices(indices))
+        out = self.read_batch(indices)
         return out if len(out) > 1 else out[0]
 
-    def _batch(self, idx: np.ndarray) -> tuple:
-        """The batch as every path serves it: read, each sample's first part transformed and the
-        samples collated again (only with a ``transform``), then ``batch_transform``."""
-        return self.finish_batch(self.read_samples(idx))
+    def read_batch(self, indices: Sequence[int] | np.ndarray) -> tuple:
+        """The batch as every path serves it, as a tuple of its parts: read, each sample's first
+        part transformed and the samples collated again (only with a ``transform``), then
+        ``batch_transform`` (:meth:`read_samples`, then :meth:`finish_batch`)."""
+        return self.finish_batch(self.read_samples(indices))
 
-    def read_samples(self, idx: np.ndarray) -> tuple:
-        """The first half of :meth:`_batch`: read and per-sample ``transform`` (safe to run in
-        several threads at once, given a thread-safe ``transform``)."""
+    def read_samples(self, indices: Sequence[int] | np.ndarray) -> tuple:
+        """The first half of :meth:`read_batch`: read and per-sample ``transform`` (safe to run
+        in several threads at once, given a thread-safe ``transform``)."""
+        idx = self._indices(indices)
         out = self._read(idx)
         if self.transform is not None and len(idx):
             out = _batch_of([self._transformed(out, j) for j in range(len(idx))])
         return out
 
     def finish_batch(self, out: tuple) -> tuple:
-        """The second half: ``batch_transform``, called in batch order (a seeded random
-        augmentation then draws the same sequence however the reads were run)."""
+        """The second half of :meth:`read_batch`: ``batch_transform``, called in batch order (a
+        seeded random augmentation then draws the same sequence however the reads were run)."""
         if self.batch_transform is not None:
             out = (self.batch_transform(out[0]), *out[1:])
         return out
@@ -292,7 +294,7 @@ class PackedDataset(Dataset):
         if isinstance(index, slice):
             index = range(*index.indices(len(self)))
         if np.ndim(index) == 0:  # an int, or a 0-d array or tensor: one sample
-            batch = self._batch(self._indices([index]))
+            batch = self.read_batch([index])
             sample = tuple(part[0] for part in batch)
             return sample if len(sample) > 1 else sample[0]
         return self.get_batch(index)
@@ -306,7 +308,7 @@ class PackedDataset(Dataset):
             # each sample transformed on its own: nothing batched to hand over
             read = self._read(idx)
             return [_unwrap(self._transformed(read, j)) for j in range(len(idx))]
-        batch = self._batch(idx)
+        batch = self.read_batch(idx)
         if len(batch) == 1:  # one-part samples are tensors themselves: no row type can stand in
             return list(batch[0].unbind(0) if isinstance(batch[0], torch.Tensor) else batch[0])
         return rows_of(batch)

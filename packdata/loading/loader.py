@@ -10,46 +10,28 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Sampler
 
 from packdata.errors import ArgumentError, ArgumentTypeError
 from packdata.loading.dataset import PackedDataset
-from packdata.loading.device import Augment, DeviceLoader, map_tensors, resolve_device
+from packdata.loading.device import Augment, DeviceLoader, map_tensors
 from packdata.loading.order import batch_order
-from packdata.loading.sampling import EpochBatchSampler, SeededSampler
+from packdata.loading.sampling import SeededSampler
+from packdata.loading.settings import LoaderSettings, WorkerKind
 from packdata.loading.transfer import leave_worker
-from packdata.units import available_cores, callable_argument, count_argument
-
-WorkerKind = Literal["thread", "process"]
+from packdata.units import callable_argument
 
 # datasets a loader has served a whole shuffled epoch of: a new loader for one of them without
 # epoch= would replay epoch 0's order
 _SERVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def default_num_workers(dataset: PackedDataset) -> int:
-    """0 when batches are raw records (handing a batch between processes costs more than
-    reading it), all cores (at most 8) when records need per-sample decoding (``keep``-encoded
-    images) or the dataset has a per-sample ``transform``; 0 with a batched decode stage
-    (``decode=``), which decodes in a thread pool of this process."""
-    if dataset.decode is not None:
-        return 0
-    return min(available_cores(), 8) if _per_sample_work(dataset) else 0
-
-
-def default_worker_kind(dataset: PackedDataset) -> WorkerKind:
-    """Threads, unless the dataset runs a per-sample Python ``transform`` (which holds the GIL):
-    reading raw records and decoding images release it, and a thread hands its batch over for
-    free where a worker process copies it through shared memory."""
-    return "process" if dataset.transform is not None else "thread"
-
-
-def _per_sample_work(dataset: PackedDataset) -> bool:
-    decodes = any(f.codec for f in dataset.manifest.fields.values())
-    return decodes or dataset.transform is not None
+def _setting(name: str) -> property:
+    return property(lambda self: getattr(self.settings, name),
+                    doc=f"The loader's ``{name}`` (:class:`LoaderSettings`).")
 
 
 class Loader:
@@ -61,45 +43,32 @@ class Loader:
     (DataLoader worker processes), or None (this process, no pool); ``num_workers`` their count.
     """
 
-    def __init__(
-        self,
-        dataset: PackedDataset,
-        batch_sampler: Sampler,
-        *,
-        collate: Callable[[Any], Any] | None = None,
-        num_workers: int = 0,
-        workers: WorkerKind | None = None,
-        prefetch_factor: int | None = None,
-        persistent_workers: bool = False,
-        pin_memory: bool = False,
-        device: torch.device | None = None,
-        augment: Augment | None = None,
-        resident: Any = None,
-        dataloader_options: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, dataset: PackedDataset, batch_sampler: Sampler,
+                 settings: LoaderSettings | None = None, *, resident: Any = None) -> None:
         self.dataset = dataset
         self.batch_sampler = batch_sampler
-        self.collate = collate
-        self.num_workers = num_workers
-        self.workers = workers if num_workers > 0 else None
-        self.prefetch_factor = prefetch_factor
-        self.persistent_workers = persistent_workers
-        self.pin_memory = pin_memory
-        self.device = device
-        self.augment = augment
+        self.settings = settings or LoaderSettings()
         self.resident = resident  # a ResidentLoader holding the data, in resident mode
-        self._dataloader_options = dataloader_options or {}
         self._dataloader: DataLoader | None = None
         self._pool: ThreadPoolExecutor | None = None  # kept across epochs if persistent_workers
         self._delivered_count: int | None = None  # batches of the running epoch delivered so far
         self._start_state: dict[str, Any] = {}  # the batch sampler's state at the epoch's start
+
+    collate = _setting("collate")
+    num_workers = _setting("num_workers")
+    workers = _setting("workers")
+    prefetch_factor = _setting("prefetch_factor")
+    persistent_workers = _setting("persistent_workers")
+    pin_memory = _setting("pin_memory")
+    device = _setting("device")
+    augment = _setting("augment")
 
     @property
     def dataloader(self) -> DataLoader | None:
         """The DataLoader running worker processes (built once, so persistent workers stay),
         or None when batches are read in this process."""
         if self._dataloader is None and self.workers == "process":
-            options = dict(self._dataloader_options)
+            options = dict(self.settings.dataloader_options)
             options["collate_fn"] = _LeaveWorkerCollate(self.collate)
             self._dataloader = DataLoader(
                 self.dataset, batch_size=None, sampler=self.batch_sampler,
@@ -165,7 +134,7 @@ class Loader:
             if self.persistent_workers and self._pool is None:
                 self._pool = ThreadPoolExecutor(self.num_workers, "packdata-read")
             ds = self.dataset
-            samples = _threaded(lambda i: ds.read_samples(ds._indices(i)), self._index_batches(),
+            samples = _threaded(ds.read_samples, self._index_batches(),
                                 self._pool or self.num_workers,
                                 self.num_workers * (self.prefetch_factor or 2))
             # batch_transform and collate here, in batch order: the same draws as with no workers
@@ -178,7 +147,7 @@ class Loader:
         return sampler.arrays() if isinstance(sampler, SeededSampler) else iter(sampler)
 
     def _batch(self, indices: Any) -> Any:
-        return self._delivered(self.dataset._batch(self.dataset._indices(indices)))
+        return self._delivered(self.dataset.read_batch(indices))
 
     def _delivered(self, parts: tuple) -> Any:
         """A batch's parts as the loop takes them: a lone part unwrapped, collated, pinned."""
@@ -260,30 +229,40 @@ def loader(
     :class:`~packdata.loading.sampling.LengthBucketBatchSampler`). ``collate`` turns each batch into what
     the loop takes (e.g. :class:`~packdata.loading.collate.PadCollate`).
 
-    Defaults, each overridable: ``num_workers`` from :func:`default_num_workers` (0 for raw
-    records, the fastest choice); ``workers`` (``"thread"`` or ``"process"``) from
-    :func:`default_worker_kind`: threads unless a per-sample Python ``transform`` needs processes;
-    ``prefetch_factor=4`` batches per worker, ``persistent_workers=True`` for processes;
-    ``pin_memory`` when CUDA is present and the batches go there. Other keyword arguments go to
-    DataLoader (process workers only).
+    Defaults, each overridable (:class:`~packdata.loading.settings.LoaderSettings`):
+    ``num_workers`` 0 for raw records (the fastest choice), more for per-sample work; ``workers``
+    (``"thread"`` or ``"process"``) threads unless a per-sample Python ``transform`` needs
+    processes; ``prefetch_factor=4`` batches per worker, ``persistent_workers=True`` for
+    processes; ``pin_memory`` when CUDA is present and the batches go there. Other keyword
+    arguments go to DataLoader (process workers only).
 
     ``device`` (``"cuda"``, ``"cpu"``, ``"auto"``) and/or ``augment`` (e.g.
     :func:`packdata.augment.cifar_recipe`): batches arrive on the device, augmented there.
     ``resident=True`` loads the whole dataset once onto ``device`` (host RAM by default) and
-    serves the same batches from there; it reads nothing per batch, so ``collate``, workers,
-    ``pin_memory`` and DataLoader options are refused with it.
+    serves the same batches (the same order: ``sampler`` and ``batch_sampler`` too) from there;
+    it reads nothing per batch, so ``collate``, workers, ``pin_memory`` and DataLoader options
+    are refused with it.
 
     Build the loader once and iterate it once per epoch: it owns the epoch (each iteration runs
     the next, the dataset follows) and the position (:meth:`Loader.state_dict`). ``epoch`` starts
     it at that epoch; a new shuffled loader for a dataset that already served an epoch, built
     without ``epoch=``, warns (it would replay epoch 0's order).
     """
-    order = batch_order(dataset, batch_size, sampler, batch_sampler, shuffle, drop_last, seed)
-    made = _make_loader(dataset, batch_size, sampler=order, collate=collate, shuffle=shuffle,
-                        drop_last=drop_last, seed=seed, num_workers=num_workers, workers=workers,
-                        pin_memory=pin_memory, persistent_workers=persistent_workers,
-                        prefetch_factor=prefetch_factor, device=device, augment=augment,
-                        resident=resident, **dataloader_options)
+    if resident:
+        made = _resident(dataset, batch_size, sampler=sampler, batch_sampler=batch_sampler,
+                         shuffle=shuffle, drop_last=drop_last, seed=seed, device=device,
+                         augment=augment, refused={
+                             "collate": collate, "num_workers": num_workers or None,
+                             "workers": workers, "pin_memory": pin_memory or None,
+                             "persistent_workers": persistent_workers,
+                             "prefetch_factor": prefetch_factor, **dataloader_options})
+    else:
+        order = batch_order(dataset, batch_size, sampler, batch_sampler, shuffle, drop_last, seed)
+        made = Loader(dataset, order, LoaderSettings.resolve(
+            dataset, collate=collate, num_workers=num_workers, workers=workers,
+            pin_memory=pin_memory, persistent_workers=persistent_workers,
+            prefetch_factor=prefetch_factor, device=device, augment=augment,
+            **dataloader_options))
     if epoch is not None:
         made.set_epoch(epoch)
     elif shuffle and _served(dataset):
@@ -300,79 +279,18 @@ def _served(dataset: Any) -> bool:
         return False
 
 
-def _make_loader(
-    dataset: PackedDataset,
-    batch_size: int | None,
-    *,
-    sampler: Sampler | None,
-    collate: Callable[[Any], Any] | None,
-    shuffle: bool,
-    drop_last: bool,
-    seed: int,
-    num_workers: int | None,
-    workers: WorkerKind | None,
-    pin_memory: bool | None,
-    persistent_workers: bool | None,
-    prefetch_factor: int | None,
-    device: str | torch.device | None,
-    augment: Augment | None,
-    resident: bool,
-    **dataloader_options: Any,
-) -> Loader:
-    if workers not in (None, "thread", "process"):
-        raise ArgumentError(f"workers must be 'thread', 'process' or None, got {workers!r}")
-    callable_argument("collate", collate)
-    callable_argument("augment", augment)  # here: the DeviceLoader is made at the first epoch
-    if resident:
-        return _resident(dataset, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed,
-                         device=device, augment=augment, refused={
-                             "collate": collate, "num_workers": num_workers or None,
-                             "workers": workers, "pin_memory": pin_memory or None,
-                             "persistent_workers": persistent_workers,
-                             "prefetch_factor": prefetch_factor, **dataloader_options,
-                             "sampler or batch_sampler":
-                                 None if isinstance(sampler, EpochBatchSampler) else sampler})
-    target = None if device is None else resolve_device(device)
-    if num_workers is None:
-        num_workers = default_num_workers(dataset)
-    num_workers = count_argument("num_workers", num_workers)
-    if prefetch_factor is not None:
-        count_argument("prefetch_factor", prefetch_factor, 1)
-    if workers is None:
-        workers = default_worker_kind(dataset)
-    if pin_memory is None:
-        pin_memory = torch.cuda.is_available() and (target is None or target.type == "cuda")
-    elif pin_memory and not torch.cuda.is_available():  # as torch's DataLoader: a warning
-        warnings.warn("pin_memory=True, but no CUDA device is available: batches are not pinned",
-                      UserWarning, stacklevel=3)
-        pin_memory = False
-    if num_workers == 0 and (persistent_workers or prefetch_factor is not None):
-        raise ArgumentError("persistent_workers and prefetch_factor need num_workers > 0")
-    if "collate_fn" in dataloader_options:
-        raise ArgumentError("pass collate= (it runs on every path), not collate_fn=")
-    if dataloader_options and not (workers == "process" and num_workers > 0):
-        raise ArgumentError(f"{sorted(dataloader_options)} are DataLoader options: they apply "
-                         "only with num_workers > 0 and workers='process'")
-    return Loader(
-        dataset, sampler, collate=collate, num_workers=num_workers, workers=workers,
-        prefetch_factor=4 if prefetch_factor is None and num_workers else prefetch_factor,
-        persistent_workers=bool(num_workers and (persistent_workers or (
-            persistent_workers is None and workers == "process"))),
-        pin_memory=pin_memory, device=target, augment=augment,
-        dataloader_options=dataloader_options)
-
-
-def _resident(dataset: PackedDataset, batch_size: int | None, *, shuffle: bool, drop_last: bool,
-              seed: int, device: str | torch.device | None, augment: Augment | None,
+def _resident(dataset: PackedDataset, batch_size: int | None, *, sampler: Any,
+              batch_sampler: Any, shuffle: bool, drop_last: bool, seed: int,
+              device: str | torch.device | None, augment: Augment | None,
               refused: dict[str, Any]) -> Loader:
     from packdata.loading.resident import ResidentLoader
 
     given = sorted(name for name, value in refused.items() if value is not None)
     if given:
         raise ArgumentError(f"resident=True serves batches from memory, so {given} cannot apply; "
-                         "leave them out (or use resident=False)")
-    if batch_size is None:
-        raise ArgumentError("resident=True needs batch_size (it samples on the device)")
-    store = ResidentLoader(dataset, batch_size, device="cpu" if device is None else device,
-                           shuffle=shuffle, drop_last=drop_last, seed=seed)
-    return Loader(dataset, store.sampler, device=None, augment=augment, resident=store)
+                            "leave them out (or use resident=False)")
+    callable_argument("augment", augment)
+    store = ResidentLoader(dataset, batch_size, sampler=sampler, batch_sampler=batch_sampler,
+                           device="cpu" if device is None else device, shuffle=shuffle,
+                           drop_last=drop_last, seed=seed)
+    return Loader(dataset, store.sampler, LoaderSettings(augment=augment), resident=store)

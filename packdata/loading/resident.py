@@ -1,9 +1,10 @@
 """Resident mode: the whole dataset loaded once into host RAM or GPU memory, shuffled batches
 served by index on that device (CIFAR-10 as uint8 is ~150 MB).
 
-Batches follow the same :class:`packdata.loading.sampling.EpochBatchSampler` as :func:`packdata.loader`,
-so for one seed both yield the same samples in the same order; the dataset's ``batch_transform``
-and the ``augment`` pipeline run after the gather, on the device.
+Batches follow the order :func:`packdata.loader` would read (the same
+:func:`~packdata.loading.order.batch_order` of ``batch_size``, ``shuffle``, ``sampler`` or
+``batch_sampler``), so for one seed both yield the same samples in the same order; the
+dataset's ``batch_transform`` and the ``augment`` pipeline run after the gather, on the device.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import torch
 from packdata.errors import ArgumentError, PackdataError, ResidentMemoryError
 from packdata.loading.dataset import PackedDataset
 from packdata.loading.device import Augment, augment_images, resolve_device
-from packdata.loading.sampling import EpochBatchSampler
+from packdata.loading.order import batch_order
+from packdata.loading.sampling import SeededSampler
 
 CHUNK = 8192  # samples read per call while loading: bounded host memory for a GPU load
 
@@ -43,7 +45,7 @@ def resident_bytes(dataset: PackedDataset) -> int:
     manifest = dataset.manifest
     if not manifest.variable_fields:
         return sum(f.nbytes for f in manifest.fields.values()) * manifest.count
-    parts = dataset._read(np.zeros(1, dtype=np.int64))
+    parts = dataset.read_samples(np.zeros(1, dtype=np.int64))
     return sum(p.nbytes for p in parts if isinstance(p, torch.Tensor)) * manifest.count
 
 
@@ -56,15 +58,18 @@ def _gather(part: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 class ResidentLoader:
-    """Shuffled batches of a dataset held whole on ``device`` (``"cpu"``, ``"cuda"``, ``"auto"``).
+    """Batches of a dataset held whole on ``device`` (``"cpu"``, ``"cuda"``, ``"auto"``), in the
+    order ``batch_size``, ``shuffle``, ``sampler`` or ``batch_sampler`` give, as in
+    :func:`packdata.loader`.
 
     Loading refuses with :class:`ResidentMemoryError` when the estimate exceeds ``max_fraction``
     of the free memory (or ``memory_limit`` bytes, when given). Samples must load as fixed-shape
     tensors (variable-length fields such as token ids cannot be stacked).
     """
 
-    def __init__(self, dataset: PackedDataset, batch_size: int, *,
-                 device: str | torch.device | None = "cpu", shuffle: bool = True,
+    def __init__(self, dataset: PackedDataset, batch_size: int | None = None, *,
+                 sampler: Any = None, batch_sampler: Any = None,
+                 device: str | torch.device | None = "cpu", shuffle: bool = False,
                  drop_last: bool = False, seed: int = 0, augment: Augment | None = None,
                  memory_limit: int | None = None, max_fraction: float = 0.8) -> None:
         if dataset.transform is not None:  # it would be frozen into memory or skipped
@@ -74,8 +79,8 @@ class ResidentLoader:
         self.dataset = dataset
         self.device = resolve_device(device)
         self.augment = augment
-        self.sampler = EpochBatchSampler(len(dataset), batch_size, shuffle=shuffle,
-                                         drop_last=drop_last, seed=seed)
+        self.sampler = batch_order(dataset, batch_size, sampler, batch_sampler, shuffle,
+                                   drop_last, seed)
         if not 0 < max_fraction <= 1:  # more than all of the memory is never safe
             raise ArgumentError(f"max_fraction must be in (0, 1], got {max_fraction!r}")
         need = resident_bytes(dataset)
@@ -92,7 +97,7 @@ class ResidentLoader:
         n = len(self.dataset)
         stored: list[torch.Tensor] = []
         for start in range(0, n, CHUNK):
-            chunk = self.dataset._read(np.arange(start, min(start + CHUNK, n), dtype=np.int64))
+            chunk = self.dataset.read_samples(np.arange(start, min(start + CHUNK, n)))
             if not stored:
                 for j, part in enumerate(chunk):
                     if not isinstance(part, torch.Tensor):
@@ -113,6 +118,7 @@ class ResidentLoader:
         return sum(p.nbytes for p in self.parts)
 
     def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration runs (its shuffle), as DistributedSampler's."""
         self.sampler.set_epoch(epoch)
 
     def __len__(self) -> int:
@@ -120,7 +126,8 @@ class ResidentLoader:
 
     def __iter__(self) -> Iterator[Any]:
         transform = self.dataset.batch_transform
-        for indices in self.sampler:
+        sampler = self.sampler
+        for indices in sampler.arrays() if isinstance(sampler, SeededSampler) else sampler:
             index = torch.as_tensor(indices, device=self.device)
             batch = tuple(_gather(p, index) for p in self.parts)
             if transform is not None:
@@ -128,5 +135,5 @@ class ResidentLoader:
             yield augment_images(batch if len(batch) > 1 else batch[0], self.augment)
 
     def __repr__(self) -> str:
-        return (f"ResidentLoader({self.dataset!r}, batch_size={self.sampler.batch_size}, "
+        return (f"ResidentLoader({self.dataset!r}, {len(self)} batches, "
                 f"device={self.device}, {self.nbytes / 2**20:.1f} MiB)")
