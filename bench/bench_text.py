@@ -39,13 +39,9 @@ import numpy as np
 import torch
 
 import packdata
+from packdata.loading.buckets import LengthBucketBatchSampler, budget_batches, padding_fraction
 from packdata.loading.collate import PadCollate
-from packdata.loading.sampling import (
-    EpochBatchSampler,
-    LengthBucketBatchSampler,
-    _budget_batches,
-    padding_fraction,
-)
+from packdata.loading.sampling import EpochBatchSampler
 
 TARGETS = {"lmdb": "peps.lmdb", "hdf5": "peps.h5", "tar": "peps-tar"}
 EPOCHS = 5
@@ -64,7 +60,7 @@ def padding_rows(lengths: dict[str, np.ndarray]) -> list[dict]:
                     sampler.set_epoch(epoch)
                     batches = list(sampler)
                 else:
-                    batches = _budget_batches(order, lens[order], size["max_tokens"])
+                    batches = budget_batches(order, lens[order], size["max_tokens"])
                 random.append(padding_fraction(batches, lens))
                 bucket.append(bucketed.padding_fraction(epoch))
             rows.append({"documents": docs, "batching": next(f"{k}={v}" for k, v in size.items()),

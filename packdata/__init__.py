@@ -31,7 +31,7 @@ _HOMES = {
     "Loader": "packdata.loading.loader", "loader": "packdata.loading.loader",
     "Field": "packdata.manifest", "Manifest": "packdata.manifest",
     "ResidentLoader": "packdata.loading.resident",
-    "EpochBatchSampler": "packdata.loading.sampling", "LengthBucketBatchSampler": "packdata.loading.sampling",
+    "EpochBatchSampler": "packdata.loading.sampling", "LengthBucketBatchSampler": "packdata.loading.buckets",
     "open_source": "packdata.sources",
     "StreamingDataset": "packdata.loading.streaming", "StreamingLoader": "packdata.loading.streaming",
     "VerifyReport": "packdata.verification", "verify": "packdata.verification",
@@ -51,13 +51,14 @@ if TYPE_CHECKING:
         SampleError,
     )
     from packdata.imagedecode import CenterCrop, ImageDecode, RandomResizedCrop, Resize
+    from packdata.loading.buckets import LengthBucketBatchSampler
     from packdata.loading.collate import PackCollate, PadCollate
     from packdata.loading.dataset import HDF5Dataset, LMDBDataset, PackedDataset, TarDataset
     from packdata.loading.dataset import open_dataset as open  # noqa: A004
     from packdata.loading.device import DeviceLoader
     from packdata.loading.loader import Loader, loader
     from packdata.loading.resident import ResidentLoader
-    from packdata.loading.sampling import EpochBatchSampler, LengthBucketBatchSampler
+    from packdata.loading.sampling import EpochBatchSampler
     from packdata.loading.streaming import StreamingDataset, StreamingLoader
     from packdata.manifest import Field, Manifest
     from packdata.sources import open_source

@@ -9,8 +9,9 @@ import numpy as np
 
 from packdata.containers.base import disk_size
 from packdata.errors import DatasetError
+from packdata.loading.buckets import LengthBucketBatchSampler, padding_fraction
 from packdata.loading.dataset import open_dataset
-from packdata.loading.sampling import EpochBatchSampler, LengthBucketBatchSampler, padding_fraction
+from packdata.loading.sampling import EpochBatchSampler
 from packdata.remote.storage import errors
 from packdata.urls import is_url
 

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from packdata.loading.sampling import EpochBatchSampler, LengthBucketBatchSampler
+from packdata.loading.buckets import LengthBucketBatchSampler
+from packdata.loading.sampling import EpochBatchSampler
 from packdata.units import plural
 
 # (world size, num_workers, workers): in-process; two thread workers; DataLoader processes

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from packdata.loading.sampling import EpochBatchSampler, LengthBucketBatchSampler, padding_fraction
+from packdata.loading.buckets import LengthBucketBatchSampler, padding_fraction
+from packdata.loading.sampling import EpochBatchSampler
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,9 @@ import torch
 
 import packdata
 from packdata.errors import ResumeError
+from packdata.loading.buckets import LengthBucketBatchSampler
 from packdata.loading.resume import resumable
-from packdata.loading.sampling import EpochBatchSampler, LengthBucketBatchSampler
+from packdata.loading.sampling import EpochBatchSampler
 from packdata.resume_check import check_resume, sample_ids
 
 LENGTHS = np.random.default_rng(3).integers(1, 300, size=203)

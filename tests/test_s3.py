@@ -14,7 +14,7 @@ import torch
 
 import packdata
 from packdata.errors import ArgumentError, DatasetError, PackdataError
-from packdata.loading import sampling
+from packdata.loading import ranks
 
 moto_server = pytest.importorskip("moto.server")
 fsspec = pytest.importorskip("fsspec")
@@ -94,7 +94,7 @@ def test_ddp_ranks_and_workers_see_every_sample_once(remote, s3, packed, tmp_pat
     which = {local[i][0].numpy().tobytes(): i for i in range(len(local))}
     seen: Counter = Counter()
     for rank in range(2):
-        monkeypatch.setattr(sampling, "ddp_rank_world", lambda rank=rank: (rank, 2))
+        monkeypatch.setattr(ranks, "ddp_rank_world", lambda rank=rank: (rank, 2))
         stream = packdata.StreamingDataset(remote, storage_options=s3, shuffle_buffer=16,
                                            cache_dir=tmp_path / "cache")
         stream.set_epoch(1)

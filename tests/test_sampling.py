@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from packdata.errors import ArgumentError
-from packdata.loading.sampling import EpochBatchSampler, LengthBucketBatchSampler
+from packdata.loading.buckets import LengthBucketBatchSampler
+from packdata.loading.sampling import EpochBatchSampler
 
 
 def flat(sampler) -> list[int]:

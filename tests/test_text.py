@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 import packdata
 from packdata.cli import app
 from packdata.errors import PackdataError, SampleError, TokenizerError
+from packdata.loading.buckets import LengthBucketBatchSampler
 from packdata.loading.collate import PackCollate, PadCollate
-from packdata.loading.sampling import LengthBucketBatchSampler
 from packdata.prep.tokenizers import load_tokenizer
 from packdata.sources import text as text_source
 

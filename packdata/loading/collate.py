@@ -2,7 +2,7 @@
 
 Both take what a text dataset returns for a batch — a list of 1-D integer tensors — so they work
 as ``collate_fn`` of a DataLoader fed whole batches (``batch_size=None`` with a batch sampler such
-as :class:`packdata.loading.sampling.LengthBucketBatchSampler`) and of a stock per-sample DataLoader.
+as :class:`packdata.loading.buckets.LengthBucketBatchSampler`) and of a stock per-sample DataLoader.
 No Python loop over tokens: one C++ copy per sequence (padding) or one concatenation (packing).
 
 >>> pad_collate([torch.tensor([5, 6, 7]), torch.tensor([8])], pad_id=0)

@@ -23,7 +23,7 @@ from packdata.containers.base import Reader, selected_entries
 from packdata.containers.integrity import ChecksummedReader, at_open
 from packdata.errors import ArgumentError, ArgumentTypeError, DatasetError, PackdataError
 from packdata.loading.rows import rows_of
-from packdata.loading.sampling import SharedEpoch
+from packdata.loading.shared import SharedEpoch
 from packdata.loading.transfer import worker_arrays
 from packdata.manifest import Manifest
 from packdata.recordmeta import Keys

@@ -226,7 +226,7 @@ def loader(
     :class:`packdata.loading.sampling.EpochBatchSampler`). As in DataLoader, ``sampler`` (one index at
     a time, e.g. ``RandomSampler(ds)``) sets the order, batched by ``batch_size``; or, instead of
     ``batch_size``, ``batch_sampler`` gives whole batches of indices (e.g.
-    :class:`~packdata.loading.sampling.LengthBucketBatchSampler`). ``collate`` turns each batch into what
+    :class:`~packdata.loading.buckets.LengthBucketBatchSampler`). ``collate`` turns each batch into what
     the loop takes (e.g. :class:`~packdata.loading.collate.PadCollate`).
 
     Defaults, each overridable (:class:`~packdata.loading.settings.LoaderSettings`):

@@ -24,8 +24,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from packdata.errors import ResumeError
 from packdata.loading.dataset import PackedDataset, Transform
-from packdata.loading.sampling import SharedState, per_rank, rank_and_world
-from packdata.loading.streamloader import Plan, StreamingLoader
+from packdata.loading.ranks import per_rank, rank_and_world
+from packdata.loading.shared import SharedState
+from packdata.loading.streamloader import RoleProgress, StreamingLoader
 from packdata.remote.storage import CACHE_LIMIT, Storage
 from packdata.units import count_argument
 
@@ -120,6 +121,16 @@ class StreamingDataset(IterableDataset):
             count = self.dataset.manifest.count
             self.spans = [(a, min(a + chunk, count)) for a in range(0, count, chunk)]
 
+    @property
+    def next_epoch(self) -> int:
+        """The epoch the next iteration runs."""
+        return self._epoch.value
+
+    def drop_loaded_position(self) -> None:
+        """Forget a loaded mid-epoch position once the readers that serve it (DataLoader
+        workers, each with its copy of this stream) have begun: it is served once."""
+        self._resume = None
+
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iteration runs (reaches DataLoader workers, persistent or not).
         Setting the epoch a loaded state is in keeps its position."""
@@ -148,9 +159,9 @@ class StreamingDataset(IterableDataset):
         (here a mid-epoch state with workers raises ResumeError). A resumed epoch replays each
         stream up to its position without yielding it, so resuming costs reading that part."""
         if self._running is not None:
-            return self._state(**self._running)
+            return self.position_state(**self._running)
         if self._resume is not None:
-            return self._state(**self._resume)
+            return self.position_state(**self._resume)
         if self._in_workers[0]:
             raise ResumeError("the stream is being read by DataLoader workers mid-epoch: its "
                               "position is known to the loop that takes the batches; use "
@@ -159,11 +170,13 @@ class StreamingDataset(IterableDataset):
 
     def fresh_state(self, epoch: int) -> dict[str, Any]:
         """The state at the start of ``epoch``."""
-        return self._state(epoch, 1, [[0]], [0], 0)
+        return self.position_state(epoch, 1, [[0]], [0], 0)
 
-    def _state(self, epoch: int, roles: int, groups: list[list[int]], positions: list[int],
-               next: int) -> dict[str, Any]:
-        """The position sealed with the dataset's fingerprint and packdata's version."""
+    def position_state(self, epoch: int, roles: int, groups: list[list[int]], positions: list[int],
+                       next: int) -> dict[str, Any]:
+        """The state of ``positions`` (samples delivered of each of ``roles`` streams of
+        ``epoch``, dealt to readers in ``groups``, reader ``next`` to serve next), sealed with the
+        dataset's fingerprint and packdata's version."""
         from packdata.loading.resume import sealed
 
         if all(p >= self.role_size(r, roles) for r, p in enumerate(positions)):
@@ -229,7 +242,7 @@ class StreamingDataset(IterableDataset):
         hi = rank * share + share * (worker + 1) // workers
         return _positions(sequence, lo, hi)
 
-    def plan(self, epoch: int, reader: int, readers: int) -> tuple[int, Plan]:
+    def plan(self, epoch: int, reader: int, readers: int) -> tuple[int, RoleProgress]:
         """(roles, what ``reader`` of ``readers`` streams in ``epoch``). Fresh, reader ``i``
         streams role ``i``. Resumed with as many readers as saved, the roles rotate so that a
         DataLoader, taking batches from its workers in turn from worker 0, continues where the
@@ -261,7 +274,7 @@ class StreamingDataset(IterableDataset):
             running["positions"][role] = skip
         return self._tracked(running, plan)
 
-    def _tracked(self, running: dict[str, Any], plan: Plan) -> Iterator[Any]:
+    def _tracked(self, running: dict[str, Any], plan: RoleProgress) -> Iterator[Any]:
         self._running = running
         positions = running["positions"]
         for role, skip in plan:
@@ -272,7 +285,7 @@ class StreamingDataset(IterableDataset):
         self._running = None
         self._epoch.finish(running["epoch"], 0, 1)
 
-    def _in_worker(self, epoch: int, roles: int, plan: Plan, reader: int,
+    def _in_worker(self, epoch: int, roles: int, plan: RoleProgress, reader: int,
                    readers: int) -> Iterator[Any]:
         self._in_workers[0] += 1
         try:

@@ -12,7 +12,8 @@ from torch.utils.data import DataLoader
 from packdata.errors import ArgumentError
 from packdata.units import count_argument
 
-Plan = list[tuple[int, int]]  # what one reader streams: (role, samples of it already delivered)
+#: what one reader streams: (role, samples of that role's stream already delivered), in order
+RoleProgress = list[tuple[int, int]]
 
 
 class StreamingLoader:
@@ -38,7 +39,7 @@ class StreamingLoader:
         self._dataloader: DataLoader | None = None
         self._next_epoch = 0
         self._loaded: dict[str, Any] | None = None
-        self._epoch_plan: tuple[int, int, list[Plan]] | None = None  # (epoch, roles, per reader)
+        self._epoch_plan: tuple[int, int, list[RoleProgress]] | None = None  # (epoch, roles, per reader)
         self._delivered: int | None = None  # batches taken in the epoch in progress
 
     @property
@@ -72,7 +73,8 @@ class StreamingLoader:
         plans = [self.stream.plan(epoch, j, self.readers) for j in range(self.readers)]
         self._epoch_plan = (epoch, plans[0][0], [p for _, p in plans])
         batches = iter(self.dataloader)  # workers start here, each with the loaded state
-        self.stream._resume, self._loaded = None, None
+        self.stream.drop_loaded_position()
+        self._loaded = None
         self._next_epoch = epoch + 1
         return self._counted(batches)
 
@@ -101,12 +103,12 @@ class StreamingLoader:
                 positions[role] = skip + min(done, size - skip)
                 done -= positions[role] - skip
         groups = [[role for role, _ in plan] for plan in plans]
-        return self.stream._state(epoch, roles, groups, positions, nxt)
+        return self.stream.position_state(epoch, roles, groups, positions, nxt)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict` (or the stream's own)."""
         self.stream.load_state_dict(state)
-        self._next_epoch = self.stream._epoch.value
+        self._next_epoch = self.stream.next_epoch
         self._loaded, self._delivered, self._epoch_plan = state, None, None
         self._dataloader = None  # persistent workers would keep the old position
 
