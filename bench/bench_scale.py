@@ -159,7 +159,8 @@ def remote_rates(folder: Path, tmp: Path, rounds: int, files: int) -> dict:
 
     import packdata
     from packdata.conversion import local
-    from packdata.conversion.upload import convert_to_url
+    from packdata.conversion.job import destination, settle
+    from packdata.conversion.upload import staged
     from packdata.remote.storage import Storage
 
     server, options = moto(free_port())
@@ -188,10 +189,10 @@ def remote_rates(folder: Path, tmp: Path, rounds: int, files: int) -> dict:
             for name, streamed in (("upload streamed", True), ("upload at the end", False)):
                 url = f"s3://bench/out-{r}-{streamed}"
                 t = time.perf_counter()
-                convert_to_url(packdata.open_source(subset), url, container_options=shards,
-                               write=lambda job, closed: local.write(job, workers=2,
-                                                                     on_shard_closed=closed),
-                               storage=Storage(options), streamed=streamed)
+                with staged(destination(url, None, shards), Storage(options), False,
+                            streamed=streamed) as (here, closed):
+                    local.write(settle(packdata.open_source(subset), here, "fail", False),
+                                workers=2, on_shard_closed=closed)
                 times[name].append(time.perf_counter() - t)
             picks = random.Random(r).sample(range(files), 16)
             for name, access in (("16 records by ranges", "ranges"),

@@ -438,3 +438,27 @@ def test_a_missing_bucket_is_refused_before_converting(s3, png_folder, monkeypat
     with pytest.raises(PackdataError, match="cannot reach s3://nowhere/ds"):
         packdata.convert(packdata.open_source(png_folder), "s3://nowhere/ds",
                          storage_options=unreachable, workers=1)
+
+
+def test_a_url_destination_is_settled_as_a_local_one():
+    from packdata.conversion.job import destination
+
+    here, there = destination("out/cifar-%04d.tar", None, {}), \
+        destination("s3://bucket/out/cifar-%04d.tar", None, {})
+    assert (here.container, here.options) == (there.container, there.options) == \
+        ("tar", {"pattern": "cifar-%04d.tar"})
+    assert (here.url, there.url) == (None, "s3://bucket/out")
+    assert destination("s3://bucket/ds", None, {"shard_size": "20"}).url == "s3://bucket/ds"
+
+
+def test_resume_into_a_bucket_is_refused_before_anything_is_listed(s3, png_folder, monkeypatch):
+    from packdata.sources import images
+
+    def never(*args):
+        raise AssertionError("inputs were listed")
+
+    monkeypatch.setattr(images.ImageSource, "items", never)
+    with pytest.raises(PackdataError, match="--resume needs a local destination"):
+        packdata.convert(packdata.open_source(png_folder), f"s3://{BUCKET}/resumed",
+                         resume=True, storage_options=s3)
+    assert _names(fsspec.filesystem("s3", **s3), f"s3://{BUCKET}/resumed") == []

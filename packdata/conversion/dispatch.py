@@ -1,21 +1,20 @@
-"""``packdata.convert``: settle the job once, then run it here, in parts, or towards a URL."""
+"""``packdata.convert``: the destination settled once (local, or object storage, staged around
+the one write), then the job written here or in parts."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from packdata.containers.base import ShardClosed
-from packdata.conversion.job import ConvertResult, Job, settle
+from packdata.conversion.job import ConvertResult, destination, settle
 from packdata.conversion.local import Progress
 from packdata.conversion.local import write as write_here
 from packdata.conversion.parts import Parts
 from packdata.conversion.parts import write as write_parts
-from packdata.conversion.upload import convert_to_url
+from packdata.conversion.upload import staged
 from packdata.remote.storage import Storage
 from packdata.sources.base import Source
 from packdata.units import count_argument
-from packdata.urls import is_url
 
 
 def convert(
@@ -51,19 +50,17 @@ def convert(
     """
     if workers is not None:
         count_argument("workers", workers)  # 0: as many as the cores this process may use
+    target = destination(dst, container, container_options)
     in_parts = Parts.asked(engine, client, scheduler, part_size, resume)
-    if in_parts is not None and not is_url(dst):  # before any input is listed
-        in_parts.check_destination(dst, container)
-
-    def write(job: Job, on_shard_closed: ShardClosed | None = None) -> ConvertResult:
+    if in_parts is not None:
+        in_parts.check_destination(target, dst)  # before any input is listed
+    with staged(target, Storage(storage_options or {}), overwrite) as (here, on_shard_closed):
+        job = settle(source, here, on_error, overwrite)
         if in_parts is not None:
-            return write_parts(job, in_parts, workers=workers, progress=progress)
-        return write_here(job, workers=workers, progress=progress,
-                           on_shard_closed=on_shard_closed)
-
-    if is_url(dst):  # object storage: built locally, shards uploaded as they close
-        return convert_to_url(
-            source, str(dst), write=write, container=container,
-            container_options=container_options, on_error=on_error, overwrite=overwrite,
-            resume=resume, storage=Storage(storage_options or {}))
-    return write(settle(source, dst, container, container_options, on_error, overwrite))
+            result = write_parts(job, in_parts, workers=workers, progress=progress)
+        else:
+            result = write_here(job, workers=workers, progress=progress,
+                                on_shard_closed=on_shard_closed)
+    if target.url is not None:
+        result.path = target.url  # type: ignore[assignment]
+    return result

@@ -1,5 +1,6 @@
-"""What every conversion settles before it writes a record: the container, the real destination
-and the writer's options, and the checked list of inputs (a :class:`Job`)."""
+"""What every conversion settles before it writes a record: where it goes (a
+:class:`Destination`: the container, the path really written and the writer's options, and the
+URL for object storage), then the checked list of inputs (a :class:`Job`)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,43 @@ from packdata.errors import DatasetError, OutputExistsError, PackdataError
 from packdata.manifest import Manifest
 from packdata.recordmeta import key_hashes
 from packdata.sources.base import Item, Source, keys_of
+from packdata.urls import is_url
 
 ON_ERROR = ("fail", "skip")
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where a conversion writes, settled once (:func:`destination`): the container's name, the
+    path its writer fills and the writer's options; for object storage, ``url``, where the
+    output is sent (its ``path`` then names the dataset there until
+    :func:`packdata.conversion.upload.staged` points it at a local staging folder)."""
+
+    container: str
+    path: Path
+    options: dict[str, Any]
+    url: str | None = None
+
+
+def destination(dst: str | Path, container: str | None,
+                container_options: dict[str, Any] | None) -> Destination:
+    """The :class:`Destination` of ``dst``: the container ``container``, or by ``dst``'s
+    suffix; the path and options its ``destination`` makes of ``dst`` (tar's ``out.tar`` is the
+    folder ``out`` with shards ``out-000000.tar``…), a URL's alike. Object storage takes tar
+    shards only."""
+    options = dict(container_options or {})
+    if not is_url(dst):
+        module = containers.for_destination(dst, container)
+        path, options = module.destination(Path(dst), options)
+        return Destination(module.NAME, path, options)
+    scheme, _, where = str(dst).partition("://")
+    module = containers.for_destination(Path(where), container)
+    if module.NAME != "tar":
+        raise PackdataError(f"{dst}: object storage takes tar shards (asked: {module.NAME}); "
+                            "LMDB and HDF5 datasets are read through memory maps of local files, "
+                            "so convert those to a local path")
+    path, options = module.destination(Path(where), options)
+    return Destination(module.NAME, path, options, url=f"{scheme}://{path.as_posix()}")
 
 
 @dataclass
@@ -57,25 +93,21 @@ class ConvertResult:
         return self.manifest.skipped
 
 
-def settle(source: Source, dst: str | Path, container: str | None,
-           container_options: dict[str, Any] | None, on_error: str, overwrite: bool,
-           check_destination: bool = True) -> Job:
-    """The :class:`Job` for converting ``source`` to ``dst``: the container (``container``, or
-    by ``dst``'s suffix), the path really written and its writer options, the inputs (at least
-    one, no two with one key). ``check_destination``: refuse a destination that is a link, lies
-    inside the source (or holds it), or exists (unless ``overwrite`` and it is a dataset)."""
+def settle(source: Source, target: Destination, on_error: str, overwrite: bool) -> Job:
+    """The :class:`Job` for converting ``source`` into ``target``: the inputs (at least one, no
+    two with one key). A local destination is refused when it is a link, lies inside the
+    source (or holds it), or exists (unless ``overwrite`` and it is a dataset); one staged for a
+    URL is a fresh folder."""
     if on_error not in ON_ERROR:
         raise PackdataError(f"on_error '{on_error}': expected one of {', '.join(ON_ERROR)}")
-    module = containers.for_destination(dst, container)
-    path, options = module.destination(Path(dst), dict(container_options or {}))
-    if check_destination:
-        _check_destination(path, source.root, overwrite)
+    if target.url is None:
+        _check_destination(target.path, source.root, overwrite)
     items = source.items()
     if not items:
         raise PackdataError(f"{source.root}: no {source.kind} inputs found")
     if not source.unique_keys:
         _check_unique_keys(items)
-    return Job(source, module.NAME, path, options, items, on_error)
+    return Job(source, target.container, target.path, target.options, items, on_error)
 
 
 #: keys made as strings at a time while hashing them (the rest of the check is 16 bytes a key)

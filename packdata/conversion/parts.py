@@ -26,7 +26,7 @@ import numpy as np
 from packdata import atomic, containers
 from packdata.containers import sharded
 from packdata.conversion import engines, local
-from packdata.conversion.job import ConvertResult, Job
+from packdata.conversion.job import ConvertResult, Destination, Job
 from packdata.errors import PackdataError
 from packdata.interrupts import term_as_interrupt
 from packdata.manifest import Manifest
@@ -117,22 +117,29 @@ class Parts:
             return "--part-size"
         return "--scheduler" if self.scheduler or self.client is not None else "--engine"
 
-    def check_destination(self, dst: str | Path, container: str | None) -> None:
-        """A destination named like one dataset of a container (``out.h5``, ``out.lmdb``) is
-        that: parts of HDF5 or LMDB make a folder of parts (a sharded dataset; tar parts join
-        into an ordinary tar dataset), so refuse before converting, saying what to ask for."""
-        module = containers.for_destination(dst, container)
+    def check_destination(self, target: Destination, dst: str | Path) -> None:
+        """Before any input is listed. A destination named like one dataset of a container
+        (``out.h5``, ``out.lmdb``) is that: parts of HDF5 or LMDB make a folder of parts (a
+        sharded dataset; tar parts join into an ordinary tar dataset), so refuse, saying what
+        to ask for. Object storage takes no ``--resume`` (the finished parts are kept beside a
+        local destination)."""
+        if target.url is not None:
+            if self.resume:
+                raise PackdataError(f"{dst}: --resume needs a local destination (the finished "
+                                    "parts are kept beside it); convert to a local path, then "
+                                    "upload")
+            return
         path = Path(dst)
-        if module.NAME == "tar" or path.suffix.lower() not in {
+        if target.container == "tar" or path.suffix.lower() not in {
                 s for name in containers.CONTAINERS for s in containers.get(name).SUFFIXES}:
             return
-        flag = self.flag()
+        flag, name = self.flag(), target.container
         why = (" (an interrupted conversion into one file leaves no parts to resume)"
                if flag == "--resume" else "")
         raise PackdataError(
-            f"{dst}: {flag} converts in parts, which writes a folder of {module.NAME} parts (a "
-            f"sharded dataset), not one {module.NAME} dataset; for parts, name a folder and the "
-            f"parts' format ({path.with_suffix('')}/ --format {module.NAME}), or leave out "
+            f"{dst}: {flag} converts in parts, which writes a folder of {name} parts (a "
+            f"sharded dataset), not one {name} dataset; for parts, name a folder and the "
+            f"parts' format ({path.with_suffix('')}/ --format {name}), or leave out "
             f"{flag} to write {path.name}{why}")
 
 

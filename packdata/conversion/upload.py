@@ -1,29 +1,27 @@
-"""Writing a tar dataset to object storage: each shard is uploaded as soon as the writer closes
-it, while the next ones are written; the record index and the manifest last, so a reader never
-finds a half-written dataset at the URL. A failed conversion removes what it sent."""
+"""Writing a tar dataset to object storage (:func:`staged`, around the conversion's one write):
+each shard is uploaded as soon as the writer closes it, while the next ones are written; the
+record index and the manifest last, so a reader never finds a half-written dataset at the URL.
+A failed conversion removes what it sent."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import queue
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from packdata import containers
 from packdata.containers import tar
 from packdata.containers.base import ShardClosed
 from packdata.containers.tar.indexes import WIDS_INDEX
-from packdata.conversion.job import ConvertResult, Job, settle
+from packdata.conversion.job import Destination
 from packdata.errors import DatasetError, OutputExistsError, PackdataError
 from packdata.manifest import Manifest
 from packdata.remote.storage import Storage, errors
-from packdata.sources.base import Source
-
-#: runs a settled conversion locally, announcing closed shards to the callback (if any)
-WriteLocally = Callable[[Job, ShardClosed | None], ConvertResult]
 
 
 class ShardUploader:
@@ -91,17 +89,13 @@ class ShardUploader:
         return ""
 
 
-def upload(local: Path, url: str, storage: Storage | None = None, overwrite: bool = False,
-           sent: list[str] | None = None) -> None:
-    """Upload the tar dataset at ``local`` to ``url``: shards (but those already ``sent``) with
+def upload(local: Path, url: str, storage: Storage, sent: list[str]) -> None:
+    """Send the tar dataset at ``local`` to ``url``: its shards but those already ``sent``, with
     their DALI indexes, then the record and wids indexes, the manifest last."""
-    storage = storage or Storage()
     fs, remote = storage.filesystem(url)
     with errors(url):
-        if sent is None:  # else the caller retired the old dataset before sending shards
-            _retire(fs, remote, url, overwrite)
         manifest = Manifest.from_json((local / tar.MANIFEST).read_text(), str(local))
-        names = [s["name"] for s in manifest.extra["shards"] if s["name"] not in set(sent or ())]
+        names = [s["name"] for s in manifest.extra["shards"] if s["name"] not in set(sent)]
         names += [Path(n).with_suffix(".idx").name for n in names]
         names = [n for n in names if (local / n).is_file()] + \
             [n for n in (tar.INDEX, WIDS_INDEX) if (local / n).is_file()]
@@ -134,40 +128,34 @@ def _retire(fs: Any, remote: str, url: str, overwrite: bool) -> None:
         fs.rm_file(f"{remote}/{tar.MANIFEST}")
 
 
-def convert_to_url(source: Source, url: str, *, write: WriteLocally,
-                   container: str | None = None, container_options: dict[str, Any] | None = None,
-                   on_error: str = "fail", overwrite: bool = False, resume: bool = False,
-                   storage: Storage | None = None, streamed: bool = True) -> ConvertResult:
-    """Convert ``source`` into tar shards at ``url``: ``write(job, on_shard_closed)`` runs the
-    conversion into a temporary folder; with ``streamed`` each shard is sent as soon as the
-    writer closes it (:class:`ShardUploader`), the rest at the end, the manifest last. A failure
-    removes what was sent; no manifest is ever written then."""
-    name = containers.for_destination(Path(url.split("://", 1)[1]), container).NAME
-    if name != "tar":
-        raise PackdataError(f"{url}: object storage takes tar shards (asked: {name}); LMDB and "
-                            "HDF5 datasets are read through memory maps of local files, so "
-                            "convert those to a local path")
-    if resume:
-        raise PackdataError(f"{url}: --resume needs a local destination (the finished parts "
-                            "are kept beside it); convert to a local path, then upload")
-    storage = storage or Storage()
+@contextlib.contextmanager
+def staged(target: Destination, storage: Storage, overwrite: bool, streamed: bool = True
+           ) -> Iterator[tuple[Destination, ShardClosed | None]]:
+    """Around a conversion's one write into ``target``: the destination to write and the
+    writer's ``on_shard_closed``. A local destination is written as it is. For object storage,
+    before anything is converted the bucket is checked and a dataset already at the URL refused
+    or (``overwrite``) retired; the write goes to a local staging folder, each shard sent as the
+    writer announces it closed (``streamed``), the rest on leaving, the manifest last. A failure
+    removes what was sent; no manifest is ever written then. The staging folder goes either way."""
+    if target.url is None:
+        yield target, None
+        return
+    url = target.url
     fs, remote = storage.filesystem(url)
     with errors(url):
         _check_bucket(fs, remote, url)
         _retire(fs, remote, url, overwrite)
     staging = Path(tempfile.mkdtemp(prefix="packdata-upload-"))
     try:
-        job = settle(source, staging / "dataset", "tar", container_options, on_error, False)
-        uploader = ShardUploader(job.dst, url, storage) if streamed else None
+        here = dataclasses.replace(target, path=staging / "dataset")
+        uploader = ShardUploader(here.path, url, storage) if streamed else None
         try:
-            result = write(job, uploader)
-            upload(result.path, url, storage, sent=uploader.finish() if uploader else [])
+            yield here, uploader
+            upload(here.path, url, storage, sent=uploader.finish() if uploader else [])
         except BaseException as exc:
             left = uploader.remove() if uploader else ""
             if left and isinstance(exc, PackdataError):
                 raise type(exc)(f"{exc}{left}") from exc
             raise
-        result.path = url  # type: ignore[assignment]
-        return result
     finally:
         shutil.rmtree(staging, ignore_errors=True)
