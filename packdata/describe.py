@@ -7,12 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from packdata.containers.base import disk_size
-from packdata.errors import DatasetError
-from packdata.loading.buckets import LengthBucketBatchSampler, padding_fraction
-from packdata.loading.dataset import open_dataset
-from packdata.loading.sampling import EpochBatchSampler
+from packdata import sources
+from packdata.containers.base import Reader, disk_size
+from packdata.containers.integrity import at_open
+from packdata.errors import DatasetError, PackdataError
 from packdata.remote.storage import errors
+from packdata.remote.tar_reader import open_reader
 from packdata.urls import is_url
 
 PADDING_BATCH = 64  # batch size of the padding estimate shown for text datasets
@@ -23,8 +23,21 @@ def describe(path: str | Path) -> dict[str, Any]:
     (a path or a URL, as :func:`packdata.open` takes; at a URL the size is what is stored)."""
     url = is_url(path)
     path = str(path).rstrip("/") if url else Path(path)
-    ds = open_dataset(path)
-    m = ds.manifest
+    reader = open_reader(path)  # its reader, not the dataset: no torch for a summary
+    try:
+        return _described(reader, path, url)
+    finally:
+        reader.close()
+
+
+def _described(reader: Reader, path: str | Path, url: bool) -> dict[str, Any]:
+    m = reader.manifest
+    try:
+        sources.get(m.kind)
+    except PackdataError as exc:  # an edited manifest, or one of a newer packdata
+        raise DatasetError(f"{path}: {exc}") from None
+    # the checks packdata.open makes, damage named here (at a URL each shard fetched is checked)
+    at_open(reader, path, "off" if url else "sample")
     info: dict[str, Any] = {
         "path": str(path),
         "container": m.container,
@@ -32,7 +45,7 @@ def describe(path: str | Path) -> dict[str, Any]:
         "count": m.count,
         "fields": {k: f.to_dict() for k, f in m.fields.items()},
         "classes": m.classes,
-        "bytes_on_disk": _stored_size(ds.reader) if url else disk_size(Path(path)),
+        "bytes_on_disk": _stored_size(reader) if url else disk_size(Path(path)),
         "source": m.source,
         "options": m.options,
         "skipped": len(m.skipped),
@@ -41,13 +54,17 @@ def describe(path: str | Path) -> dict[str, Any]:
     if "shards" in m.extra:
         info["shards"] = len(m.extra["shards"])
     for name in m.variable_fields:
-        lengths = ds.lengths(name)
+        lengths = reader.lengths(name)
         info.setdefault("lengths", {})[name] = {
             "min": int(lengths.min()), "median": float(np.median(lengths)),
             "max": int(lengths.max()), "total": int(lengths.sum()),
         }
     if m.kind == "text" and m.count:
-        lengths = ds.lengths("tokens")
+        # the samplers a text dataset is read with: the one part of a summary that loads torch
+        from packdata.loading.buckets import LengthBucketBatchSampler, padding_fraction
+        from packdata.loading.sampling import EpochBatchSampler
+
+        lengths = reader.lengths("tokens")
         random = EpochBatchSampler(len(lengths), PADDING_BATCH, seed=0)
         info["padding"] = {  # what padding each batch to its longest costs, one epoch
             "batch_size": PADDING_BATCH,
@@ -64,8 +81,11 @@ def _stored_size(reader: Any) -> int:
 
 
 def preview(path: str | Path, out: str | Path, count: int = 64, columns: int = 8) -> Path:
-    """Write a PNG grid of the first ``count`` images of an image dataset."""
+    """Write a PNG grid of the first ``count`` images of an image dataset, as the dataset
+    serves them (through its torch face)."""
     from PIL import Image
+
+    from packdata.loading.dataset import open_dataset
 
     ds = open_dataset(path)
     if ds.manifest.kind != "image":

@@ -17,9 +17,8 @@ from packdata.checksum import algorithm_of, entry_checksums, record_checksum
 from packdata.containers.base import Batch, Reader
 from packdata.containers.integrity import read_checked
 from packdata.errors import InputWarning, PackdataError
-from packdata.loading.dataset import open_dataset
 from packdata.manifest import Manifest
-from packdata.urls import is_url
+from packdata.remote.tar_reader import open_reader
 
 
 def record_at(batch: Batch, j: int, manifest: Manifest) -> dict[str, np.ndarray]:
@@ -54,14 +53,9 @@ def verify(path: str | Path, source: Any = None, deep: bool = False,
     checksum. ``deep`` also reads each record alone (another code path than batches) and decodes
     encoded images. ``source`` (a :class:`packdata.sources.base.Source`) compares every record
     with a fresh conversion of its input."""
-    from packdata import containers
-
     report = VerifyReport(str(path))
     try:
-        if is_url(path):  # tar shards in object storage, as packdata.open reads them
-            reader = open_dataset(path, verify="off").reader
-        else:
-            reader = containers.for_existing(path).READER(Path(path))
+        reader = open_reader(path)  # at a URL: tar shards in object storage, as packdata.open
         reader.allow_truncated_shards()  # the records before a cut are intact
     except (PackdataError, OSError) as exc:
         report.problems.append(str(exc))

@@ -130,7 +130,7 @@ def test_readme_quickstart_matches_ci():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("moment", ["typer", "torch", "packdata.cli", "h5py"])
+@pytest.mark.parametrize("moment", ["typer", "numpy", "packdata.cli", "h5py"])
 def test_ctrl_c_at_any_moment_is_one_line(tmp_path, png_folder, moment):
     """SIGINT to the process group (as a terminal's Ctrl-C) right after a module finished
     importing (-X importtime reports each): while starting up, or converting (h5py loads when the

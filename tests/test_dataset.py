@@ -368,12 +368,17 @@ def test_a_kept_hdf5_layout_still_reads_the_manifest_from_the_file(packed, tmp_p
 
 
 def test_every_kind_declares_what_loading_may_ask_of_it():
+    from packdata.loading import samples
+
+    assert set(samples.SERVED) == set(packdata.sources.KINDS)  # one table each side, alike
     for kind in packdata.sources.KINDS:
-        module = packdata.sources.get(kind)
-        assert isinstance(module.DECODES, bool)
-        assert module.select is None or callable(module.select)
-    assert packdata.sources.get("image").DECODES
-    assert packdata.sources.get("pointcloud").select is not None
+        served = samples.get(kind)
+        assert callable(served.to_torch) and isinstance(served.decodes, bool)
+        assert served.select is None or callable(served.select)
+    assert samples.get("image").decodes and samples.get("image").channels_last
+    assert samples.get("pointcloud").select is not None
+    with pytest.raises(packdata.PackdataError, match="unknown sample kind 'video'"):
+        samples.get("video")
 
 
 def test_a_decode_stage_on_text_is_refused_naming_the_dataset(tmp_path, peps_dir):

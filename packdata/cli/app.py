@@ -38,7 +38,8 @@ _LATER: dict[str, tuple[Any, Callable[[], Any]]] = {}
 def later(name: str, short_help: str, build: Callable[[], Any]) -> None:
     """Register command ``name``, built by ``build()`` (a click command) when it runs; until
     then ``packdata --help`` lists it with ``short_help`` (convert's flags come from every
-    sample kind's OPTIONS, whose modules import torch: seconds for a plain ``--help``)."""
+    sample kind's OPTIONS: importing every kind's module, with numpy and Pillow, which a plain
+    ``--help`` need not pay)."""
     stand_in = typer.Typer(add_completion=False)
     stand_in.command(name, help=short_help)(lambda: None)
     _LATER[name] = (typer.main.get_command(stand_in), build)

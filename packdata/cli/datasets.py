@@ -95,9 +95,9 @@ def verify(
     try:
         src = None
         if source is not None:
-            from packdata.loading.dataset import open_dataset
+            from packdata.remote.tar_reader import open_reader
 
-            src = source_for(open_dataset(dataset, verify="off").manifest, source)
+            src = source_for(open_reader(dataset).manifest, source)
         report = run_verify(dataset, source=src, deep=deep)
     except (PackdataError, OSError) as exc:
         fail(exc)

@@ -18,10 +18,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from packdata import containers, sources
+from packdata import containers
 from packdata.containers.base import Reader, selected_entries
 from packdata.containers.integrity import ChecksummedReader, at_open
 from packdata.errors import ArgumentError, ArgumentTypeError, DatasetError, PackdataError
+from packdata.loading import samples
 from packdata.loading.rows import rows_of
 from packdata.loading.shared import SharedEpoch
 from packdata.loading.transfer import worker_arrays
@@ -90,15 +91,10 @@ class PackedDataset(Dataset):
         try:
             self.manifest: Manifest = reader.manifest
             try:
-                kind = sources.get(self.manifest.kind)
+                kind = samples.get(self.manifest.kind)
             except PackdataError as exc:  # an edited manifest, or one of a newer packdata
                 raise DatasetError(f"{self.path}: {exc}") from None
-            if decode is not None and not kind.DECODES:
-                raise DatasetError(f"{self.path}: decode= applies to image datasets, not "
-                                   f"{self.manifest.kind}")
-            if channels_last and not kind.CHANNELS_LAST:
-                raise DatasetError(f"{self.path}: channels_last= applies to image datasets, not "
-                                   f"{self.manifest.kind}")
+            kind.check_asked(self.path, decode=decode, channels_last=channels_last)
             # object storage: every fetched shard (or ranged record) is checked against the
             # manifest's checksums as it arrives, whatever the level. The reader opened here
             # serves this process's reads (opening another would double the cost of a fresh
@@ -110,7 +106,7 @@ class PackedDataset(Dataset):
             raise
         self._pid = os.getpid()
         self._epoch = SharedEpoch()
-        self._kind_module: Any = kind
+        self._kind_module: samples.SampleKind | None = kind
         self._targets: list[int] | None = None
 
     @property
@@ -238,19 +234,19 @@ class PackedDataset(Dataset):
             raise self._samples_error(kind, exc) from None
 
     @property
-    def _kind(self) -> Any:
-        """The module of the dataset's sample kind (kept per process: a module is not pickled)."""
+    def _kind(self) -> samples.SampleKind:
+        """How the dataset's sample kind serves batches (looked up again once unpickled)."""
         if self._kind_module is None:
-            self._kind_module = sources.get(self.manifest.kind)
+            self._kind_module = samples.get(self.manifest.kind)
         return self._kind_module
 
-    def _samples_error(self, kind: Any, exc: Exception) -> Exception:
+    def _samples_error(self, kind: samples.SampleKind, exc: Exception) -> Exception:
         """Samples made from records by the kind's code: where the manifest's facts (fields,
         options) do not fit the records, its errors name the dataset."""
         if isinstance(exc, PackdataError):
             return exc
         return DatasetError(
-            f"{self.path}: its {kind.KIND} samples cannot be made from its records "
+            f"{self.path}: its {kind.name} samples cannot be made from its records "
             f"({type(exc).__name__}: {exc}); the manifest does not fit the records (edited?) "
             "or the dataset is damaged")
 

@@ -19,13 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
-from packdata import atomic
+from packdata import atomic, containers
 from packdata.checksum import algorithm_of, chunks_checksum
 from packdata.containers import tar
-from packdata.containers.base import Batch, Select, selected_entries
+from packdata.containers.base import Batch, Reader, Select, selected_entries
 from packdata.errors import DatasetError
 from packdata.remote.storage import Storage, errors
 from packdata.units import parse_bytes
+from packdata.urls import is_url
 
 
 class RemoteTarReader(tar.TarReader):
@@ -257,3 +258,13 @@ def write_reader_indexes_at(url: str, storage: Storage | None = None) -> list[st
     finally:
         reader.close()
     return [f"{reader.url}/{f.name}" for f in made]
+
+
+def open_reader(path: str | Path, storage: Storage | None = None) -> Reader:
+    """The reader of the dataset at ``path`` as :func:`packdata.open` finds it, without the
+    dataset's torch face (``packdata inspect``, ``verify``): a URL's tar shards through
+    :class:`RemoteTarReader` (reached with ``storage``), a local dataset through its
+    container's reader."""
+    if is_url(path):
+        return RemoteTarReader(str(path).rstrip("/"), storage or Storage())
+    return containers.for_existing(path).READER(Path(path))

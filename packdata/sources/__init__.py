@@ -6,17 +6,11 @@ A kind module declares, for conversion:
   :class:`packdata.options.Option`) and ``SOURCE`` (a
   :class:`packdata.sources.base.Source` subclass taking ``root, **options``);
 
-and for loading:
-
-- ``to_torch(batch, manifest, *, indices, epoch)``, which turns a batch read from any container
-  into the tensors its Dataset returns (``indices`` and ``epoch`` let a kind vary what it
-  serves, e.g. a different stored variant each epoch);
-- ``select``: ``select(manifest, indices, epoch)`` → the :data:`packdata.containers.base.Select`
-  the container reads the batch with (one stored variant per record), or None where a record
-  is always read whole;
-- ``DECODES``: whether ``to_torch`` also takes ``decode=``, a batched decode stage (images);
-- ``CHANNELS_LAST``: whether ``to_torch`` also takes ``channels_last=True``, images handed in
-  channels-last memory instead of contiguous N×C×H×W.
+and for loading, ``select``: ``select(manifest, indices, epoch)`` → the
+:data:`packdata.containers.base.Select` the container reads the batch with (one stored variant
+per record), or None where a record is always read whole. The tensors a dataset of the kind
+serves are made on the read side (:mod:`packdata.loading.samples`, one line per kind there):
+nothing here imports torch, so that a conversion never loads it.
 """
 
 from __future__ import annotations

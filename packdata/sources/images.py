@@ -13,7 +13,8 @@ Records: ``image`` and ``label`` (int64) when labels are known. ``image`` is one
 - the original file bytes (``encoding="keep"``).
 
 Batches of images of different sizes need a decode stage (:mod:`packdata.imagedecode`), passed
-as ``packdata.open(path, decode=...)``; it crops and resizes them to one size while decoding.
+as ``packdata.open(path, decode=...)``; it crops and resizes them to one size while decoding
+(:mod:`packdata.loading.samples` makes the tensors a dataset serves).
 """
 
 from __future__ import annotations
@@ -28,12 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from PIL import Image, UnidentifiedImageError
-from torch.utils.data import get_worker_info
 
-from packdata.errors import DatasetError, OptionError, PackdataError, SampleError
-from packdata.imagedecode import ImageDecode
+from packdata.errors import OptionError, PackdataError, SampleError
 from packdata.manifest import Field, Manifest
 from packdata.options import Option, resolve
 from packdata.remote.files import RemotePath
@@ -41,8 +39,6 @@ from packdata.sources import labels as labelling
 from packdata.sources.base import BLOCK, FileTable, Item, Source, paths_of
 
 KIND = "image"
-DECODES = True  # to_torch takes a batched decode stage (decode=)
-CHANNELS_LAST = True  # to_torch can hand images in channels-last memory (channels_last=True)
 select = None  # every record serves all of itself
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 ENCODINGS = ("raw", "keep")
@@ -284,93 +280,6 @@ def stored_chw(manifest: Manifest) -> bool:
     image = manifest.fields["image"]
     order = manifest.options.get(PIXEL_ORDER.name, PIXEL_ORDER.legacy)
     return order == "chw" and image.codec is None and not image.variable and len(image.shape) == 3
-
-
-def to_torch(
-    batch: dict, manifest: Manifest, *, indices: np.ndarray, epoch: int,
-    decode: ImageDecode | None = None, channels_last: bool = False,
-) -> tuple[torch.Tensor, ...]:
-    """``(images, labels)`` as uint8 B×C×H×W and int64 B. Images are contiguous, as torchvision's
-    datasets give them (``x.view(B, -1)`` works); ``channels_last=True`` hands them in
-    channels-last memory instead. Pixels stored C×H×W (the default) are the contiguous batch as
-    read, no copy; pixels stored H×W×C are the channels-last batch as read. The other layout
-    costs one transposing copy per batch.
-
-    With a ``decode`` stage, images of any storage are decoded, cropped and resized by it into
-    one batch; without one, the batch's images must all have the same size."""
-    images = batch["image"]
-    mode = manifest.options.get("mode", "RGB")
-    encoded = manifest.fields["image"].codec == "image"
-    sizes = batch.get("image_size")
-    chw = stored_chw(manifest)
-    if decode is not None:
-        if chw:  # the stage takes H×W×C pixels: views, it reads only each crop's box
-            images = np.asarray(images).transpose(0, 2, 3, 1)
-        x = decode(images, encoded=encoded, sizes=sizes, mode=mode, indices=indices, epoch=epoch,
-                   channels_last=channels_last)  # laid out by the decode threads
-    else:
-        if encoded:
-            images = [decode_image(b, mode) for b in images]
-        elif sizes is not None:
-            images = [rows.reshape(int(h), int(w), -1) for rows, (h, w) in zip(images, sizes)]
-        if isinstance(images, list):
-            images = _stack(images, Image.getmodebands(mode))
-        x = torch.from_numpy(images)
-        if not chw:  # H×W×C pixels, or H×W ones (one channel, e.g. mode "L")
-            x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
-    if channels_last:
-        x = _channels_last(x)
-    else:
-        # a decode stage may have pinned its batch for the GPU copy: so is the contiguous one (asked
-        # only then, since asking starts CUDA)
-        x = _contiguous(x, pinned=decode is not None and torch.cuda.is_available()
-                        and get_worker_info() is None and x.is_pinned())
-    if "label" in batch:
-        return x, torch.from_numpy(np.asarray(batch["label"]))
-    return (x,)
-
-
-def _contiguous(x: torch.Tensor, pinned: bool) -> torch.Tensor:
-    """``x`` in contiguous memory (pinned memory if ``pinned``)."""
-    if x.is_contiguous():
-        return x
-    out = torch.empty(x.shape, dtype=x.dtype, pin_memory=pinned)
-    # numpy's copy, not torch's: torch splits this transpose over its intra-op threads, which
-    # stall beside busy processes (bench/bench_gather.py measures that for the gather)
-    np.copyto(out.numpy(), x.numpy())
-    return out
-
-
-def _channels_last(x: torch.Tensor) -> torch.Tensor:
-    """N×C×H×W ``x`` in channels-last memory."""
-    if x.is_contiguous(memory_format=torch.channels_last):
-        return x
-    n, c, h, w = x.shape
-    out = torch.empty((n, h, w, c), dtype=x.dtype)
-    if x.is_contiguous():
-        # one strided copy per channel, reading each plane in order, not numpy's copy of the
-        # transposed view, whose innermost source axis strides by a whole plane; not torch's
-        # copy either (see _contiguous)
-        rows, planes = out.numpy().reshape(n, h * w, c), x.numpy().reshape(n, c, h * w)
-        for channel in range(c):
-            rows[:, :, channel] = planes[:, channel]
-    else:
-        np.copyto(out.numpy(), x.permute(0, 2, 3, 1).numpy())
-    return out.permute(0, 3, 1, 2)
-
-
-def _stack(images: list[np.ndarray], channels: int) -> np.ndarray:
-    if not images:
-        return np.zeros((0, 0, 0, channels), np.uint8)
-    shapes = sorted({im.shape[:2] for im in images})
-    if len(shapes) > 1:
-        seen = ", ".join(f"{h}x{w}" for h, w in shapes[:3]) + (" ..." if len(shapes) > 3 else "")
-        raise DatasetError(
-            f"this batch holds images of {len(shapes)} different sizes (HxW {seen}); give a "
-            "decode stage that makes them one size: packdata.open(path, "
-            "decode=packdata.RandomResizedCrop(224)) for training, or "
-            "decode=packdata.CenterCrop(224, resize=256) for evaluation")
-    return np.stack(images)
 
 
 SOURCE = ImageSource

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from packdata.checksum import EntryChecks, entry_checksums
 from packdata.errors import (
@@ -52,8 +51,6 @@ from packdata.sources import pointfiles
 from packdata.sources.base import FileTable, Item, Source, shown
 
 KIND = "pointcloud"
-DECODES = False  # no decode stage; select (below) picks one stored variant per sample
-CHANNELS_LAST = False  # no images
 SUFFIXES = pointfiles.SUFFIXES
 VARIANT_ORDERS = ("epoch", "random")
 #: what each normalisation does to the file's coordinates, as the manifest states it
@@ -313,24 +310,6 @@ def select(manifest: Manifest, indices: np.ndarray, epoch: int) -> dict[str, np.
     then reads one of the K stored variants instead of all of them."""
     variant = variant_of(indices, manifest, epoch)
     return {name: variant for name in VARIANT_FIELDS if name in manifest.fields}
-
-
-def to_torch(
-    batch: dict, manifest: Manifest, *, indices: np.ndarray, epoch: int
-) -> tuple[torch.Tensor, ...]:
-    """``(points, label?, point_labels?, mask?)`` from a batch read with :func:`select`: B×N×F
-    points of one variant per sample (float32; float64 when stored so), int64 B labels, int64
-    B×N point labels, bool B×N mask (each present when stored)."""
-    points = batch["points"]
-    dtype = np.float64 if points.dtype == np.float64 else np.float32  # float16 is for storage
-    out = [torch.from_numpy(np.asarray(points, dtype=dtype))]
-    if "label" in batch:
-        out.append(torch.from_numpy(np.asarray(batch["label"], dtype=np.int64)))
-    if "point_labels" in batch:
-        out.append(torch.from_numpy(batch["point_labels"].astype(np.int64)))
-    if "mask" in batch:
-        out.append(torch.from_numpy(np.ascontiguousarray(batch["mask"])))
-    return tuple(out)
 
 
 SOURCE = PointCloudSource

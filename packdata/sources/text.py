@@ -24,10 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from packdata.errors import PackdataError, SampleError, SkippedSample, TokenizerError
-from packdata.manifest import Field, Manifest
+from packdata.manifest import Field
 from packdata.options import Option, resolve
 from packdata.prep.tokenizers import from_description, load_tokenizer, token_dtype
 from packdata.remote.files import fetch_all
@@ -35,8 +34,6 @@ from packdata.sources.base import Item, Loaded, Source
 from packdata.sources.lines import DocTable, TextItem, build, scan_lines
 
 KIND = "text"
-DECODES = False  # no decode stage
-CHANNELS_LAST = False  # no images
 select = None  # every record serves all of itself
 SUFFIXES = (".txt", ".jsonl")
 TEXT_ERRORS = ("strict", "replace", "skip")
@@ -249,17 +246,6 @@ class TextSource(Source):
             "source": {"path": str(self.root), "layout": layout, "blank_lines": self.blank_lines},
             "options": self.options(),
         }
-
-
-def to_torch(
-    batch: dict, manifest: Manifest, *, indices: np.ndarray, epoch: int
-) -> tuple[list[torch.Tensor]]:
-    """``(documents,)``: one 1-D int64 tensor per document (views of one converted buffer)."""
-    docs = batch["tokens"]
-    if not docs:
-        return ([],)
-    flat = torch.from_numpy(np.concatenate(docs).astype(np.int64))
-    return (list(flat.split([len(d) for d in docs])),)
 
 
 SOURCE = TextSource
