@@ -30,7 +30,6 @@ import packdata
 from packdata.bench.inputs import LoaderOptions, endless, open_input
 from packdata.bench.models import build_model
 from packdata.bench.runner import (
-    BenchSettings,
     Trainer,
     first_batch,
     measure_io,
@@ -38,6 +37,7 @@ from packdata.bench.runner import (
     measure_train,
     to_device,
 )
+from packdata.bench.settings import BenchSettings
 
 CPU = torch.device("cpu")
 

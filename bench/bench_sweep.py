@@ -24,7 +24,7 @@ from rich.console import Console
 
 import packdata
 from packdata.bench.report import print_report, sweep_summary, write_json
-from packdata.bench.runner import BenchSettings
+from packdata.bench.settings import BenchSettings
 from packdata.bench.suite import run_bench
 
 

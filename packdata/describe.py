@@ -1,11 +1,16 @@
-"""What is in a packed dataset: a summary dict, and a preview grid of samples."""
+"""What is in a packed dataset (``packdata inspect``): a summary dict, its lines as a table
+shows them, and a preview grid of samples."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
 from packdata import sources
 from packdata.containers.base import Reader, disk_size
@@ -16,18 +21,24 @@ from packdata.remote.tar_reader import open_reader
 from packdata.urls import is_url
 
 PADDING_BATCH = 64  # batch size of the padding estimate shown for text datasets
+SKIPPED_SHOWN = 5  # skipped inputs named by `packdata inspect` (the manifest lists them all)
 
 
-def describe(path: str | Path) -> dict[str, Any]:
+def describe(path: str | Path, preview: str | Path | None = None) -> dict[str, Any]:
     """Count, fields, classes, size on disk and creation parameters of the dataset at ``path``
-    (a path or a URL, as :func:`packdata.open` takes; at a URL the size is what is stored)."""
+    (a path or a URL, as :func:`packdata.open` takes; at a URL the size is what is stored), and
+    the inputs conversion skipped (path and reason each). ``preview``: also write a PNG grid of
+    its first images there (:func:`write_preview`)."""
     url = is_url(path)
     path = str(path).rstrip("/") if url else Path(path)
     reader = open_reader(path)  # its reader, not the dataset: no torch for a summary
     try:
-        return _described(reader, path, url)
+        info = _described(reader, path, url)
     finally:
         reader.close()
+    if preview is not None:
+        info["preview"] = str(write_preview(path, preview))
+    return info
 
 
 def _described(reader: Reader, path: str | Path, url: bool) -> dict[str, Any]:
@@ -48,7 +59,7 @@ def _described(reader: Reader, path: str | Path, url: bool) -> dict[str, Any]:
         "bytes_on_disk": _stored_size(reader) if url else disk_size(Path(path)),
         "source": m.source,
         "options": m.options,
-        "skipped": len(m.skipped),
+        "skipped": m.skipped,
         "extra": {k: v for k, v in m.extra.items() if k != "shards"},
     }
     if "shards" in m.extra:
@@ -74,13 +85,55 @@ def _described(reader: Reader, path: str | Path, url: bool) -> dict[str, Any]:
     return info
 
 
+def print_table(info: dict[str, Any], console: Console) -> None:
+    """:func:`describe`'s result as ``packdata inspect`` shows it: a table of what and value."""
+    table = Table(title=escape(info["path"]), show_header=False)
+    for key, value in lines(info):  # values hold paths and lists: no markup
+        table.add_row(escape(key), escape(value))
+    console.print(table)
+
+
+def lines(info: dict[str, Any]) -> list[tuple[str, str]]:
+    """:func:`describe`'s result as (what, value) lines."""
+    out = [("container", info["container"]), ("kind", info["kind"]),
+           ("samples", f"{info['count']:,}")]
+    for name, f in info["fields"].items():
+        shape = "×".join("N" if s is None else str(s) for s in f["shape"]) or "scalar"
+        codec = f" ({f['codec']})" if f.get("codec") else ""
+        checks = (f", a checksum per entry of {', '.join(f['checks_entries_of'])}"
+                  if f.get("checks_entries_of") else "")
+        out.append((f"field {name}", f"{f['dtype']} {shape}{codec}{checks}"))
+    for name, stats in info.get("lengths", {}).items():
+        out.append((f"{name} lengths", ", ".join(f"{k} {number(v)}" for k, v in stats.items())))
+    if "padding" in info:
+        p = info["padding"]
+        out.append((f"padding (batches of {p['batch_size']})",
+                    f"random {p['random']:.1%}, length-bucketed {p['bucketed']:.1%}"))
+    if info["classes"]:
+        out.append(("classes", f"{len(info['classes'])}: " + ", ".join(info["classes"][:10])))
+    out += [("size on disk", f"{info['bytes_on_disk'] / 2**20:,.1f} MiB"),
+            ("source", json.dumps(info["source"])), ("options", json.dumps(info["options"]))]
+    skipped = info["skipped"]
+    if skipped:  # named, the first few: the manifest lists them all
+        named = "; ".join(f"{s['path']} ({s['reason']})" for s in skipped[:SKIPPED_SHOWN])
+        more = f"; and {len(skipped) - SKIPPED_SHOWN:,} more" if len(skipped) > SKIPPED_SHOWN else ""
+        out.append(("skipped inputs", f"{len(skipped):,}: {named}{more}"))
+    out += [(k, json.dumps(v)[:200]) for k, v in info["extra"].items()]
+    return out + ([("preview", f"written to {info['preview']}")] if "preview" in info else [])
+
+
+def number(value: float) -> str:
+    """1,024 for an integral value (a median of whole lengths is often one), else 1,024.5."""
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
+
+
 def _stored_size(reader: Any) -> int:
     """Bytes stored under a dataset at a URL (its remote reader's filesystem and path)."""
     with errors(reader.url):
         return int(reader.fs.du(reader.remote))
 
 
-def preview(path: str | Path, out: str | Path, count: int = 64, columns: int = 8) -> Path:
+def write_preview(path: str | Path, out: str | Path, count: int = 64, columns: int = 8) -> Path:
     """Write a PNG grid of the first ``count`` images of an image dataset, as the dataset
     serves them (through its torch face)."""
     from PIL import Image

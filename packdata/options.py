@@ -1,7 +1,7 @@
-"""Conversion options. Each sample kind and each container writer lists its own in its
-``OPTIONS``: the one place that gives their names, types, defaults and help, read by the source or
-writer itself (:func:`resolve`), by :func:`packdata.sources.open_source` and by ``packdata convert``
-(one flag per option, unless ``flag=False``)."""
+"""Options as tables. Each sample kind and each container writer lists its conversion options in
+its ``OPTIONS``, and ``packdata bench`` its own (:mod:`packdata.bench.settings`): the one place
+that gives their names, types, defaults and help, read by the library itself (:func:`resolve`)
+and by the command line (one flag per option, unless ``on_command_line=False``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from packdata.errors import OptionError
 
 @dataclass(frozen=True)
 class Option:
-    """One conversion option of a sample kind."""
+    """One option: of a sample kind, a container's writer, or ``packdata bench``."""
 
     name: str
     type: type  # what the command line parses: str, int, float, bool or pathlib.Path
@@ -27,10 +27,14 @@ class Option:
     #: what a manifest that does not record this option meant (one written before the option
     #: existed), where that differs from ``default``; None: the default
     legacy: Any = None
+    #: the command line's spellings where they are not ``--NAME``: another name with a short
+    #: one (``("--format", "-f")``), or a bool's on/off pair (``("--warm/--cold",)``)
+    flags: tuple[str, ...] = ()
 
     @property
     def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+        """The flag that gives it (its first spelling)."""
+        return self.flags[0].split("/")[0] if self.flags else "--" + self.name.replace("_", "-")
 
     def check(self, value: Any) -> Any:
         """``value`` if it fits this option, else an OptionError naming option and value."""

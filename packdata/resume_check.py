@@ -23,11 +23,13 @@ import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from packdata.errors import ArgumentError
 from packdata.loading.buckets import LengthBucketBatchSampler
 from packdata.loading.sampling import EpochBatchSampler
 from packdata.units import plural
@@ -96,6 +98,7 @@ def check_resume(
     *,
     samplers: dict[str, SamplerFactory] | None = None,
     setups: Sequence[tuple[int, int, str | None]] = SETUPS,
+    processes: bool = True,
     trials: int = 2,
     seed: int = 0,
     batch_size: int = 64,
@@ -103,10 +106,36 @@ def check_resume(
 ) -> list[ScenarioResult]:
     """Run every sampler under every ``(world size, num_workers, workers)`` setup for ``trials``
     random interruptions; resumes go to another setup of the list (another ``num_workers``, and
-    every other trial another world size). Returns one result per scenario."""
+    every other trial another world size). ``dataset``: a dataset, or what
+    :func:`packdata.open` takes. ``processes=False`` leaves out the setups with DataLoader
+    worker processes (the slowest to start). Returns one result per scenario; an ArgumentError
+    where the dataset is too small to interrupt every scenario at ``batch_size``."""
+    if isinstance(dataset, (str, Path)):
+        from packdata.loading.dataset import open_dataset
+
+        dataset = open_dataset(dataset)
+    setups = [s for s in setups if processes or s[2] != "process"]
+    _check_size(dataset, setups, batch_size)
     with warnings.catch_warnings():  # rebuilding loaders is the point here
         warnings.simplefilter("ignore", UserWarning)
         return _check(dataset, samplers, setups, trials, seed, batch_size, log)
+
+
+def _check_size(dataset: Any, setups: Sequence[tuple[int, int, str | None]],
+                batch_size: int) -> None:
+    """Refuse a dataset with fewer records than two batches on each rank of the largest world
+    size (an interruption needs a batch before it and one after, drop_last included)."""
+    world = max((s[0] for s in setups), default=1)
+    n, need = len(dataset), 2 * world * batch_size
+    if n >= need:
+        return
+    where = getattr(dataset, "path", "the dataset")
+    fits = n // (2 * world)
+    advice = f"pass --batch-size {fits} or less" if fits else \
+        f"it needs at least {2 * world} records"
+    raise ArgumentError(f"{where}: {plural(n, 'record')}, too few to interrupt every scenario "
+                        f"at --batch-size {batch_size} (two batches on each of {world} ranks "
+                        f"need {need:,}); {advice}")
 
 
 def _check(dataset: Any, samplers: dict[str, SamplerFactory] | None, setups: Sequence[tuple],
@@ -298,7 +327,9 @@ def _exactly_once(batches: list[list[int]], everything: Counter, world: int, dro
 
 
 def format_row(result: ScenarioResult) -> str:
+    """One scenario as a line of the report: its name last, so that the columns before it
+    align whatever the names' lengths."""
     verdict = "PASS" if result.ok else "FAIL"
     trials = plural(result.trials, "trial")
-    line = f"{verdict}  {result.name:<42} {trials:<9} {result.seconds:6.1f} s"
+    line = f"{verdict}  {trials:<9} {result.seconds:6.1f} s  {result.name}"
     return line + "".join(f"\n      {f}" for f in result.failures[:3])

@@ -19,6 +19,7 @@ from packdata.containers.integrity import read_checked
 from packdata.errors import InputWarning, PackdataError
 from packdata.manifest import Manifest
 from packdata.remote.tar_reader import open_reader
+from packdata.units import plural
 
 
 def record_at(batch: Batch, j: int, manifest: Manifest) -> dict[str, np.ndarray]:
@@ -36,6 +37,7 @@ class VerifyReport:
     count: int = 0
     checked: int = 0
     compared: int = 0  # records compared with a fresh conversion of the source
+    source: str | None = None  # that source, where one was given
     problems: list[str] = field(default_factory=list)
     bad: list[dict[str, Any]] = field(default_factory=list)
 
@@ -46,13 +48,32 @@ class VerifyReport:
     def add_bad(self, index: int | None, key: str, problem: str) -> None:
         self.bad.append({"index": index, "key": key, "problem": problem})
 
+    def lines(self, shown: int = 50) -> list[str]:
+        """The report as ``packdata verify`` prints it: what was checked, every problem, the
+        first ``shown`` bad records, then OK or what failed."""
+        checked = f"{self.checked} of {self.count} records checked"
+        if self.source is not None:
+            checked += f", {self.compared} compared with {self.source}"
+        version = f" (format version {self.version})" if self.version else ""
+        out = [f"{self.path}: {self.container or 'unreadable'}{version}, {checked}"]
+        out += [f"  problem: {problem}" for problem in self.problems]
+        for bad in self.bad[:shown]:
+            at = "" if bad["index"] is None else f" (record {bad['index']})"
+            out.append(f"  bad: {bad['key']}{at}: {bad['problem']}")
+        if len(self.bad) > shown:
+            out.append(f"  ... and {plural(len(self.bad) - shown, 'more bad record')}")
+        out.append("OK" if self.ok else f"FAILED: {plural(len(self.bad), 'bad record')}, "
+                   f"{plural(len(self.problems), 'problem')}")
+        return out
+
 
 def verify(path: str | Path, source: Any = None, deep: bool = False,
            batch_size: int = 256) -> VerifyReport:
     """Check every record of the dataset at ``path``: its shape against the manifest and its
     checksum. ``deep`` also reads each record alone (another code path than batches) and decodes
-    encoded images. ``source`` (a :class:`packdata.sources.base.Source`) compares every record
-    with a fresh conversion of its input."""
+    encoded images. ``source`` compares every record with a fresh conversion of its input: a
+    :class:`packdata.sources.base.Source`, or the input folder (a Source over it with the
+    options the manifest recorded: :func:`source_for`)."""
     report = VerifyReport(str(path))
     try:
         reader = open_reader(path)  # at a URL: tar shards in object storage, as packdata.open
@@ -61,6 +82,15 @@ def verify(path: str | Path, source: Any = None, deep: bool = False,
         report.problems.append(str(exc))
         return report
     m = reader.manifest
+    if isinstance(source, (str, Path)):
+        report.source = str(source)
+        try:
+            source = source_for(m, source)
+        except BaseException:
+            reader.close()
+            raise
+    elif source is not None:
+        report.source = str(source.root)
     report.container, report.count, report.version = m.container, m.count, m.version
     if m.count and not len(m.checksums):
         report.problems.append("the manifest holds no checksums: records checked for shape only")

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 import packdata
 from packdata.cli import app
+from packdata.units import plural
 from tests.conftest import TEXT_FIXTURES, copy_sample
 
 runner = CliRunner()
@@ -154,7 +155,7 @@ def test_bad_input_fails_in_one_line_or_is_skipped_and_listed(tmp_path, case):
     result = runner.invoke(app, ["convert", str(src), str(out), "--workers", "1", "--overwrite",
                                  "--on-error", "skip", *options])
     assert result.exit_code == 0, result.output
-    assert f"skipped {len(bad)} inputs" in result.output
+    assert f"skipped {plural(len(bad), 'input')}:" in result.output
     skipped = packdata.open(out).manifest.skipped
     assert sorted(Path(s["path"]).name for s in skipped) == bad, skipped
 

@@ -15,7 +15,8 @@ from packdata.augment import cifar_recipe
 from packdata.bench.inputs import BenchInput, LoaderOptions, open_input
 from packdata.bench.models import build_model
 from packdata.bench.profile import PARTS, breakdown, profile_loop
-from packdata.bench.runner import BenchSettings, Trainer, first_batch
+from packdata.bench.runner import Trainer, first_batch
+from packdata.bench.settings import BenchSettings
 from packdata.errors import BenchError
 
 CPU = torch.device("cpu")

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from packdata.bench.inputs import LoaderOptions
 from packdata.bench.report import SCHEMA, plot, print_report, schema_errors, write_json
-from packdata.bench.runner import BenchSettings
+from packdata.bench.settings import BenchSettings
 from packdata.bench.suite import run_bench
 
 DOC = Path(__file__).parents[1] / "docs" / "bench.md"
@@ -24,7 +24,7 @@ def result(packed, tmp_path_factory):
     grid = [LoaderOptions(), LoaderOptions(num_workers=1, prefetch_factor=2)]
     return run_bench(packed["lmdb"], BenchSettings(batch_size=20, steps=2, warmup=1),
                      sweep=True, sweep_grid=grid, sweep_seconds=1, sweep_repeats=2,
-                     profile_dir=out / "prof")
+                     profile=out / "prof")
 
 
 def test_result_and_its_json_have_the_documented_schema(result, tmp_path):

@@ -12,7 +12,6 @@ import packdata
 from packdata.bench.inputs import BenchInput, LoaderOptions, open_input
 from packdata.bench.models import build_model
 from packdata.bench.runner import (
-    BenchSettings,
     Trainer,
     bench_device,
     first_batch,
@@ -21,6 +20,7 @@ from packdata.bench.runner import (
     measure_train,
     to_device,
 )
+from packdata.bench.settings import BenchSettings
 from packdata.errors import BenchError
 from packdata.loading.device import DeviceError
 

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from packdata.bench.runner import BenchSettings
+from packdata.bench.settings import BenchSettings
 from packdata.bench.suite import run_bench
 from packdata.errors import BenchError, DatasetError
 

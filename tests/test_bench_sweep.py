@@ -11,7 +11,8 @@ from rich.console import Console
 from packdata.bench.inputs import LoaderOptions, open_input
 from packdata.bench.models import build_model
 from packdata.bench.report import print_sweep, sweep_summary
-from packdata.bench.runner import BenchSettings, Trainer, first_batch
+from packdata.bench.runner import Trainer, first_batch
+from packdata.bench.settings import BenchSettings
 from packdata.bench.sweep import (
     decide,
     default_grid,

@@ -65,7 +65,9 @@ def test_convert_flags_are_the_kinds_options(tmp_path, png_folder):
     from packdata import sources
 
     declared = {o.flag for k in sources.KINDS for o in sources.get(k).OPTIONS}
-    command = get_command(app).loaded("convert")
+    from packdata.cli.app import build_convert
+
+    command = build_convert()
     flags = {f for p in command.params for f in p.opts}
     assert declared <= flags, declared - flags
     assert {"--mode", "--labels", "--dtype"} <= declared  # e.g. mode was once library-only
@@ -82,8 +84,28 @@ def test_convert_flags_are_the_kinds_options(tmp_path, png_folder):
 def test_skip_lists_bad_inputs(tmp_path, png_folder):
     folder = folder_with_a_broken_png(tmp_path, png_folder, "broken.png")
     result = runner.invoke(app, ["convert", str(folder), str(tmp_path / "o"), "--on-error", "skip"])
-    assert result.exit_code == 0 and "skipped 1 inputs" in result.output
+    assert result.exit_code == 0 and "skipped 1 input:" in result.output
     assert "broken.png" in result.output
+    from packdata.describe import lines
+
+    assert "skipped inputs" in runner.invoke(app, ["inspect", str(tmp_path / "o")]).stdout
+    info = json.loads(runner.invoke(app, ["inspect", str(tmp_path / "o"), "--json"]).stdout)
+    assert [s["path"] for s in info["skipped"]] == [str(folder / "broken.png")]
+    assert dict(lines(info))["skipped inputs"] == \
+        f"1: {folder / 'broken.png'} (not an image format Pillow recognises)"
+
+
+def test_a_bad_choice_or_a_bad_input_is_one_line_saying_what_to_do(tmp_path, png_folder):
+    """A choice outside an option's table is the library's one line (not typer's box); a bad
+    input under the default --on-error fail says how to skip it."""
+    result = runner.invoke(app, ["convert", str(png_folder), str(tmp_path / "x.h5"),
+                                 "--encoding", "jpeg"])
+    assert result.exit_code == 2
+    assert result.output == "error: --encoding 'jpeg': expected one of raw, keep\n"
+    folder = folder_with_a_broken_png(tmp_path, png_folder, "broken.png")
+    result = runner.invoke(app, ["convert", str(folder), str(tmp_path / "y.h5")])
+    assert result.exit_code == 2 and "(--on-error skip skips bad inputs and lists them)" in \
+        result.output.splitlines()[-1]
 
 
 def test_error_messages_keep_brackets_in_paths(tmp_path, png_folder):
@@ -220,6 +242,31 @@ def test_help_at_80_columns_is_whole(command):
         assert '"packdata[plot]"' in text
     if command == "convert":
         assert "xyz,intensity" in text and "--max-size" in text
+        workers = text[text.index("--workers"):text.index("--on-error")]
+        assert "the cores this process may use" in workers and "[default" not in workers
+
+
+def test_flags_follow_the_library_tables():
+    """convert's own flags are packdata.convert's keywords, with its defaults; bench's are
+    run_bench's options (a keyword it does not know is refused, as Python would)."""
+    import inspect
+
+    from packdata.bench.settings import OPTIONS as BENCH
+    from packdata.bench.suite import run_bench
+    from packdata.cli.app import build_convert
+    from packdata.conversion.dispatch import convert
+    from packdata.conversion.settings import OPTIONS
+
+    keywords = inspect.signature(convert).parameters
+    assert {o.name: o.default for o in OPTIONS} == {
+        o.name: keywords[o.name].default for o in OPTIONS}
+    flags = {f for p in build_convert().params for f in p.opts}
+    assert {"--format", "-f", "--on-error", "--part-size"} <= flags
+    bench = get_command(app).commands["bench"]
+    assert {o.flag for o in BENCH} <= {f for p in bench.params for f in p.opts}
+    assert "--cold" in {f for p in bench.params for f in p.secondary_opts}
+    with pytest.raises(TypeError, match="unexpected keyword arguments \\['decode'\\]"):
+        run_bench("any", decode="center-crop:224")
 
 
 def test_packdata_help_lists_every_command_without_importing_torch():
@@ -239,7 +286,7 @@ def test_plurals_and_whole_numbers_in_messages(tmp_path, png_folder):
     import warnings
 
     import packdata
-    from packdata.cli.datasets import _number
+    from packdata.describe import number as _number
     from packdata.errors import InputWarning
     from packdata.resume_check import ScenarioResult, format_row
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import packdata
-from packdata.errors import ResumeError
+from packdata.errors import ArgumentError, ResumeError
 from packdata.loading.buckets import LengthBucketBatchSampler
 from packdata.loading.resume import resumable
 from packdata.loading.sampling import EpochBatchSampler
@@ -208,7 +208,7 @@ def test_check_resume_reports_broken_samplers(packed, broken, message):
     ds = packdata.open(packed["lmdb"])
     size = 97  # of the 120 samples: 49 and 48 per rank make 4 and 3 batches of 16
     results = check_resume(ds, samplers={"broken": lambda d, r, w: broken(
-        size, 16, seed=0, rank=r, world_size=w)}, setups=SETUPS, trials=2)
+        size, 16, seed=0, rank=r, world_size=w)}, setups=SETUPS, trials=2, batch_size=16)
     assert not all(r.ok for r in results)
     assert any(message in f for r in results for f in r.failures)
 
@@ -230,6 +230,34 @@ def test_check_resume_command(packed):
                                       "--no-processes"])
     assert result.exit_code == 0, result.output
     assert "PASS" in result.output and "8 of 8 scenarios passed" in result.output
+    assert "process workers" not in result.output.replace("0 process workers", "")
+
+
+def test_check_resume_refuses_a_dataset_too_small_for_its_scenarios(packed):
+    """120 records at the default batch of 64: no scenario could be interrupted (drop_last
+    would drop everything); one line naming --batch-size, exit 2, before any scenario runs."""
+    from typer.testing import CliRunner
+
+    from packdata.cli import app
+
+    result = CliRunner().invoke(app, ["check-resume", str(packed["lmdb"])])
+    assert result.exit_code == 2, result.output
+    assert result.output.count("\n") == 1 and result.output.startswith("error: ")
+    assert "120 records, too few to interrupt every scenario at --batch-size 64" in result.output
+    assert "pass --batch-size 20 or less" in result.output
+    # without the process setup (3 ranks) the largest world is 2 ranks: 30 a batch fits
+    with pytest.raises(ArgumentError, match="pass --batch-size 30 or less"):
+        check_resume(packed["lmdb"], processes=False, batch_size=31)
+
+
+def test_check_resume_rows_align_whatever_the_names():
+    from packdata.resume_check import ScenarioResult, format_row
+
+    rows = [format_row(ScenarioResult(name=n, trials=t, seconds=s)) for n, t, s in (
+        ("sequential, 1 rank, 0 workers", 1, 0.04),
+        ("shuffled drop_last, 3 ranks, 2 process workers", 12, 123.4))]
+    assert len({row.index(" s  ") for row in rows}) == 1
+    assert rows[1].endswith("shuffled drop_last, 3 ranks, 2 process workers")
 
 
 def test_sample_ids_tell_samples_apart(packed):

@@ -70,7 +70,7 @@ def test_verify_names_a_flipped_byte(tmp_path, packed, container):
     assert result.exit_code == 1
     key = packdata.open(packed[container]).keys[3]
     assert f"bad: {key} (record 3): checksum" in result.output
-    assert "FAILED: 1 bad records" in result.output
+    assert "FAILED: 1 bad record, 0 problems" in result.output
 
 
 def test_verify_full_raises_at_read_and_off_reads_the_wrong_bytes(tmp_path, packed, container):

@@ -180,3 +180,15 @@ def test_an_input_that_aborts_its_decoder_is_reported_not_fatal(tmp_path):
     output = done.stdout + done.stderr
     assert "later.laz" in output and "stopped unexpectedly" in output, output
     assert "Traceback" not in output
+
+
+def test_verify_rebuilds_the_source_from_a_folder_it_is_given(tmp_path, pngs):
+    """packdata.verify(path, source=folder): the library makes the Source the manifest
+    recorded (the command line only passes the folder on)."""
+    dst = packdata.convert(packdata.open_source(pngs, mode="L"), tmp_path / "grey.h5",
+                           workers=1).path
+    report = packdata.verify(dst, source=pngs)
+    assert report.ok and report.compared == report.count == 20 and report.source == str(pngs)
+    assert report.lines()[0].endswith(f"20 of 20 records checked, 20 compared with {pngs}")
+    with pytest.raises(packdata.PackdataError, match="missing: no such file or directory"):
+        packdata.verify(dst, source=tmp_path / "missing")

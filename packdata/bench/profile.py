@@ -19,7 +19,8 @@ import torch
 from torch.profiler import ProfilerActivity, record_function, schedule, tensorboard_trace_handler
 
 from packdata.bench.inputs import BenchInput, LoaderOptions, endless
-from packdata.bench.runner import BenchSettings, Trainer, to_device
+from packdata.bench.runner import Trainer, to_device
+from packdata.bench.settings import BenchSettings
 from packdata.bench.timer import device_sync
 from packdata.errors import BenchError
 from packdata.loading.device import Augment, augment_images

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -32,35 +30,10 @@ from torch import nn
 
 from packdata.bench.inputs import BenchInput, LoaderOptions, endless
 from packdata.bench.models import describe_batch, loss_of, prepare_inputs, split_batch
+from packdata.bench.settings import BenchSettings
 from packdata.bench.timer import StepTimer, batch_size_of, device_sync
 from packdata.errors import BenchError
 from packdata.loading.device import Augment, augment_images, map_tensors, resolve_device
-
-
-@dataclass(frozen=True)
-class BenchSettings:
-    """How to measure: model, batch, device and how long."""
-
-    model: str = "auto"
-    batch_size: int = 256
-    device: str = "auto"
-    amp: bool = False
-    steps: int = 50
-    warmup: int = 5
-    max_seconds: float = 20.0  # per measurement, warm-up included
-    workers: int = 0
-    seed: int = 0
-    warm: bool = True  # read the batches a measurement times once, untimed, before timing them
-
-    def __post_init__(self) -> None:
-        for name in ("batch_size", "steps"):
-            if getattr(self, name) < 1:
-                raise BenchError(f"{name} must be ≥ 1, got {getattr(self, name)}")
-        if self.warmup < 0 or self.workers < 0 or not 0 < self.max_seconds < math.inf:
-            raise BenchError("warmup and workers must be ≥ 0 and max_seconds finite and > 0")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def bench_device(name: str) -> torch.device:

@@ -25,7 +25,6 @@ from packdata.bench.models import (
 )
 from packdata.bench.profile import profile_loop
 from packdata.bench.runner import (
-    BenchSettings,
     Trainer,
     bench_device,
     first_batch,
@@ -33,6 +32,7 @@ from packdata.bench.runner import (
     measure_loop,
     measure_train,
 )
+from packdata.bench.settings import BenchSettings, resolve
 from packdata.bench.sweep import default_grid, run_sweep
 from packdata.bench.timer import batch_size_of, device_sync
 from packdata.bench.verdict import Facts, advice, verdict
@@ -151,31 +151,28 @@ def run_bench(
     path: str | Path,
     settings: BenchSettings | None = None,
     *,
-    sweep: bool = False,
-    sweep_seconds: float = 60.0,
     sweep_grid: Sequence[LoaderOptions] | None = None,
-    profile_dir: str | Path | None = None,
-    compare: bool = False,
     log: Callable[[str], Any] = lambda m: None,
-    augment: str | Augment | None = None,
-    sweep_repeats: int = 3,
-    target_gpu: str | None = None,
-    target_flops: float | None = None,
-    mfu: float = 0.4,
+    **options: Any,
 ) -> dict[str, Any]:
     """Measure ``path`` (a packdata dataset or an image folder); the result is the JSON
     document described in docs/bench.md.
 
-    ``augment`` (``"cifar"`` or a callable on a batch of images) runs on the I/O side, after
-    the copy to the device, as a training loop would. ``sweep_grid`` replaces the default sweep
+    ``options`` are those of :data:`packdata.bench.settings.OPTIONS` (``packdata bench``'s
+    flags): the fields of :class:`BenchSettings` given there replace ``settings``'s. ``augment``
+    (``"cifar"`` or a callable on a batch of images) runs on the I/O side, after the copy to
+    the device, as a training loop would. ``sweep_grid`` replaces the default sweep
     (:func:`packdata.bench.sweep.default_grid`); ``sweep_seconds`` is the budget of the whole
     sweep, shared by ``sweep_repeats`` runs of each configuration. ``target_gpu`` (a name in
     :data:`packdata.bench.flops.GPUS`) or ``target_flops`` (peak FLOP/s), at ``mfu``, add the
-    estimate of whether that GPU would wait for this I/O.
+    estimate of whether that GPU would wait for this I/O. ``profile``: a directory for a
+    torch.profiler trace of a few steps. ``compare``: an image folder converted into every
+    container, each measured beside it.
     """
-    settings = settings or BenchSettings()
+    settings, o = resolve(settings, options)
+    sweep, sweep_seconds, sweep_repeats = o["sweep"], o["sweep_seconds"], o["sweep_repeats"]
     started = time.perf_counter()
-    target = resolve_target(target_gpu, target_flops, mfu, settings.amp)  # bad input: first
+    target = resolve_target(o["target_gpu"], o["target_flops"], o["mfu"], settings.amp)
     if sweep and sweep_repeats < 2:
         raise BenchError(f"sweep repeats must be ≥ 2 to tell a difference from noise, "
                          f"got {sweep_repeats}")
@@ -184,12 +181,12 @@ def run_bench(
                          "seconds, > 0")
     device = bench_device(settings.device)
     main = open_input(path)
-    augment_name, augment_fn = resolve_augment(augment, main.kind, settings.seed)
-    if compare and main.format != FOLDER:
+    augment_name, augment_fn = resolve_augment(o["augment"], main.kind, settings.seed)
+    if o["compare"] and main.format != FOLDER:
         raise BenchError(f"--compare converts an image folder into every container; {path} is "
                          f"already a {main.format} dataset")
     with tempfile.TemporaryDirectory(prefix="packdata-bench-") as tmp:
-        inputs = [main] + (convert_all(Path(path), Path(tmp), log) if compare else [])
+        inputs = [main] + (convert_all(Path(path), Path(tmp), log) if o["compare"] else [])
         batch = first_batch(main, settings, device, augment_fn)
         spec = default_model(main.kind, device) if settings.model == "auto" else settings.model
         name, model = build_model(spec, main.kind, batch, main.num_classes)
@@ -218,9 +215,9 @@ def run_bench(
             swept = run_sweep(main, trainer, settings, configs, sweep_seconds, log,
                               sweep_repeats, augment_fn)
         profiled = None
-        if profile_dir is not None:
-            log(f"profiling the real loop into {profile_dir}")
-            profiled = profile_loop(main, trainer, settings, options, profile_dir,
+        if o["profile"] is not None:
+            log(f"profiling the real loop into {o['profile']}")
+            profiled = profile_loop(main, trainer, settings, options, o["profile"],
                                     augment=augment_fn)
     return {
         "schema": SCHEMA_VERSION,

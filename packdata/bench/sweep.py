@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from packdata.bench.inputs import BenchInput, LoaderOptions
-from packdata.bench.runner import BenchSettings, Trainer, measure_loop
+from packdata.bench.runner import Trainer, measure_loop
+from packdata.bench.settings import BenchSettings
 from packdata.errors import BenchError
 from packdata.loading.device import Augment
 

@@ -1,8 +1,3 @@
-"""The ``packdata`` command line (``packdata.__main__`` starts it): :mod:`.app` holds what the
-commands share, :mod:`.convert`, :mod:`.datasets` and :mod:`.bench` the commands."""
+"""The ``packdata`` command line (``packdata.__main__`` starts it)."""
 
-# ruff: noqa: I001 - imported in the order `packdata --help` lists the commands
-from packdata.cli import convert, datasets, bench  # noqa: F401 - each registers its commands
-from packdata.cli.app import app, run
-
-__all__ = ["app", "run"]
+from packdata.cli.app import app, run  # noqa: F401 - the command line's entry points

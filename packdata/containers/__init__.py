@@ -15,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 
 from packdata.errors import DatasetError
+from packdata.options import Option
 from packdata.units import plural
 
 CONTAINERS: dict[str, str] = {
@@ -34,6 +35,17 @@ def get(name: str) -> ModuleType:
         raise DatasetError(
             f"unknown container '{name}'; registered: {', '.join(CONTAINERS)}"
         ) from None
+
+
+def writer_options() -> dict[str, list[tuple[str, Option]]]:
+    """The writers' options that have a ``packdata convert`` flag, by name, each with the
+    containers declaring it."""
+    by_name: dict[str, list[tuple[str, Option]]] = {}
+    for name in CONTAINERS:
+        for option in get(name).WRITER.OPTIONS:
+            if option.on_command_line:
+                by_name.setdefault(option.name, []).append((name, option))
+    return by_name
 
 
 def for_destination(dst: str | Path, name: str | None = None) -> ModuleType:

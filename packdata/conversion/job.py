@@ -18,6 +18,7 @@ from packdata.errors import DatasetError, OutputExistsError, PackdataError
 from packdata.manifest import Manifest
 from packdata.recordmeta import key_hashes
 from packdata.sources.base import Item, Source, keys_of
+from packdata.units import plural
 from packdata.urls import is_url
 
 ON_ERROR = ("fail", "skip")
@@ -91,6 +92,19 @@ class ConvertResult:
     @property
     def skipped(self) -> list[dict[str, str]]:
         return self.manifest.skipped
+
+    def lines(self) -> list[str]:
+        """What ``packdata convert`` says of it: stale outputs removed, what was written, each
+        input skipped."""
+        m = self.manifest
+        said = [f"removed stale partial output of a killed conversion: {s}"
+                for s in self.removed_stale]
+        said.append(f"wrote {self.path}: {m.count} {m.kind} samples ({m.container}) in "
+                    f"{self.seconds:.1f} s")
+        if m.skipped:
+            said += [f"skipped {plural(len(m.skipped), 'input')}:",
+                     *(f"  {s['path']}: {s['reason']}" for s in m.skipped)]
+        return said
 
 
 def settle(source: Source, target: Destination, on_error: str, overwrite: bool) -> Job:

@@ -236,19 +236,23 @@ class RemoteTarReader(tar.TarReader):
         super().close()
 
 
-def write_reader_indexes_at(url: str, storage: Storage | None = None) -> list[str]:
-    """``packdata index`` for a tar dataset at a URL: its DALI and wids indexes made locally
-    (image shards are fetched to tell PNG from JPEG members) and uploaded beside its shards.
-    The URLs written."""
+def write_reader_indexes(dataset: str | Path, storage: Storage | None = None) -> list[str]:
+    """``packdata index``: the DALI and wids indexes of a tar dataset made before packdata wrote
+    them, at a path (:func:`packdata.containers.tar.reindex.write_reader_indexes`) or a URL
+    (made locally, image shards fetched to tell PNG from JPEG members, and uploaded beside its
+    shards). Where they were written."""
     import tempfile
 
+    from packdata.containers.tar import reindex
     from packdata.containers.tar.indexes import write_wids_index
-    from packdata.containers.tar.reindex import write_reader_indexes
+    from packdata.urls import is_url
 
-    reader = RemoteTarReader(url, storage)
+    if not is_url(dataset):
+        return [str(p) for p in reindex.write_reader_indexes(dataset)]
+    reader = RemoteTarReader(str(dataset), storage)
     try:
         with tempfile.TemporaryDirectory(prefix="packdata-index-") as tmp:
-            made = write_reader_indexes(reader.url, out_dir=tmp, reader=reader)
+            made = reindex.write_reader_indexes(reader.url, out_dir=tmp, reader=reader)
             shards = reader.manifest.extra["shards"]
             with errors(reader.url):
                 sizes = [reader.fs.size(f"{reader.remote}/{s['name']}") for s in shards]

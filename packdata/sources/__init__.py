@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import Any
 
 from packdata.errors import PackdataError
+from packdata.options import Option
 from packdata.remote.files import RemotePath
 from packdata.sources.base import Source
 from packdata.urls import is_url
@@ -39,6 +40,16 @@ def get(kind: str) -> ModuleType:
         return importlib.import_module(KINDS[kind])
     except KeyError:
         raise PackdataError(f"unknown sample kind '{kind}'; known: {', '.join(KINDS)}") from None
+
+
+def options() -> dict[str, list[tuple[str, Option]]]:
+    """Every kind's options by name, each with the kinds declaring it (an option several share,
+    such as ``labels``, is one name: one ``packdata convert`` flag)."""
+    by_name: dict[str, list[tuple[str, Option]]] = {}
+    for kind in KINDS:
+        for option in get(kind).OPTIONS:
+            by_name.setdefault(option.name, []).append((kind, option))
+    return by_name
 
 
 def detect_kind(root: Path) -> str:
