@@ -12,12 +12,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from packdata import sources
+from packdata import containers, sources
 from packdata.containers.base import Reader, disk_size
 from packdata.containers.integrity import at_open
 from packdata.errors import DatasetError, PackdataError
-from packdata.remote.storage import errors
-from packdata.remote.tar_reader import open_reader
 from packdata.urls import is_url
 
 PADDING_BATCH = 64  # batch size of the padding estimate shown for text datasets
@@ -31,7 +29,7 @@ def describe(path: str | Path, preview: str | Path | None = None) -> dict[str, A
     its first images there (:func:`write_preview`)."""
     url = is_url(path)
     path = str(path).rstrip("/") if url else Path(path)
-    reader = open_reader(path)  # its reader, not the dataset: no torch for a summary
+    reader = containers.open_reader(path)  # its reader, not the dataset: no torch for a summary
     try:
         info = _described(reader, path, url)
     finally:
@@ -56,7 +54,7 @@ def _described(reader: Reader, path: str | Path, url: bool) -> dict[str, Any]:
         "count": m.count,
         "fields": {k: f.to_dict() for k, f in m.fields.items()},
         "classes": m.classes,
-        "bytes_on_disk": _stored_size(reader) if url else disk_size(Path(path)),
+        "bytes_on_disk": reader.shards.stored_bytes() if url else disk_size(Path(path)),
         "source": m.source,
         "options": m.options,
         "skipped": m.skipped,
@@ -125,12 +123,6 @@ def lines(info: dict[str, Any]) -> list[tuple[str, str]]:
 def number(value: float) -> str:
     """1,024 for an integral value (a median of whole lengths is often one), else 1,024.5."""
     return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
-
-
-def _stored_size(reader: Any) -> int:
-    """Bytes stored under a dataset at a URL (its remote reader's filesystem and path)."""
-    with errors(reader.url):
-        return int(reader.fs.du(reader.remote))
 
 
 def write_preview(path: str | Path, out: str | Path, count: int = 64, columns: int = 8) -> Path:

@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
+from packdata import containers
 from packdata.checksum import algorithm_of, entry_checksums, record_checksum
 from packdata.containers.base import Batch, Reader
 from packdata.containers.integrity import read_checked
 from packdata.errors import InputWarning, PackdataError
 from packdata.manifest import Manifest
-from packdata.remote.tar_reader import open_reader
 from packdata.units import plural
 
 
@@ -76,7 +76,7 @@ def verify(path: str | Path, source: Any = None, deep: bool = False,
     options the manifest recorded: :func:`source_for`)."""
     report = VerifyReport(str(path))
     try:
-        reader = open_reader(path)  # at a URL: tar shards in object storage, as packdata.open
+        reader = containers.open_reader(path)  # at a URL: tar shards in object storage
         reader.allow_truncated_shards()  # the records before a cut are intact
     except (PackdataError, OSError) as exc:
         report.problems.append(str(exc))

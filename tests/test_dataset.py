@@ -262,10 +262,10 @@ def test_a_tar_batch_across_shards_is_the_same_as_from_hdf5(packed):
     order = [99, 3, 51, 0, 77, 50, 49, 12]  # shards of 50 records: 0, 1, 2 and back
     for got, expected in zip(tar[order], h5[order], strict=True):
         assert torch.equal(got, expected)
-    joined = tar.reader._joined_map()
+    joined = tar.reader.maps.joined()
     if sys.platform == "linux":  # all shards in one address range: the batch was one gather
         assert joined is not None and joined[0].flags.writeable is False
-        assert tar.manifest.fields["image"].nbytes in tar.reader._windows  # its byte window
+        assert tar.manifest.fields["image"].nbytes in tar.reader.maps._windows  # its byte window
     else:  # elsewhere the per-shard maps read it
         assert joined is None
 
@@ -279,15 +279,15 @@ def test_a_reopened_tar_dataset_reads_through_the_map_of_the_last_open(packed, t
     shutil.copytree(packed["tar"], path)
     first = packdata.open(path)
     expected = first[[0, 99, 51]]
-    joined = first.reader._joined_map()
+    joined = first.reader.maps.joined()
     del first
     again = packdata.open(path)
-    assert again.reader._joined_map()[0] is joined[0]
+    assert again.reader.maps.joined()[0] is joined[0]
     shard = sorted(path.glob("*.tar"))[0]
     shutil.copy(shard, tmp_path / "copy.tar")
     os.replace(tmp_path / "copy.tar", shard)  # the same bytes, another file
     replaced = packdata.open(path)
-    assert replaced.reader._joined_map()[0] is not joined[0]
+    assert replaced.reader.maps.joined()[0] is not joined[0]
     for got, want in zip(replaced[[0, 99, 51]], expected, strict=True):
         assert torch.equal(got, want)
     # deleted, its map is let go at the next open (so its disk space is freed)
@@ -295,7 +295,7 @@ def test_a_reopened_tar_dataset_reads_through_the_map_of_the_last_open(packed, t
 
     del again, replaced
     shutil.rmtree(path)
-    packdata.open(packed["tar"]).reader._joined_map()
+    packdata.open(packed["tar"]).reader.maps.joined()
     assert not [first for first, _ in joined_maps.KEPT.firsts() if path in first.parents]
 
 

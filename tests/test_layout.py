@@ -14,11 +14,12 @@ FLOORS = [
     # kept per file in the process
     ["_version", "errors", "urls", "units", "interrupts", "options", "checksum", "atomic",
      "spooling", "kept", "recordmeta", "manifest"],
-    # on-disk formats, and work on samples that needs nothing else: conversion-time preparation,
-    # the batched image decode stages
-    ["containers", "prep", "imagedecode", "jpegregion"],
-    # inputs (local or at a URL) and datasets read from object storage
-    ["remote", "sources"],
+    # on-disk formats, object storage (tar shards read from a URL are a shard source of the
+    # tar reader, chosen by the container table), and work on samples that needs nothing else:
+    # conversion-time preparation, the batched image decode stages
+    ["containers", "remote", "prep", "imagedecode", "jpegregion"],
+    # inputs (local or at a URL)
+    ["sources"],
     # the read side: datasets, batches, sampling, workers, the device
     ["loading", "augment", "dali"],
     # the write side and the checks on top of both

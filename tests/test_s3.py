@@ -108,10 +108,10 @@ def test_cache_is_bounded(remote, s3, tmp_path):
     ds = _open(remote, s3, tmp_path, cache_limit=2 * 62 * 1024)  # about two shards
     for i in range(0, 120, 5):
         ds[i]
-    reader = ds.reader
-    cached = sorted(p.name for p in reader.local.glob("shard-*.tar"))
-    total = sum((reader.local / n).stat().st_size for n in cached)
-    assert 1 <= len(cached) <= 2 + reader.storage.prefetch and total <= reader.limit + 3 * 65536
+    shards = ds.reader.shards
+    cached = sorted(p.name for p in shards.root.glob("shard-*.tar"))
+    total = sum((shards.root / n).stat().st_size for n in cached)
+    assert 1 <= len(cached) <= 2 + shards.storage.prefetch and total <= shards.limit + 3 * 65536
     assert "shard-000005.tar" in cached  # the one read last is kept
 
 

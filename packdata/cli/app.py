@@ -243,7 +243,7 @@ def check_resume(
 def index(dataset: Dataset) -> None:
     """Write the indexes other readers use into a tar dataset made by an older packdata: a DALI
     .idx per shard (wds2idx layout) and a wids index JSON."""
-    from packdata.remote.tar_reader import write_reader_indexes
+    from packdata.containers.tar.reindex import write_reader_indexes
 
     print(f"wrote {len(write_reader_indexes(dataset))} index files in {dataset}")
 

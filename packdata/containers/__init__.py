@@ -6,6 +6,10 @@ A container module declares ``NAME``, ``SUFFIXES`` (recognised in a destination)
 and ``destination(dst, options)`` (the path really written and the writer options it implies,
 e.g. tar's ``out/cifar-%04d.tar``). Modules are imported only when used, so a missing backend
 costs nothing until it is asked for.
+
+Datasets are opened here too (:func:`open_reader`), at a path (the container whose ``detect``
+finds it) or a URL (object storage holds one container's datasets, :data:`AT_URL`, whose module
+declares ``open_url(url, storage)``).
 """
 
 from __future__ import annotations
@@ -13,10 +17,15 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from packdata.errors import DatasetError
 from packdata.options import Option
 from packdata.units import plural
+from packdata.urls import is_url
+
+if TYPE_CHECKING:
+    from packdata.containers.base import Reader
 
 CONTAINERS: dict[str, str] = {
     "lmdb": "packdata.containers.lmdb",
@@ -25,6 +34,9 @@ CONTAINERS: dict[str, str] = {
 }
 #: containers made of other containers' datasets: read, never chosen as a conversion target
 COMPOSITE: dict[str, str] = {"sharded": "packdata.containers.sharded"}
+#: the container of datasets at a URL: tar shards, read through a local cache of them or by
+#: ranged requests (:mod:`packdata.remote.shards`)
+AT_URL = "tar"
 
 
 def get(name: str) -> ModuleType:
@@ -94,8 +106,21 @@ def _missing_part(p: Path) -> str | None:
     return None
 
 
+def open_reader(location: str | Path, storage: Any = None, container: str | None = None
+                ) -> Reader:
+    """A reader of the dataset at ``location``: a path, or a URL reached through ``storage``
+    (a :class:`packdata.remote.storage.Storage`; by default the environment's credentials).
+    ``container``: its container's name, where :func:`for_existing` found it already."""
+    module = get(container) if container else for_existing(location)
+    if is_url(location):
+        return module.open_url(str(location).rstrip("/"), storage)
+    return module.READER(Path(location))
+
+
 def for_existing(path: str | Path) -> ModuleType:
-    """The container that holds the dataset at ``path``."""
+    """The container that holds the dataset at ``path`` (a URL: :data:`AT_URL`'s)."""
+    if is_url(path):
+        return get(AT_URL)
     p = Path(path)
     if not p.exists():
         raise DatasetError(f"{p}: no such file or directory")

@@ -34,9 +34,6 @@ class Writer(ABC):
 
     #: container-specific options this writer accepts (``packdata convert`` has a flag for each)
     OPTIONS: ClassVar[tuple[Option, ...]] = ()
-    #: whether it writes the dataset as shards it closes one after another, announcing each to
-    #: ``on_shard_closed`` (so that an uploader can send it while the next is written)
-    ANNOUNCES_SHARDS: ClassVar[bool] = False
 
     def __init__(
         self, path: Path, fields: dict[str, Field], options: dict[str, Any],

@@ -29,7 +29,6 @@ from packdata.loading.transfer import worker_arrays
 from packdata.manifest import Manifest
 from packdata.recordmeta import Keys
 from packdata.remote.storage import CACHE_LIMIT, Storage
-from packdata.remote.tar_reader import RemoteTarReader
 from packdata.units import callable_argument
 from packdata.urls import is_url
 
@@ -74,8 +73,7 @@ class PackedDataset(Dataset):
         # options were still checked when it was made, it is set aside)
         self.storage = (storage or Storage()) if is_url(path) else None
         self.path: Path | str = str(path).rstrip("/") if self.storage else Path(path)
-        # object storage holds tar shards (see packdata.remote)
-        self.container_name = "tar" if self.storage else containers.for_existing(self.path).NAME
+        self.container_name = containers.for_existing(self.path).NAME  # a URL's too
         if self.container is not None and self.container_name != self.container:
             raise DatasetError(f"{self.path}: a {self.container_name} dataset, not {self.container}; "
                                "packdata.open(path) opens any container")
@@ -122,9 +120,7 @@ class PackedDataset(Dataset):
         return self._reader
 
     def _open_reader(self) -> Reader:
-        if self.storage:
-            return RemoteTarReader(str(self.path), self.storage)
-        return containers.get(self.container_name).READER(self.path)
+        return containers.open_reader(self.path, self.storage, self.container_name)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

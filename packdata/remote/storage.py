@@ -1,7 +1,7 @@
 """How to reach object storage through fsspec (S3 with s3fs; GCS, Azure and others the same
 way), where to cache what is read from it, and its failures as packdata errors.
 
-Reading a dataset at a URL is :mod:`packdata.remote.tar_reader`, input files at a URL
+Reading a dataset at a URL is :mod:`packdata.remote.shards`, input files at a URL
 :mod:`packdata.remote.files`, writing :mod:`packdata.conversion.upload`.
 
 Credentials come from where the storage library looks (environment, profile files, instance

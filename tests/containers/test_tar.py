@@ -121,3 +121,61 @@ class TestTar(ContainerSuite):
         out = {name: np.empty((4, *f.shape), f.np_dtype) for name, f in fields.items()}
         np.testing.assert_array_equal(reader.read_into(order, out)["small"], stored[order])
         assert reader.read_into(order, out)["small"] is out["small"]
+
+    def test_a_shard_source_that_fetches_copies(self, tmp_path, monkeypatch):
+        """The reader's seam to storage (ShardSource): a source whose shards are copies fetched
+        on demand (as object storage's) is read through per-shard views, no joined map; each
+        copy is checked record by record when it arrives, one whose bytes changed is discarded
+        and named where it came from, and a copy the source let go is mapped again."""
+        import shutil
+
+        from packdata.containers.tar import reader as tar_reader
+        from packdata.containers.tar.shards import ShardSource
+        from packdata.errors import DatasetError
+        from tests.containers.suite import FIXED, make_records
+
+        monkeypatch.setattr(tar_reader, "ENTRY_BLOCK", 5)  # entries checked a shard at a time
+
+        class Copies(ShardSource):  # the dataset in `origin`, its shards copied into `root`
+            STAYS, FETCHED = False, True
+
+            def __init__(self, origin, root):
+                super().__init__(root)
+                self.origin, self.discarded, self.evict = origin, [], []
+
+            def where(self, name):
+                return f"origin:{name}"
+
+            def file(self, name):
+                if not (self.root / name).is_file():
+                    shutil.copyfile(self.origin / name, self.root / name)
+                return self.root / name
+
+            def fetched(self, name):
+                gone, self.evict = self.evict, []
+                return gone
+
+            def discard(self, name):
+                self.discarded.append(name)
+                (self.root / name).unlink()
+
+        records = make_records(FIXED, 23)
+        origin = self.write(tmp_path, FIXED, records, self.options(5))
+        shards = sorted(p.name for p in origin.glob("*.tar"))
+        (tmp_path / "copies").mkdir()
+        for name in ("manifest.json", "index.npz"):
+            shutil.copyfile(origin / name, tmp_path / "copies" / name)
+        source = Copies(origin, tmp_path / "copies")
+        reader = tar_reader.TarReader(source.root, source)
+        idx = np.array([22, 3, 0, 17])  # shards 4, 0 and 3
+        self.assert_batch(reader.read(idx), records, idx.tolist(), FIXED)
+        assert reader.maps.joined() is None and reader.row_sources(idx) is None
+        source.evict = [shards[0]]  # let go when the next shard arrives: mapped again after
+        self.assert_batch(reader.read(np.array([5, 0])), records, [5, 0], FIXED)
+        with open(origin / shards[2], "r+b") as f:  # record 11's pixels, not fetched yet
+            f.seek(self.record_byte(origin, FIXED, 11)[1])
+            f.write(b"\xff\x00\xff")
+        with pytest.raises(DatasetError, match=f"origin:{shards[2]}: shard corrupted \\(record "):
+            reader.read(np.array([12]))
+        assert set(source.discarded) == {shards[2]} and not (source.root / shards[2]).exists()
+        self.assert_batch(reader.read(np.array([22, 1])), records, [22, 1], FIXED)

@@ -25,14 +25,23 @@ WRITER = TarWriter
 READER = TarReader
 
 __all__ = ["INDEX", "MANIFEST", "NAME", "NEW_SUFFIX", "READER", "SUFFIXES", "WRITER", "TarReader",
-           "TarWriter", "destination", "detect", "image_suffix", "member_suffix", "read_manifest",
-           "shard_paths"]
+           "TarWriter", "destination", "detect", "image_suffix", "member_suffix", "open_url",
+           "read_manifest", "shard_paths"]
 
 
 def detect(path: Path) -> bool:
     """Whether ``path`` is a complete tar dataset (manifest and record index present)."""
     return (path.is_dir() and (path / MANIFEST).is_file() and (path / INDEX).is_file()
             and Manifest.is_packdata((path / MANIFEST).read_bytes()))
+
+
+def open_url(url: str, storage: Any = None) -> TarReader:
+    """The tar dataset at ``url`` (object storage), its shards fetched into a local cache, or
+    read by ranges, as ``storage`` (a :class:`packdata.remote.storage.Storage`) says."""
+    from packdata.remote.shards import shards_at
+
+    shards = shards_at(url, storage)
+    return TarReader(shards.root, shards)
 
 
 def destination(dst: Path, options: dict[str, Any]) -> tuple[Path, dict[str, Any]]:

@@ -4,17 +4,22 @@ Where every shard can be mapped back to back in one address range (Linux), a bat
 several shards is one gather over byte addresses; otherwise, where a shard's records sit at a
 constant stride (the usual case for fixed-shape fields), one gather per shard through a strided
 view. Every offset is checked against the shard sizes before any view is laid over a shard.
+
+The shards come from a :class:`~packdata.containers.tar.shards.ShardSource`: a local folder, or
+object storage (:mod:`packdata.remote.shards`: a shard fetched is checked, record by record
+against the manifest's checksums, before any of its records is served; or each batch read by
+ranged requests: :mod:`.ranges`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
 
 import numpy as np
 
 from packdata import checksum
+from packdata.checksum import algorithm_of
 from packdata.containers.base import (
     Batch,
     Reader,
@@ -22,10 +27,8 @@ from packdata.containers.base import (
     Select,
     counted_down,
     gather_rows,
-    map_file,
     selected_entries,
 )
-from packdata.containers.joined import byte_window, map_joined
 from packdata.containers.plan import BatchPlan
 from packdata.containers.tar.copies import second_copies_match
 from packdata.containers.tar.layout import (
@@ -37,28 +40,30 @@ from packdata.containers.tar.layout import (
     read_manifest,
     shard_list,
 )
+from packdata.containers.tar.mapped import MappedShards
+from packdata.containers.tar.ranges import corrupted, read_ranged
+from packdata.containers.tar.shards import ShardSource
 from packdata.errors import DatasetError, PackdataError
 from packdata.manifest import Field, check_manifest
 
 #: records whose index entries are checked together (see TarReader._check_records): 4,096
 #: records' entries are ~100 KB of index a field, checked in one vectorised pass
 ENTRY_BLOCK = 4096
+#: records of a fetched shard read and checked at once (a few MB of images)
+ARRIVAL_BLOCK = 256
 
 
 class TarReader(Reader):
     """Batched reads from memory-mapped shards (see the module docstring)."""
 
     GATHERS_ROWS = True
-    #: whether all shards may be mapped back to back up front (:meth:`_joined_map`); readers
-    #: that fetch shards on demand say no
-    JOINS_SHARDS: ClassVar[bool] = True
-    #: bytes left of each truncated shard, when reads of the records before the cut are allowed
-    #: (:meth:`allow_truncated_shards`); None: a truncated shard fails every read of it
-    _cut: dict[int, int] | None = None
     _stored: dict[str, tuple[Field, int]] | None = None  # see _stored_fields
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, shards: ShardSource | None = None) -> None:
+        """The dataset in folder ``path``, its shards there, or from ``shards`` (which holds
+        its manifest and record index in ``path``)."""
         self.path = Path(path)
+        self.shards = shards or ShardSource(self.path)
         if not (self.path / MANIFEST).is_file():
             raise DatasetError(f"{self.path}: no {MANIFEST}; not a packdata tar dataset")
         try:
@@ -81,7 +86,7 @@ class TarReader(Reader):
         if self.manifest.count:  # the first and last entries: a manifest edited (a field's
             # dtype or shape) is refused at open, as is an index of another dataset
             self.check_entries(np.unique([0, self.manifest.count - 1]))
-        self._shards = shards
+        self.maps = MappedShards(self.shards, shards, self._needed, self._check_arrival)
         # records whose entries were checked (calloc'd: pages are touched only as records are
         # read, so opening stays flat), and each shard's bytes once it is mapped (-1: not yet)
         self._entries_ok = np.zeros(self.manifest.count, dtype=bool)
@@ -91,11 +96,7 @@ class TarReader(Reader):
         self._addresses: dict[str, np.ndarray] = {}
         self._block_bad = np.zeros(-(-self.manifest.count // ENTRY_BLOCK), dtype=bool)
         self._shard_bytes = np.full(len(self.shard_names), -1, dtype=np.int64)
-        self._maps: dict[int, np.ndarray] = {}
         self._ends: dict[int, int] = {}  # bytes each shard's records need (from the index)
-        self._views: dict[tuple[str, int], np.ndarray | None] = {}
-        self._joined: tuple[np.ndarray, np.ndarray] | None | bool = False  # False: not tried
-        self._windows: dict[Any, np.ndarray] = {}
 
     def _needed(self, shard: int) -> int:
         """The bytes shard ``shard``'s records need, from its part of the index (read once, on
@@ -107,57 +108,65 @@ class TarReader(Reader):
                                      for n in self.manifest.fields], default=0)
         return self._ends[shard]
 
-    def _map(self, shard: int) -> np.ndarray:
-        if shard not in self._maps:
-            path = self.path / self.shard_names[shard]
-            if not path.is_file():
-                raise DatasetError(f"{path}: shard missing; the dataset is incomplete")
-            mapped = map_file(path)
-            # the size conversion recorded (O(1)); else what the shard's records need
-            size = self._shards[shard].get("bytes")
-            exact = isinstance(size, int)
-            needed = size if exact else self._needed(shard)
-            if len(mapped) < needed and self._cut is not None:  # verify: reads before the cut
-                self._cut[shard] = len(mapped)
-            elif len(mapped) < needed:
-                what = "the manifest records" if exact else "the index needs"
-                raise DatasetError(f"{path}: shard truncated ({len(mapped)} bytes, {what} "
-                                   f"{needed}); the dataset is damaged")
-            self._maps[shard] = mapped
-        return self._maps[shard]
+    def _check_arrival(self, shard: int) -> None:
+        """Every record of a shard just fetched against its checksum, from the shard's own bytes
+        (the checksum's batch routine, as every read's), before any is served; a copy that
+        fails is discarded (:class:`MappedShards`)."""
+        mapped, m = self.maps[shard], self.manifest
+        if not len(m.checksums):
+            return
+        a, b = int(self.shard_start[shard]), int(self.shard_start[shard + 1])
+        for start in range(a, b, ARRIVAL_BLOCK):
+            idx = np.arange(start, min(b, start + ARRIVAL_BLOCK), dtype=np.int64)
+            batch: Batch = {}
+            for name, field in m.fields.items():
+                if f"{name}.values" in self.index:
+                    batch[name] = self.index[f"{name}.values"][idx]
+                    continue
+                sizes = self.index[f"{name}.nbytes"][idx].tolist()
+                parts = [mapped[o : o + n] for o, n in zip(self.index[f"{name}.offset"][idx].tolist(),
+                                                           sizes)]
+                short = [j for j, (p, n) in enumerate(zip(parts, sizes)) if len(p) != n]
+                if short:
+                    raise corrupted(self, int(idx[short[0]]))
+                batch[name] = parts if field.variable else np.stack(parts)
+            sums = checksum.batch_checksums(batch, m.fields, len(idx), algorithm_of(m.version))
+            bad = np.flatnonzero(sums != m.checksums[idx])
+            if len(bad):
+                raise corrupted(self, int(idx[bad[0]]))
+
+    def prefetch(self, starts: Sequence[int]) -> None:
+        self.shards.order([self.shard_names[s] for s in
+                           dict.fromkeys(self.shards_of(starts).tolist())])
 
     def _strided(self, name: str, shard: int) -> np.ndarray | None:
         """A (records, nbytes) view of one field in one shard, if its records sit at a fixed stride."""
-        if (name, shard) not in self._views:
+        def make(mm: np.ndarray) -> np.ndarray | None:
             a, b = self.shard_start[shard], self.shard_start[shard + 1]
             offsets = self.index[f"{name}.offset"][a:b]
             nbytes = int(self.manifest.fields[name].nbytes)
-            view = None
             steps = np.diff(offsets)
-            mm = self._map(shard)
             inside = len(offsets) and min(offsets[0], offsets[-1]) >= 0 and \
                 max(offsets[0], offsets[-1]) + nbytes <= len(mm)  # so every row is, if strided
-            if inside and (len(steps) == 0 or (steps == steps[0]).all()):
-                stride = int(steps[0]) if len(steps) else nbytes
-                view = np.lib.stride_tricks.as_strided(
-                    mm[offsets[0] :], shape=(len(offsets), nbytes), strides=(stride, 1),
-                    writeable=False,
-                )
-            self._views[name, shard] = view
-        return self._views[name, shard]
+            if not inside or (len(steps) and not (steps == steps[0]).all()):
+                return None
+            stride = int(steps[0]) if len(steps) else nbytes
+            return np.lib.stride_tricks.as_strided(mm[offsets[0] :], shape=(len(offsets), nbytes),
+                                                   strides=(stride, 1), writeable=False)
+
+        return self.maps.view(name, shard, make)
 
     def allow_truncated_shards(self) -> None:
         """Read the records that lie wholly before the end of a truncated shard (``packdata
         verify``: they are intact); reading one past the cut raises a DatasetError naming it."""
-        self._cut = {}
-        self.JOINS_SHARDS = False  # type: ignore[misc]  # joined maps assume whole shards
-        self._joined, self._plan = False, None
+        self.maps.allow_cuts()
+        self._plan = None
 
     def truncated(self) -> dict[str, tuple[int, int, int | None]]:
         """Shards found truncated so far (with :meth:`allow_truncated_shards`): name → (bytes
         there, bytes its records need, bytes conversion recorded or None)."""
-        return {self.shard_names[s]: (n, self._needed(s), self._shards[s].get("bytes"))
-                for s, n in sorted((self._cut or {}).items())}
+        return {self.shard_names[s]: (n, self._needed(s), self.maps.recorded(s))
+                for s, n in sorted((self.maps.cut or {}).items())}
 
     def shards_of(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """The shard holding each of these records."""
@@ -173,7 +182,7 @@ class TarReader(Reader):
         :func:`~packdata.containers.tar.copies.second_copies_match`)."""
         idx = self.check_indices(indices)
         return second_copies_match(self.manifest.fields, self.index, idx, self.shards_of(idx),
-                                   self._map)
+                                   self.maps.__getitem__)
 
     def _stored_fields(self) -> dict[str, tuple[Field, int]]:
         """The fields stored in shards (not kept in the index), each with its record's bytes
@@ -220,16 +229,16 @@ class TarReader(Reader):
             sizes = self._shard_bytes
             # shards these records lie in, not mapped yet (a count per shard, not a sort)
             for s in np.flatnonzero(np.bincount(shard, minlength=len(sizes)) * (sizes < 0)):
-                sizes[s] = len(self._map(int(s)))
+                sizes[s] = len(self.maps[int(s)])
             ends = offset + nbytes
             past = np.flatnonzero(ends > sizes[shard])
             if len(past):
                 j = int(past[0])
-                where = self.path / self.shard_names[int(shard[j])]
-                raise DatasetError(f"{where}: shard truncated ({len(self._map(int(shard[j])))} "
+                where = self.shards.where(self.shard_names[int(shard[j])])
+                raise DatasetError(f"{where}: shard truncated ({len(self.maps[int(shard[j])])} "
                                    f"bytes); record {int(idx[j])} lies past the cut (it needs "
                                    f"{int(ends[j])}); the dataset is damaged")
-        joined = self._joined_map()
+        joined = self.maps.joined()
         for name, (shard, offset, _) in entries.items() if joined is not None else ():
             if not self.manifest.fields[name].variable:  # each record's address, found once
                 self._addresses.setdefault(name, np.empty(self.manifest.count, np.int64))[idx] = \
@@ -239,36 +248,14 @@ class TarReader(Reader):
         self._unchecked = counted_down(self._unchecked, fresh,
                                        lambda: int(np.count_nonzero(~self._entries_ok)))
 
-    def _joined_map(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """All shards mapped back to back (see :mod:`packdata.containers.joined`), once each
-        was checked as :meth:`_map` checks it; None where that is not available, where a shard
-        is damaged (the others still read, one by one), or for readers that fetch shards on
-        demand (they override ``_map``)."""
-        if self._joined is False:
-            self._joined = None
-            if self.JOINS_SHARDS:
-                try:
-                    for shard in range(len(self.shard_names)):
-                        self._map(shard)
-                except DatasetError:
-                    return None
-                self._joined = map_joined([self.path / n for n in self.shard_names])
-        return self._joined  # type: ignore[return-value]
-
     def _located(self, name: str, nbytes: int, idx: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray] | None:
         """(a window of ``nbytes`` rows over the joined map, the address of field ``name`` of
         each of records ``idx`` in it), or None where shards are not joined. The records must
         have been checked (:meth:`_check_records`), which finds their addresses."""
-        if self._joined_map() is None:
+        if self.maps.joined() is None:
             return None
-        return self._window(nbytes), self._addresses[name][idx]
-
-    def _window(self, nbytes: int) -> np.ndarray:
-        """Rows of ``nbytes`` at every byte of the joined map (which must be there)."""
-        if nbytes not in self._windows:
-            self._windows[nbytes] = byte_window(self._joined[0], nbytes)  # type: ignore[index]
-        return self._windows[nbytes]
+        return self.maps.window(nbytes), self._addresses[name][idx]
 
     def _index_rows(self, name: str, parts: int = 1) -> np.ndarray:
         """Field ``name``'s values kept in the index, as rows of bytes (``parts`` a record)."""
@@ -289,7 +276,7 @@ class TarReader(Reader):
         shard = self.index[f"{name}.shard"][idx]
         offset = self.index[f"{name}.offset"][idx]
         nbytes = self.index[f"{name}.nbytes"][idx]
-        return [np.array(self._map(s)[o : o + n])
+        return [np.array(self.maps[s][o : o + n])
                 for s, o, n in zip(shard.tolist(), offset.tolist(), nbytes.tolist())]
 
     def _gather_fixed(self, name: str, field: Field, idx: np.ndarray,
@@ -329,10 +316,10 @@ class TarReader(Reader):
     def batch_plan(self) -> BatchPlan | None:
         # once every record's entries were checked, which found its fields' addresses
         if (self._plan is None and not self._unchecked and self.manifest.count
-                and self._cut is None and checksum.NATIVE_ROWS
-                and not self.manifest.variable_fields and self._joined_map() is not None):
+                and checksum.NATIVE_ROWS
+                and not self.manifest.variable_fields and self.maps.joined() is not None):
             columns = [(name, self._index_rows(name), None) if f"{name}.values" in self.index
-                       else (name, self._window(field.nbytes), self._addresses[name])
+                       else (name, self.maps.window(field.nbytes), self._addresses[name])
                        for name, field in self.manifest.fields.items()]
             self._plan = BatchPlan(self.manifest.fields, columns, self.check_indices,
                                    f"{self.path}: a record lies outside its shards; the dataset "
@@ -341,6 +328,12 @@ class TarReader(Reader):
 
     def read_records(self, indices: np.ndarray, select: Select | None = None) -> Batch:
         idx = self.check_indices(indices)
+        if self.shards.RANGED:
+            return read_ranged(self, idx, select)
+        return self._read_mapped(idx, select)
+
+    def _read_mapped(self, idx: np.ndarray, select: Select | None = None) -> Batch:
+        """Records ``idx`` (checked indices) read from their shards, mapped."""
         batch = self.read_gathered(idx, select)  # shards joined, every field fixed: one gather
         if batch is not None:
             return batch
@@ -360,8 +353,9 @@ class TarReader(Reader):
         return batch
 
     def row_sources(self, idx: np.ndarray, select: Select | None = None) -> RowSources | None:
-        if self._cut is not None or self.manifest.variable_fields or not len(idx):
-            return None
+        if self.manifest.variable_fields or not len(idx) or self.maps.joined() is None:
+            return None  # (checking a batch's records here would fetch shards a ranged read
+            # must not, where they do not stay)
         self._check_records(idx)
         sources: RowSources = []
         for name, field in self.manifest.fields.items():
@@ -384,10 +378,8 @@ class TarReader(Reader):
         return self.index[f"{name}.nbytes"] // row_bytes
 
     def close(self) -> None:
-        self._views.clear()
-        self._maps.clear()
-        self._windows.clear()
-        self._joined = False
+        self.shards.close()
+        self.maps.clear()
         # the addresses go with the maps: found again as records are checked again (a new
         # array, not a write: a forked process closes its parent's reader)
         self._entries_ok = np.zeros(self.manifest.count, dtype=bool)

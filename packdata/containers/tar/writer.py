@@ -41,7 +41,6 @@ class TarWriter(Writer):
         Option("pattern", str, "shard-%06d.tar", "Tar: shard file names (set by DST, e.g. "
                "out/cifar-%04d.tar).", on_command_line=False),
     )
-    ANNOUNCES_SHARDS = True
 
     def __init__(
         self, path: Path, fields: dict[str, Field], options: dict[str, Any],
