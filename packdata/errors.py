@@ -99,10 +99,10 @@ class ResumeError(PackdataError, ValueError):
 
 
 class WorkerDied(PackdataError):
-    """A conversion worker process stopped unexpectedly (killed, out of memory, a crash in a
-    native decoder) while ``task`` (None: any of the tasks) was in flight. Conversion turns it
-    into an error naming the inputs."""
+    """A worker process stopped unexpectedly (killed, out of memory, a crash in a native
+    decoder): a conversion worker while ``task`` (None: any of the tasks) was in flight, which
+    conversion turns into an error naming the inputs, or a loader's feeder (``which``)."""
 
-    def __init__(self, task: object = None) -> None:
-        super().__init__("a worker process stopped unexpectedly")
+    def __init__(self, task: object = None, which: str = "a worker process") -> None:
+        super().__init__(f"{which} stopped unexpectedly")
         self.task = task

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import signal
+import sys
 from collections.abc import Iterator
 from types import FrameType
+
+PR_SET_PDEATHSIG = 1
 
 _received = False
 
@@ -55,3 +59,25 @@ def term_as_interrupt() -> Iterator[None]:
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def worker_started(parent: int) -> None:
+    """Set up a process packdata started for its own work (a conversion worker, a loader's
+    feeder): Ctrl-C is the parent's to handle (it stops us), the SIGTERM handler inherited by
+    fork is undone, and the process dies with its parent however the parent dies."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    die_with_parent(parent)
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when ``parent`` dies, however it dies (a SIGKILL
+    leaves it no chance to stop its children): Linux's parent-death signal."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)

@@ -19,7 +19,7 @@ from torch.utils.data._utils.collate import default_collate
 
 import packdata
 import packdata.loading.dataset
-from packdata.loading import transfer
+from packdata.loading import arrivals, transfer
 
 
 def test_a_marked_tensor_arrives_plain_with_its_values_and_memory_order():
@@ -76,7 +76,7 @@ def test_slots_are_reused_only_once_nothing_of_their_batch_is_held(start):
         assert type(images) is torch.Tensor and torch.equal(images, expected.permute(0, 3, 1, 2))
         assert images.is_contiguous(memory_format=torch.channels_last)
         assert labels.tolist() == [i] * 4
-    flags = [m.buf[:transfer.SLOTS_PER_WORKER] for segments in transfer._mapped.values()
+    flags = [m.buf[:transfer.SLOTS_PER_WORKER] for segments in arrivals._mapped.values()
              for m in segments.values() if len(m.buf) == 2 * transfer.SLOTS_PER_WORKER + 1]
     assert flags and any(f.tobytes() != bytes(len(f)) for f in flags)  # held batches keep slots
     view, kept = got[3][0][1:2], got[3][0][1:2].clone()  # a view of a batch keeps its slot
@@ -165,13 +165,11 @@ def test_batches_read_into_slots_arrive_as_read_in_place(packed, container):
 
 
 def test_a_batch_gathered_into_a_slot_leaves_without_a_copy(packed, container, monkeypatch):
-    """In a worker (pretended here), the collated batch's tensors are the slot's bytes the
-    reader gathered into, marked with their places in it; arrays gathered into a slot and
-    dropped without being sent free it again."""
+    """In a process that sends its batches (made one here, as a feeder is), the collated
+    batch's tensors are the slot's bytes the reader gathered into, marked with their places in
+    it; arrays gathered into a slot and dropped without being sent free it again."""
     def in_worker(yes: bool) -> None:
-        for module in (transfer, packdata.loading.dataset):
-            monkeypatch.setattr(module, "get_worker_info", (lambda: object()) if yes else
-                                (lambda: None))
+        monkeypatch.setattr(transfer, "_SENDER", yes)
 
     in_worker(True)
     monkeypatch.setattr(transfer, "_RING", None)

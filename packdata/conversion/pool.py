@@ -12,8 +12,6 @@ import gc
 import itertools
 import multiprocessing as mp
 import os
-import signal
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -21,9 +19,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from packdata import interrupts
 from packdata.errors import WorkerDied
 
-PR_SET_PDEATHSIG = 1
 #: how long the pool may take to notice a dead worker itself before the watchdog steps in
 WORKER_DEATH_GRACE_S = 2.0
 #: how often a wait for results looks at the workers
@@ -32,24 +30,9 @@ POLL_S = 1.0
 
 
 def _start_worker(parent: int, initializer: Callable[..., None] | None, initargs: tuple) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # undo the parent's handler inherited by fork
-    _die_with_parent(parent)
+    interrupts.worker_started(parent)
     if initializer is not None:
         initializer(*initargs)
-
-
-def _die_with_parent(parent: int) -> None:
-    """Have the kernel SIGKILL this worker when the converting process dies, however it dies
-    (a SIGKILL leaves it no chance to stop its pool): Linux's parent-death signal."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before the signal was armed
-        os._exit(1)
 
 
 class WorkerPool:

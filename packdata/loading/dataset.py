@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset
 
 from packdata import containers
 from packdata.containers.base import Reader, selected_entries
@@ -25,7 +25,7 @@ from packdata.errors import ArgumentError, ArgumentTypeError, DatasetError, Pack
 from packdata.loading import samples
 from packdata.loading.rows import rows_of
 from packdata.loading.shared import SharedEpoch
-from packdata.loading.transfer import worker_arrays
+from packdata.loading.transfer import sends_batches, worker_arrays
 from packdata.manifest import Manifest
 from packdata.recordmeta import Keys
 from packdata.remote.storage import CACHE_LIMIT, Storage
@@ -263,12 +263,12 @@ class PackedDataset(Dataset):
                 f"which stores {stored}; the manifest was edited or the dataset is damaged")
 
     def _slot_arrays(self, n: int) -> dict[str, np.ndarray] | None:
-        """In a DataLoader worker, where the batch is handed over as read (fixed fields, no
-        decode stage, transform or channels-last copy), arrays in a shared-memory slot to read
-        it into: it then leaves the worker without a copy
-        (:func:`packdata.loading.transfer.worker_arrays`)."""
+        """In a process that hands its batches over (a DataLoader worker, a loader's feeder),
+        where the batch is handed over as read (fixed fields, no decode stage, transform or
+        channels-last copy), arrays in a shared-memory slot to read it into: it then leaves the
+        process without a copy (:func:`packdata.loading.transfer.worker_arrays`)."""
         m = self.manifest
-        if (not n or get_worker_info() is None or self.decode is not None or self.channels_last
+        if (not n or not sends_batches() or self.decode is not None or self.channels_last
                 or self.transform is not None or self.batch_transform is not None
                 or m.variable_fields):
             return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -119,6 +120,9 @@ class DeviceLoader:
         side = torch.cuda.Stream(device)
         main = torch.cuda.current_stream(device)
         batches = iter(self.loader)
+        # host batches whose copies may still be running: page-locked memory that is not
+        # torch's own (a feeder's shared-memory slots) must outlive its copy
+        copying: deque[tuple[torch.cuda.Event, Any]] = deque()
 
         def issue() -> Any:
             """Start copying the next batch on the side stream; None when the loader is done."""
@@ -127,10 +131,16 @@ class DeviceLoader:
             except StopIteration:
                 return None
             with torch.cuda.stream(side):
-                return map_tensors(host, lambda t: _pinned(t).to(device, non_blocking=True))
+                moved = map_tensors(host, lambda t: _pinned(t).to(device, non_blocking=True))
+                copied = torch.cuda.Event()
+                copied.record(side)
+            copying.append((copied, host))
+            return moved
 
         ahead = issue()
         while ahead is not None:
+            while copying and copying[0][0].query():
+                copying.popleft()
             main.wait_stream(side)  # the copy of this batch is complete before it is used
             batch = ahead
             # memory allocated on the side stream is now used on the main one

@@ -10,6 +10,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ from torch.utils.data import DataLoader, Sampler
 from packdata.errors import ArgumentError, ArgumentTypeError
 from packdata.loading.dataset import PackedDataset
 from packdata.loading.device import Augment, DeviceLoader, map_tensors
+from packdata.loading.feeder import Feeder
 from packdata.loading.order import batch_order
 from packdata.loading.sampling import SeededSampler
 from packdata.loading.settings import LoaderSettings, WorkerKind
@@ -41,6 +43,8 @@ class Loader:
     epoch), ``len()`` (batches per epoch), ``dataset``, ``batch_sampler``, :meth:`set_epoch`.
     ``workers`` is how reads run: ``"thread"`` (a pool in this process), ``"process"``
     (DataLoader worker processes), or None (this process, no pool); ``num_workers`` their count.
+    With ``feeder``, the reads (threads included) run in a background process of the loader's
+    own (:mod:`packdata.loading.feeder`), and the training thread only takes each batch.
     """
 
     def __init__(self, dataset: PackedDataset, batch_sampler: Sampler,
@@ -51,6 +55,7 @@ class Loader:
         self.resident = resident  # a ResidentLoader holding the data, in resident mode
         self._dataloader: DataLoader | None = None
         self._pool: ThreadPoolExecutor | None = None  # kept across epochs if persistent_workers
+        self._feeder: Feeder | None = None  # started at the first epoch, kept for the next
         self._delivered_count: int | None = None  # batches of the running epoch delivered so far
         self._start_state: dict[str, Any] = {}  # the batch sampler's state at the epoch's start
 
@@ -62,6 +67,7 @@ class Loader:
     pin_memory = _setting("pin_memory")
     device = _setting("device")
     augment = _setting("augment")
+    feeder = _setting("feeder")
 
     @property
     def dataloader(self) -> DataLoader | None:
@@ -99,9 +105,11 @@ class Loader:
 
     def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
         self._delivered_count = 0
-        for batch in batches:
+        for box in map(_boxed, batches):
             self._delivered_count += 1
-            yield batch
+            # yielded out of a box, so that this frame holds no batch while the loop works on
+            # it: a batch in shared memory frees its slot when the loop lets go of it
+            yield box.pop()
         self._delivered_count = None
         if isinstance(self.batch_sampler, SeededSampler) and self.batch_sampler.shuffle:
             # a dataset that cannot be weakly referenced gets no warning
@@ -130,16 +138,35 @@ class Loader:
             return self.resident
         if self.dataloader is not None:
             return self.dataloader
+        if self.settings.feeder:
+            if self._feeder is None:
+                here = replace(self.settings, feeder=False, pin_memory=False, device=None,
+                               augment=None)
+                self._feeder = Feeder(_Pipeline(self.dataset, here), pin=self.pin_memory)
+            return self._feeder.run(list(self._index_batches()))
+        return self.read(self._index_batches())
+
+    def read(self, index_batches: Iterable[Any]) -> Iterator[Any]:
+        """The batches of ``index_batches``, read in this process as the settings say (in a
+        pool of threads, or not), each as the loop takes it."""
         if self.workers == "thread":
             if self.persistent_workers and self._pool is None:
                 self._pool = ThreadPoolExecutor(self.num_workers, "packdata-read")
             ds = self.dataset
-            samples = _threaded(ds.read_samples, self._index_batches(),
-                                self._pool or self.num_workers,
+            samples = _threaded(ds.read_samples, index_batches, self._pool or self.num_workers,
                                 self.num_workers * (self.prefetch_factor or 2))
             # batch_transform and collate here, in batch order: the same draws as with no workers
             return (self._delivered(ds.finish_batch(parts)) for parts in samples)
-        return map(self._batch, self._index_batches())
+        return map(self._batch, index_batches)
+
+    def close(self) -> None:
+        """End the loader's feeder process and thread pool, if it has them (they are ended
+        when the loader is collected, too; the next epoch starts them again)."""
+        if self._feeder is not None:
+            self._feeder.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
     def _index_batches(self) -> Iterator[Any]:
         """The batch sampler's batches; as arrays from packdata's samplers (no list per batch)."""
@@ -159,8 +186,29 @@ class Loader:
     def __repr__(self) -> str:
         how = "resident" if self.resident is not None else (
             f"{self.num_workers} {self.workers} workers" if self.workers else "in process")
+        if self.settings.feeder:
+            how += ", in a feeder process"
         return (f"Loader({self.dataset!r}, {len(self)} batches, {how}"
                 f"{f', device={self.device}' if self.device is not None else ''})")
+
+
+def _boxed(batch: Any) -> list[Any]:
+    return [batch]
+
+
+class _Pipeline:
+    """What a loader's feeder runs: the loader's own reads, in that process (picklable, for a
+    feeder started by spawn)."""
+
+    def __init__(self, dataset: PackedDataset, settings: LoaderSettings) -> None:
+        self.dataset, self.settings = dataset, settings
+        self._loader: Loader | None = None
+
+    def __call__(self, index_batches: Iterable[Any]) -> Iterator[Any]:
+        if self._loader is None:
+            self.dataset.reader  # noqa: B018 - opened here once, before any reading thread
+            self._loader = Loader(self.dataset, None, self.settings)  # type: ignore[arg-type]
+        return self._loader.read(index_batches)
 
 
 class _LeaveWorkerCollate:
@@ -216,6 +264,7 @@ def loader(
     device: str | torch.device | None = None,
     augment: Augment | None = None,
     resident: bool = False,
+    feeder: bool | None = None,
     epoch: int | None = None,
     **dataloader_options: Any,
 ) -> Loader:
@@ -233,8 +282,10 @@ def loader(
     ``num_workers`` 0 for raw records (the fastest choice), more for per-sample work; ``workers``
     (``"thread"`` or ``"process"``) threads unless a per-sample Python ``transform`` needs
     processes; ``prefetch_factor=4`` batches per worker, ``persistent_workers=True`` for
-    processes; ``pin_memory`` when CUDA is present and the batches go there. Other keyword
-    arguments go to DataLoader (process workers only).
+    processes; ``pin_memory`` when CUDA is present and the batches go there; ``feeder``
+    (a background process that reads ahead, so that the training thread only takes each batch)
+    unless the reads run in DataLoader's worker processes or batches hold variable-length
+    fields and no ``collate``. Other keyword arguments go to DataLoader (process workers only).
 
     ``device`` (``"cuda"``, ``"cpu"``, ``"auto"``) and/or ``augment`` (e.g.
     :func:`packdata.augment.cifar_recipe`): batches arrive on the device, augmented there.
@@ -255,13 +306,14 @@ def loader(
                              "collate": collate, "num_workers": num_workers or None,
                              "workers": workers, "pin_memory": pin_memory or None,
                              "persistent_workers": persistent_workers,
-                             "prefetch_factor": prefetch_factor, **dataloader_options})
+                             "prefetch_factor": prefetch_factor, "feeder": feeder or None,
+                             **dataloader_options})
     else:
         order = batch_order(dataset, batch_size, sampler, batch_sampler, shuffle, drop_last, seed)
         made = Loader(dataset, order, LoaderSettings.resolve(
             dataset, collate=collate, num_workers=num_workers, workers=workers,
             pin_memory=pin_memory, persistent_workers=persistent_workers,
-            prefetch_factor=prefetch_factor, device=device, augment=augment,
+            prefetch_factor=prefetch_factor, device=device, augment=augment, feeder=feeder,
             **dataloader_options))
     if epoch is not None:
         made.set_epoch(epoch)

@@ -44,6 +44,14 @@ def default_worker_kind(dataset: PackedDataset) -> WorkerKind:
     return "process" if dataset.transform is not None else "thread"
 
 
+def default_feeder(dataset: PackedDataset, workers: WorkerKind | None,
+                   collate: Callable[[Any], Any] | None) -> bool:
+    """A feeder process, unless the reads already run in DataLoader worker processes or a batch
+    is not all fixed-shape tensors (variable-length fields with no ``collate`` to pad them),
+    which shared memory does not carry as one block."""
+    return workers != "process" and (collate is not None or not dataset.manifest.variable_fields)
+
+
 def _per_sample_work(dataset: PackedDataset) -> bool:
     decodes = any(f.codec for f in dataset.manifest.fields.values())
     return decodes or dataset.transform is not None
@@ -53,7 +61,8 @@ def _per_sample_work(dataset: PackedDataset) -> bool:
 class LoaderSettings:
     """What a loader does with each batch of indices, every value checked and final:
     ``workers`` is None (reads in this process) whenever ``num_workers`` is 0;
-    ``dataloader_options`` go to torch's DataLoader (process workers only)."""
+    ``dataloader_options`` go to torch's DataLoader (process workers only); ``feeder`` runs the
+    reads (and their threads) in a background process (:mod:`packdata.loading.feeder`)."""
 
     collate: Callable[[Any], Any] | None = None
     num_workers: int = 0
@@ -64,6 +73,7 @@ class LoaderSettings:
     device: torch.device | None = None
     augment: Augment | None = None
     dataloader_options: Mapping[str, Any] = field(default_factory=dict)
+    feeder: bool = False
 
     @classmethod
     def resolve(
@@ -78,6 +88,7 @@ class LoaderSettings:
         prefetch_factor: int | None = None,
         device: str | torch.device | None = None,
         augment: Augment | None = None,
+        feeder: bool | None = None,
         **dataloader_options: Any,
     ) -> LoaderSettings:
         """The settings for ``dataset`` from :func:`packdata.loader`'s arguments: None takes
@@ -106,6 +117,12 @@ class LoaderSettings:
         if dataloader_options and not (workers == "process" and num_workers > 0):
             raise ArgumentError(f"{sorted(dataloader_options)} are DataLoader options: they "
                                 "apply only with num_workers > 0 and workers='process'")
+        in_processes = workers == "process" and num_workers > 0
+        if feeder and in_processes:
+            raise ArgumentError("feeder=True reads in one background process; workers='process' "
+                                "reads in DataLoader's: choose one")
+        if feeder is None:
+            feeder = default_feeder(dataset, workers if num_workers else None, collate)
         return cls(
             collate=collate, num_workers=num_workers, workers=workers if num_workers else None,
             prefetch_factor=DEFAULT_PREFETCH if prefetch_factor is None and num_workers
@@ -113,4 +130,4 @@ class LoaderSettings:
             persistent_workers=bool(num_workers and (persistent_workers or (
                 persistent_workers is None and workers == "process"))),
             pin_memory=pin_memory, device=target, augment=augment,
-            dataloader_options=dataloader_options)
+            dataloader_options=dataloader_options, feeder=bool(feeder))

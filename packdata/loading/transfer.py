@@ -1,4 +1,5 @@
-"""How batches cross from DataLoader worker processes to the training process.
+"""How batches cross from DataLoader worker processes (and a loader's feeder process,
+:mod:`.feeder`) to the training process.
 
 Torch sends a tensor between processes by moving its storage into a new shared-memory segment
 and passing the segment's file descriptor over a socket, one round trip per tensor; for a batch
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import mmap
 import os
 import weakref
 from multiprocessing import resource_tracker, shared_memory, util
@@ -27,12 +27,18 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from packdata.loading.arrivals import (
+    CLAIMED,
+    FLAGS_CLAIMED,
+    SLOTS_PER_WORKER,
+    Arrived,
+    from_slot,
+)
 from packdata.loading.device import map_tensors
 
 #: larger tensors go through torch's own shared memory, where the fixed cost is spread over more
 #: bytes (a limit chosen, not measured)
 BY_VALUE_MAX_BYTES = 4 << 20
-SLOTS_PER_WORKER = 8  # at most; each is made when a batch finds none free
 _ALIGN = 64
 
 
@@ -54,7 +60,7 @@ class SlotTensor(torch.Tensor):
 
     def __reduce_ex__(self, protocol: int) -> tuple:
         slot, offset, dtype, shape, inverse = self._packdata_slot
-        return _from_slot, (slot, offset, dtype, shape, inverse)
+        return from_slot, (slot, offset, dtype, shape, inverse)
 
 
 def _dense(t: torch.Tensor) -> tuple[torch.Tensor, tuple]:
@@ -73,11 +79,27 @@ def _from_numpy(array: np.ndarray, inverse: tuple) -> torch.Tensor:
     return torch.from_numpy(array).permute(inverse)
 
 
+_SENDER = False  # set in a loader's feeder process (which is no DataLoader worker)
+
+
+def become_sender() -> None:
+    """Mark this process as one that hands its batches to the training process (a loader's
+    feeder): :func:`leave_worker` and :func:`worker_arrays` then use its ring of slots."""
+    global _SENDER
+    _SENDER = True
+
+
+def sends_batches() -> bool:
+    """Whether this process hands its batches to a training process: a DataLoader worker, or a
+    loader's feeder."""
+    return _SENDER or get_worker_info() is not None
+
+
 def leave_worker(batch: Any) -> Any:
     """``batch`` made ready to leave a DataLoader worker: its small CPU tensors copied into a
     reused shared-memory slot (or, with none free, marked to go by value); in the training process,
     unchanged. Each tensor arrives as a plain tensor with the same values and memory order."""
-    if get_worker_info() is None:
+    if not sends_batches():
         return batch
     tensors: list[torch.Tensor] = []
     map_tensors(batch, lambda t: tensors.append(t) if _small(t) else None)
@@ -114,7 +136,7 @@ def worker_arrays(parts: list[tuple[tuple[int, ...], np.dtype]]) -> list[np.ndar
     sends tensors over them without copying. None outside a worker, or with no slot free. A
     slot whose arrays are dropped without leaving the worker (another collate copied them) is
     free again once they are all gone."""
-    if get_worker_info() is None:
+    if not sends_batches():
         return None
     sizes = [math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in parts]
     nbytes = max(sum(_aligned(size) for size in sizes), _ALIGN)
@@ -163,7 +185,7 @@ def _sent_from(slot: Slot, batch: Any) -> Any:
 def by_value(batch: Any) -> Any:
     """``batch`` with its small CPU tensors marked to go by value through the worker's result pipe
     (no slots); in the training process, unchanged."""
-    if get_worker_info() is None:
+    if not sends_batches():
         return batch
     return map_tensors(batch, lambda t: t.as_subclass(ByValueTensor) if _small(t) else t)
 
@@ -199,24 +221,7 @@ class Slot:
         self.lease: _Lease | None = None
 
     def __reduce__(self) -> tuple:
-        return _Arrived, (self.ring.pid, self.ring.flags.name, self.memory.name, self.index)
-
-
-# Who unlinks a segment: the training process, as soon as it mapped it (then the name is gone and
-# the memory goes with the last mapping), and says so in the ring's flags; the worker then takes
-# it off the resource tracker's list. A segment never mapped there is unlinked by the worker at its
-# exit, or, if the worker is killed, by the resource tracker.
-_CLAIMED = SLOTS_PER_WORKER  # flags[_CLAIMED + i]: slot i unlinked by the training process
-_FLAGS_CLAIMED = 2 * SLOTS_PER_WORKER  # the flags segment itself
-
-
-def _unlink(name: str) -> None:
-    """Unlink a worker's segment here, without telling the resource tracker (the worker does)."""
-    if os.name == "posix":  # elsewhere a segment goes with its last handle
-        import _posixshmem
-
-        with contextlib.suppress(FileNotFoundError):
-            _posixshmem.shm_unlink("/" + name.lstrip("/"))
+        return Arrived, (self.ring.pid, self.ring.flags.name, self.memory.name, self.index)
 
 
 class _Ring:
@@ -267,8 +272,8 @@ class _Ring:
         return slot
 
     def _segments(self) -> list[tuple[shared_memory.SharedMemory, int]]:
-        return [(s.memory, _CLAIMED + s.index) for s in self.slots] + [
-            (self.flags, _FLAGS_CLAIMED)]
+        return [(s.memory, CLAIMED + s.index) for s in self.slots] + [
+            (self.flags, FLAGS_CLAIMED)]
 
     def _untrack_claimed(self) -> None:
         for memory, claim in self._segments():
@@ -297,84 +302,3 @@ def _ring() -> _Ring:
     if _RING is None or _RING.pid != os.getpid():
         _RING = _Ring()
     return _RING
-
-
-# --- in the training process ---------------------------------------------------------------
-
-_mapped: dict[int, dict[str, Any]] = {}  # worker pid -> its segments mapped in this process
-
-
-def _attach(pid: int, name: str, flags: Any = None, claim: int = _FLAGS_CLAIMED) -> Any:
-    """Worker ``pid``'s segment ``name``, mapped here (once; then unlinked, so it goes when both
-    sides let it go). Segments of workers that exited are let go when a new worker shows up."""
-    segments = _mapped.get(pid)
-    if segments is None:
-        for old in list(_mapped):
-            try:
-                os.kill(old, 0)
-            except ProcessLookupError:
-                del _mapped[old]
-            except PermissionError:  # alive, another user's (a reused pid)
-                pass
-        segments = _mapped[pid] = {}
-    memory = segments.get(name)
-    if memory is None:
-        memory = segments[name] = _open(name)
-        _unlink(name)
-        (flags or memory).buf[claim] = 1
-    return memory
-
-
-def _open(name: str) -> Any:
-    if os.name != "posix":
-        return shared_memory.SharedMemory(name)
-    import _posixshmem
-
-    fd = _posixshmem.shm_open("/" + name.lstrip("/"), os.O_RDWR, mode=0o600)
-    try:
-        return _Mapping(mmap.mmap(fd, os.fstat(fd).st_size))
-    finally:
-        os.close(fd)
-
-
-class _Mapping:
-    """A mapped segment, with SharedMemory's ``buf``."""
-
-    def __init__(self, mapped: mmap.mmap) -> None:
-        self.buf = memoryview(mapped)
-
-
-class _Arrived:
-    """A slot as the training process sees it: the batch's tensors are views of it, and it is
-    freed for the worker to reuse when the last of them (and of any view of them) is gone."""
-
-    def __init__(self, pid: int, flags: str, memory: str, index: int) -> None:
-        self.flags, self.index = _attach(pid, flags), index
-        self.memory = _attach(pid, memory, self.flags, _CLAIMED + index)
-        self.array: Any = None  # a weak reference to the array the batch's tensors view
-
-    def bytes(self) -> np.ndarray:
-        """The slot's bytes as one array, shared by the batch's tensors: the slot stays busy
-        while it lives (one finalizer per batch, not one per tensor)."""
-        array = self.array() if self.array is not None else None
-        if array is None:
-            array = np.frombuffer(self.memory.buf, np.uint8)
-            weakref.finalize(array, _hold, self).atexit = False
-            self.array = weakref.ref(array)
-        return array
-
-    def __del__(self) -> None:
-        self.flags.buf[self.index] = 0
-
-
-def _from_slot(slot: _Arrived, offset: int, dtype: str, shape: tuple,
-               inverse: tuple) -> torch.Tensor:
-    kind = getattr(torch, dtype)
-    nbytes = math.prod(shape) * kind.itemsize
-    # a view of the slot's array: every tensor made from it holds it, and so the slot
-    view = torch.from_numpy(slot.bytes()[offset : offset + nbytes]).view(kind).view(shape)
-    return view if inverse == tuple(range(len(inverse))) else view.permute(inverse)
-
-
-def _hold(slot: _Arrived) -> None:
-    """Nothing: the finalizer's reference to ``slot`` is what keeps it until then."""
