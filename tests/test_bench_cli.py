@@ -24,7 +24,7 @@ def test_bench_writes_table_json_and_plot(packed, tmp_path):
     assert result.exit_code == 0, result.output
     text = " ".join(result.stdout.split())
     assert "small-cnn on cpu, batch 20" in text
-    assert re.search(r"(I/O delivers|I/O-bound|Balanced).* waiting for data", text)
+    assert re.search(r"(does not wait|waits) for data.* (I/O alone delivers|I/O-bound|Balanced)", text)
     doc = json.loads(out.read_text())
     assert doc["dataset"]["format"] == "hdf5" and doc["settings"]["steps"] == 2
     assert png.read_bytes()[:4] == b"\x89PNG"

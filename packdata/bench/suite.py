@@ -86,7 +86,8 @@ def bench_input(inp: BenchInput, trainer: Trainer, train: dict[str, Any],
                   device=trainer.device.type, format=inp.format, encoded=inp.encoded,
                   num_workers=options.num_workers, cores=available_cores(),
                   pin_memory=options.pin_memory, batch_size=settings.batch_size,
-                  amp=settings.amp, augmented=augment is not None)
+                  amp=settings.amp, augmented=augment is not None,
+                  feeder=inp.format != FOLDER)
     text = verdict(facts)
     estimated: dict[str, Any] | None = None
     if target is not None and flops is not None:

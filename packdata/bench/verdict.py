@@ -10,6 +10,8 @@ from dataclasses import dataclass
 MARGIN = 1.1
 #: loop share of time waiting for data above which the loop is said to stall
 STALL_SHARE = 0.15
+#: the real loop at this share of training alone's rate or more: nothing waits for data
+LOOP_MARGIN = 0.95
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,7 @@ class Facts:
     batch_size: int = 256
     amp: bool = False
     augmented: bool = False  # the I/O side ran the user's augmentation
+    feeder: bool = False  # the loader read in its feeder process, off the training thread
 
     @property
     def ratio(self) -> float:
@@ -37,30 +40,45 @@ class Facts:
 
 
 def verdict(f: Facts) -> str:
-    """One or two sentences: who is the limit, by how much, and what the real loop showed."""
+    """A few sentences: whether the real loop waits for data and how much of each step, why
+    (I/O slower than training, or the loader's work on the training thread), and I/O alone
+    against training alone. Without a real loop, the comparison of the two alone."""
     r = f.ratio
-    who = "the GPU" if f.device == "cuda" else "training"
+    who, who_ = ("the GPU", "The GPU") if f.device == "cuda" else ("training", "Training")
     if not f.train_rate > 0:  # NaN too: nothing to compare I/O with (no "inf×")
-        text = "No verdict: training processed no samples in the time allowed."
-    elif not f.io_rate > 0:
-        text = "I/O-bound: the loader delivered no samples in the time allowed."
-    elif r >= MARGIN:
-        waits = "need not wait" if (f.load_share or 0) > 0.05 else "never waits"
-        text = f"I/O delivers {r:.1f}× what training consumes: {who} {waits} for data."
+        return "No verdict: training processed no samples in the time allowed."
+    if not f.io_rate > 0:
+        return "I/O-bound: the loader delivered no samples in the time allowed."
+    if r >= MARGIN:
+        alone = f"I/O alone delivers {r:.1f}× what training consumes"
     elif r > 1 / MARGIN:
-        text = (f"Balanced: I/O delivers {r:.2f}× what training consumes; any slower storage "
-                "or extra loading work will stall training.")
+        alone = (f"Balanced: I/O alone delivers {r:.2f}× what training consumes; any slower "
+                 "storage or extra loading work will stall training")
     else:
-        text = (f"I/O-bound: training could take {1 / r:.1f}× more samples/s than I/O delivers "
-                f"({f.io_rate:,.0f} vs {f.train_rate:,.0f} samples/s).")
-    if f.loop_rate is not None and f.load_share is not None:
-        text += (f" The real loop runs at {f.loop_rate:,.0f} samples/s with {f.load_share:.0%} "
-                 "of each step waiting for data.")
-        serial = 1 / (1 / f.io_rate + 1 / f.train_rate) if f.io_rate and f.train_rate else 0.0
-        if f.device == "cpu" and f.loop_rate < 0.8 * serial:
-            # slower than loading then training one after the other: they fight for cores
-            text += (f" That is below the {serial:,.0f} samples/s of loading and training run "
-                     "one after the other: they compete for the same CPU cores.")
+        alone = (f"I/O-bound: training could take {1 / r:.1f}× more samples/s than I/O delivers "
+                 f"({f.io_rate:,.0f} vs {f.train_rate:,.0f} samples/s)")
+    if f.loop_rate is None or not f.loop_rate > 0:
+        if r >= MARGIN:
+            return f"{alone}: {who} need not wait for data (the real loop was not measured)."
+        return alone + "."
+    share = f.loop_rate / f.train_rate
+    loop = (f"the real loop runs at {f.loop_rate:,.0f} samples/s, {share:.2f}× training alone"
+            + ("" if f.load_share is None else
+               f", {f.load_share:.0%} of each step spent taking the next batch"))
+    if share >= LOOP_MARGIN:
+        text = f"{who_} does not wait for data: {loop}. {alone}."
+    else:
+        why = ("I/O is the limit" if r < MARGIN else
+               "I/O alone is fast enough, so what is lost is the loader's work on the training "
+               "thread" + (" and its competition for the same CPU cores"
+                           if f.device == "cpu" else ""))
+        text = (f"{who_} waits for data {1 - share:.0%} of each step: {loop}. "
+                f"{alone}; {why}.")
+    serial = 1 / (1 / f.io_rate + 1 / f.train_rate)
+    if f.device == "cpu" and f.loop_rate < 0.8 * serial:
+        # slower than loading then training one after the other: they fight for cores
+        text += (f" That is below the {serial:,.0f} samples/s of loading and training run "
+                 "one after the other: they compete for the same CPU cores.")
     return text
 
 
@@ -100,10 +118,19 @@ def advice(f: Facts) -> list[str]:
                         "figures are without augmentation (--augment adds it), so a pipeline "
                         "that augments on the CPU is slower still.")
         return tips
-    if f.load_share is not None and f.load_share > STALL_SHARE:
-        tips.append(f"I/O alone is fast enough, yet {f.load_share:.0%} of each real step waits "
-                    "for data: loading is not overlapped with training. Load the next batch while "
-                    "the model trains (num_workers ≥ 1, or prefetch to the device).")
+    loses = f.loop_rate is not None and f.loop_rate < LOOP_MARGIN * f.train_rate
+    if loses or (f.load_share is not None and f.load_share > STALL_SHARE):
+        if f.feeder:
+            tips.append("I/O alone is fast enough, yet the real loop loses time to data: the "
+                        "loader reads in its feeder process, so what is left on the training "
+                        "thread is taking each batch, its copy to the device and the "
+                        "augmentation's launches; pin memory (pin_memory=True) so copies are "
+                        "DMA, and keep the augmentation to few batched operations.")
+        else:
+            tips.append("I/O alone is fast enough, yet the real loop waits for data: loading is "
+                        "not overlapped with training. Read off the training thread: "
+                        "packdata.loader's feeder process (its default for packed datasets), or "
+                        "num_workers ≥ 1 for a per-file Dataset.")
     if f.device == "cuda" and not f.amp:
         tips.append("Training is the limit: try mixed precision (--amp); faster storage will "
                     "not help until training is faster.")
