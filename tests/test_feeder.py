@@ -127,3 +127,17 @@ def test_variable_length_batches_without_a_collate_are_read_in_process(packed_te
     assert packdata.loader(ds, 4, collate=packdata.PadCollate(pad_id=0)).feeder
     with pytest.raises(ValueError, match="feeder=True reads in one background process"):
         packdata.loader(ds, 4, feeder=True, num_workers=2, workers="process")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_batches_for_a_gpu_arrive_page_locked_and_are_copied_exactly(packed, container):
+    ds = packdata.open(packed[container])
+    host = packdata.loader(ds, 16, pin_memory=True)
+    images, labels = next(iter(host))
+    assert images.is_pinned() and labels.is_pinned()  # the feeder's slots, registered with CUDA
+    reference = list(packdata.loader(ds, 16, feeder=False))
+    for epoch in range(2):  # slots reused while copies are in flight must not change a batch
+        copied = [tuple(t.cpu() for t in b) for b in packdata.loader(ds, 16, device="cuda")]
+        for (x, y), (rx, ry) in zip(copied, reference, strict=True):
+            assert torch.equal(x, rx) and torch.equal(y, ry), epoch
+    host.close()

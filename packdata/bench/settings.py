@@ -43,7 +43,7 @@ class BenchSettings:
 
 _S = BenchSettings  # its fields' defaults, given once
 OPTIONS = (
-    Option("model", str, _S.model, "small-cnn, resnet18, pointnet, transformer, or "
+    Option("model", str, _S.model, "small-cnn, resnet18, fast-cifar, pointnet, transformer, or "
            "module:callable / file.py:callable returning a torch.nn.Module. 'auto': by sample "
            "kind (images: resnet18 on a GPU, small-cnn on a CPU)."),
     Option("batch_size", int, _S.batch_size, "Samples per batch."),
