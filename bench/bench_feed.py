@@ -203,8 +203,13 @@ def measure_gpu(paths: dict[str, Path], batch_size: int, rounds: int, epochs: in
         out[name]["vs_resident"] = statistics.median(ratios)
         out[name]["vs_resident_range"] = [min(ratios), max(ratios)]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return {"device": name, "torch": torch.__version__,
-            "cpu_cores": os.cpu_count(), "rows": out}
+    # whether the feeder's slots were registered with CUDA (else each batch is copied into
+    # pinned memory first, on the training thread)
+    host = packdata.loader(first, batch_size, pin_memory=device.type == "cuda")
+    pinned = next(iter(host))[0].is_pinned()
+    host.close()
+    return {"device": name, "torch": torch.__version__, "cpu_cores": os.cpu_count(),
+            "arrives_pinned": pinned, "rows": out}
 
 
 def main() -> None:
