@@ -85,13 +85,14 @@ def main() -> None:
                             classic(path, b, workers, jit)))
         for backend in ("torch", "kornia"):
             configs.append((f"b) batched CPU {label}", f"packdata.loader, backend={backend}",
-                            packdata.loader(packdata.open(path), b, shuffle=True, augment=cifar_recipe(
-                                jitter=jit, seed=0, backend=backend))))
+                            packdata.loader(packdata.open(path), b, shuffle=True, feeder=False,
+                                            augment=cifar_recipe(jitter=jit, seed=0,
+                                                                 backend=backend))))
         # the same batched recipe in 2 DataLoader workers: both cores, but float32 batches
         # then cross processes
         configs.append((f"b) batched CPU {label}", "2 workers, backend=torch", packdata.loader(
             packdata.open(path, batch_transform=cifar_recipe(jitter=jit, seed=0, backend="torch")),
-            b, shuffle=True, num_workers=2)))
+            b, shuffle=True, num_workers=2, feeder=False)))
     gpu = torch.cuda.is_available()
     gpu_rows = [("c) GPU crop+flip+normalise", "streamed (DeviceLoader)", 0.0, "torch", {}),
                 ("c) GPU crop+flip+normalise", "resident", 0.0, "torch", {"resident": True}),
@@ -101,7 +102,8 @@ def main() -> None:
         for group, name, jit, backend, options in gpu_rows:
             configs.append((group, name, packdata.loader(
                 packdata.open(path), b, shuffle=True, device="cuda",
-                augment=cifar_recipe(jitter=jit, seed=0, backend=backend), **options)))
+                augment=cifar_recipe(jitter=jit, seed=0, backend=backend),
+                **({} if options else {"feeder": False}), **options)))
     rates: dict[tuple[str, str], list[float]] = {(g, n): [] for g, n, _ in configs}
     for _ in range(rep):
         for group, name, dl in configs:

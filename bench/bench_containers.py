@@ -44,7 +44,8 @@ TARGETS = {"lmdb": "cifar.lmdb", "hdf5": "cifar.h5", "tar": "cifar-tar"}
 
 
 LOADERS = {  # name -> how a user builds it over a packed dataset
-    "packdata.loader": lambda ds, w: packdata.loader(ds, BATCH, shuffle=True, num_workers=w),
+    "packdata.loader": lambda ds, w: packdata.loader(ds, BATCH, shuffle=True, num_workers=w,
+                                                     feeder=False),
     "packdata.loader processes": lambda ds, w: packdata.loader(
         ds, BATCH, shuffle=True, num_workers=w, workers="process"),
     "stock DataLoader": lambda ds, w: DataLoader(ds, batch_size=BATCH, shuffle=True,

@@ -76,7 +76,7 @@ for module in pkgutil.walk_packages(packdata.__path__, "packdata."):
 path, verify, batch, workers = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 wall, cpu = time.perf_counter(), time.process_time()
 ds = packdata.open(path, verify=verify)
-for _ in packdata.loader(ds, batch, shuffle=True, num_workers=workers):
+for _ in packdata.loader(ds, batch, shuffle=True, num_workers=workers, feeder=False):
     pass
 print(json.dumps([time.perf_counter() - wall, time.process_time() - cpu]))
 """
@@ -99,7 +99,7 @@ print(json.dumps([time.perf_counter() - wall, time.process_time() - cpu]))
 def open_and_epoch(path: Path, verify: str, batch: int = 256,
                    workers: int = 0) -> packdata.PackedDataset:
     ds = packdata.open(path, verify=verify)
-    drain(packdata.loader(ds, batch, shuffle=True, num_workers=workers))
+    drain(packdata.loader(ds, batch, shuffle=True, num_workers=workers, feeder=False))
     return ds
 
 

@@ -123,8 +123,8 @@ def make_rows(files: list[Path], labels: list[int], work: Path, train: bool) -> 
     rows["pil-files"] = lambda: base
     keep = packdata.open(work / "keep.h5", decode=stage)
     raw = packdata.open(work / "raw256.h5", decode=stage)
-    keep_loader = packdata.loader(keep, BATCH, shuffle=True, num_workers=0)
-    raw_loader = packdata.loader(raw, BATCH, shuffle=True, num_workers=0)
+    keep_loader = packdata.loader(keep, BATCH, shuffle=True, num_workers=0, feeder=False)
+    raw_loader = packdata.loader(raw, BATCH, shuffle=True, num_workers=0, feeder=False)
     rows["keep"] = lambda: keep_loader  # built once: each iteration runs the next epoch
     rows["keep-stock"] = lambda: DataLoader(keep, batch_size=BATCH, shuffle=True)
     rows["raw256"] = lambda: raw_loader

@@ -21,7 +21,8 @@ from packdata.bench.throughput import sample_rate
 
 BATCH = 256
 LOADERS = {
-    "packdata.loader": lambda ds: packdata.loader(ds, BATCH, shuffle=True, num_workers=0),
+    "packdata.loader": lambda ds: packdata.loader(ds, BATCH, shuffle=True, num_workers=0,
+                                                  feeder=False),
     "stock DataLoader": lambda ds: DataLoader(ds, batch_size=BATCH, shuffle=True),
 }
 

@@ -95,7 +95,7 @@ def bench_epochs(args, tmp: Path) -> dict:
         converted = packdata.convert(source, tmp / target, workers=args.workers)
         convert_s = time.perf_counter() - start
         ds = packdata.open(converted.path)
-        loader = packdata.loader(ds, batch_size=32, shuffle=True)
+        loader = packdata.loader(ds, batch_size=32, shuffle=True, feeder=False)
         times = epoch_seconds(loader, args.packed_repeats)
         # a read gathers the served variant of the per-variant fields (select), the rest whole
         read = sum(f.nbytes // (args.variants if name in VARIANT_FIELDS else 1)

@@ -92,7 +92,7 @@ def layers(ds: packdata.PackedDataset, limit: SortedGather, seed: int) -> dict:
         gathers.append((views, rows, list(templates.values())))
     n = len(batches)
     # built once, after the epoch main() read: each iteration the next epoch
-    loader = packdata.loader(ds, BATCH, shuffle=True, epoch=1)
+    loader = packdata.loader(ds, BATCH, shuffle=True, epoch=1, feeder=False)
     stock = DataLoader(ds, batch_size=BATCH, shuffle=True)
     # each batch dropped before the next is read, as a training loop does (batches kept alive
     # would make every read map fresh memory)
@@ -145,7 +145,7 @@ def main() -> None:
         opened = {}
         for container, name in TARGETS.items():
             ds = packdata.open(packdata.convert(source, Path(tmp) / name, workers=2).path)
-            drain(packdata.loader(ds, BATCH, shuffle=True))  # epoch 0: every record checked
+            drain(packdata.loader(ds, BATCH, shuffle=True, feeder=False))  # epoch 0: all checked
             opened[container] = ds
         first = next(iter(opened.values()))
         images, labels = first.get_batch(np.arange(len(first)))

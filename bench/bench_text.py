@@ -138,7 +138,7 @@ def training(data: Path, tokenizer: Path, tmp: Path, seconds: float, rounds: int
         "per-item": torch.utils.data.DataLoader(per_item, batch_size, shuffle=True,
                                                 collate_fn=PadToLongest(pad_id)),
         "packdata": packdata.loader(packed, batch_sampler=sampler,
-                                    collate=packdata.PadCollate(pad_id)),
+                                    collate=packdata.PadCollate(pad_id), feeder=False),
     }
     rows: dict = {}
     for name, loader in loaders.items():

@@ -77,7 +77,7 @@ def epochs_seconds(path: Path, level: str, epochs: int, collate,
 def _epochs_seconds(path: Path, level: str, epochs: int, collate) -> tuple[list[float], list[float]]:
     start, cpu = time.perf_counter(), time.process_time()
     ds = packdata.open(path, verify=level)
-    loader = packdata.loader(ds, batch_size=BATCH, shuffle=True, collate=collate)
+    loader = packdata.loader(ds, batch_size=BATCH, shuffle=True, collate=collate, feeder=False)
     times, cpu_times = [], []
     for epoch in range(epochs):
         loader.set_epoch(epoch)
