@@ -37,11 +37,10 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import get_worker_info
 
 from packdata.errors import ArgumentError, DatasetError
 from packdata.jpegregion import decode_crop, scaled_box, scaled_size
-from packdata.units import available_cores, count_argument, size_pair
+from packdata.units import available_cores, count_argument, reads_for_another_process, size_pair
 
 try:  # libjpeg-turbo without Pillow's per-image overhead (same pixels, ~25 % less CPU: measured)
     import simplejpeg
@@ -65,7 +64,8 @@ class ImageDecode:
     """A batched decode stage (subclasses say where the box of each image lies).
 
     ``threads``: decode threads (default: the cores this process may use); ``pin_memory``: put
-    the batch in pinned memory (default: when CUDA is available, outside DataLoader workers);
+    the batch in pinned memory (default: when CUDA is available, outside processes that read
+    for another, DataLoader workers and feeders);
     ``seed``: random boxes depend
     only on (seed, epoch, the batch's indices) when given, fresh entropy otherwise; ``draft``:
     decode JPEGs at a reduced DCT scale where the box allows (``False``: always at full size,
@@ -117,8 +117,8 @@ class ImageDecode:
         _scratch.held = images
         channels = len(mode) if mode in ("L", "RGB", "RGBA", "CMYK") else Image.getmodebands(mode)
         pin = self.pin_memory
-        if pin is None:  # not in DataLoader workers: CUDA must not start there (their pin
-            pin = torch.cuda.is_available() and get_worker_info() is None  # thread pins)
+        if pin is None:  # not in a process reading for another: CUDA must not start there
+            pin = not reads_for_another_process() and torch.cuda.is_available()
         shape = (n, oh, ow, channels) if channels_last else (n, channels, oh, ow)
         out = _batch_buffer(shape, pin)
         target = out.permute(0, 3, 1, 2) if channels_last else out

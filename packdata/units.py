@@ -1,10 +1,11 @@
-"""Sizes and counts as users write them (a seed, an epoch), and how many cores this process may
-use."""
+"""Sizes and counts as users write them (a seed, an epoch), how many cores this process may
+use, and whether it reads batches for another process."""
 
 from __future__ import annotations
 
 import numbers
 import os
+import sys
 from collections.abc import Iterable
 
 from packdata.errors import ArgumentError, ArgumentTypeError
@@ -85,6 +86,25 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+_READS_FOR_ANOTHER = False  # set in a loader's feeder process (which is no DataLoader worker)
+
+
+def read_for_another_process() -> None:
+    """Mark this process as one that reads batches for another (a loader's feeder)."""
+    global _READS_FOR_ANOTHER
+    _READS_FOR_ANOTHER = True
+
+
+def reads_for_another_process() -> bool:
+    """Whether this process reads batches for a training process: a DataLoader worker or a
+    loader's feeder. It hands its batches over through shared memory, and must not start CUDA
+    (the training process, forked after CUDA started, is the one that pins and copies)."""
+    if _READS_FOR_ANOTHER:
+        return True
+    data = sys.modules.get("torch.utils.data")  # no torch loaded: no DataLoader worker either
+    return data is not None and data.get_worker_info() is not None
 
 
 def plural(count: int, noun: str, many: str | None = None) -> str:

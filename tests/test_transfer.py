@@ -19,6 +19,7 @@ from torch.utils.data._utils.collate import default_collate
 
 import packdata
 import packdata.loading.dataset
+from packdata import units
 from packdata.loading import arrivals, transfer
 
 
@@ -34,7 +35,7 @@ def test_a_marked_tensor_arrives_plain_with_its_values_and_memory_order():
 def test_only_small_cpu_tensors_in_a_worker_are_marked(monkeypatch):
     batch = (torch.zeros(3), [torch.ones(2)])
     assert transfer.by_value(batch) is batch  # the training process: untouched
-    monkeypatch.setattr(transfer, "get_worker_info", lambda: object())
+    monkeypatch.setattr(units, "_READS_FOR_ANOTHER", True)  # as in a worker
     small, (inner,) = transfer.by_value(batch)
     assert type(small) is transfer.ByValueTensor and type(inner) is transfer.ByValueTensor
     big = torch.zeros(transfer.BY_VALUE_MAX_BYTES + 1, dtype=torch.uint8)
@@ -169,7 +170,7 @@ def test_a_batch_gathered_into_a_slot_leaves_without_a_copy(packed, container, m
     batch's tensors are the slot's bytes the reader gathered into, marked with their places in
     it; arrays gathered into a slot and dropped without being sent free it again."""
     def in_worker(yes: bool) -> None:
-        monkeypatch.setattr(transfer, "_SENDER", yes)
+        monkeypatch.setattr(units, "_READS_FOR_ANOTHER", yes)
 
     in_worker(True)
     monkeypatch.setattr(transfer, "_RING", None)

@@ -25,11 +25,11 @@ from packdata.errors import ArgumentError, ArgumentTypeError, DatasetError, Pack
 from packdata.loading import samples
 from packdata.loading.rows import rows_of
 from packdata.loading.shared import SharedEpoch
-from packdata.loading.transfer import sends_batches, worker_arrays
+from packdata.loading.transfer import worker_arrays
 from packdata.manifest import Manifest
 from packdata.recordmeta import Keys
 from packdata.remote.storage import CACHE_LIMIT, Storage
-from packdata.units import callable_argument
+from packdata.units import callable_argument, reads_for_another_process
 from packdata.urls import is_url
 
 Transform = Callable[[Any], Any]
@@ -268,7 +268,7 @@ class PackedDataset(Dataset):
         channels-last copy), arrays in a shared-memory slot to read it into: it then leaves the
         process without a copy (:func:`packdata.loading.transfer.worker_arrays`)."""
         m = self.manifest
-        if (not n or not sends_batches() or self.decode is not None or self.channels_last
+        if (not n or not reads_for_another_process() or self.decode is not None or self.channels_last
                 or self.transform is not None or self.batch_transform is not None
                 or m.variable_fields):
             return None

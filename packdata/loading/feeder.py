@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from packdata import interrupts
+from packdata import interrupts, units
 from packdata.errors import PackdataError, WorkerDied
 from packdata.loading import arrivals, transfer
 
@@ -187,7 +187,7 @@ def _serve(conn: Connection, produce: Produce, taken: Any, ahead: int, parent: i
     """The feeder process: each epoch's batches read and sent in order; a stop ends the epoch
     early."""
     interrupts.worker_started(parent)
-    transfer.become_sender()
+    units.read_for_another_process()
     # one intra-op thread, as DataLoader's workers: a thread pool inherited through fork may be
     # one the child cannot use (OpenMP's), and torch ops in it would wait for it forever
     torch.set_num_threads(1)

@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import get_worker_info
 
 from packdata import sources
 from packdata.errors import DatasetError
 from packdata.imagedecode import ImageDecode
 from packdata.manifest import Manifest
 from packdata.sources.images import decode_image, stored_chw
+from packdata.units import reads_for_another_process
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def images_to_torch(
         # a decode stage may have pinned its batch for the GPU copy: so is the contiguous one (asked
         # only then, since asking starts CUDA)
         x = _contiguous(x, pinned=decode is not None and torch.cuda.is_available()
-                        and get_worker_info() is None and x.is_pinned())
+                        and not reads_for_another_process() and x.is_pinned())
     if "label" in batch:
         return x, torch.from_numpy(np.asarray(batch["label"]))
     return (x,)

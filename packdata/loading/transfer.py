@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
 
 from packdata.loading.arrivals import (
     CLAIMED,
@@ -35,6 +34,7 @@ from packdata.loading.arrivals import (
     from_slot,
 )
 from packdata.loading.device import map_tensors
+from packdata.units import reads_for_another_process
 
 #: larger tensors go through torch's own shared memory, where the fixed cost is spread over more
 #: bytes (a limit chosen, not measured)
@@ -79,27 +79,11 @@ def _from_numpy(array: np.ndarray, inverse: tuple) -> torch.Tensor:
     return torch.from_numpy(array).permute(inverse)
 
 
-_SENDER = False  # set in a loader's feeder process (which is no DataLoader worker)
-
-
-def become_sender() -> None:
-    """Mark this process as one that hands its batches to the training process (a loader's
-    feeder): :func:`leave_worker` and :func:`worker_arrays` then use its ring of slots."""
-    global _SENDER
-    _SENDER = True
-
-
-def sends_batches() -> bool:
-    """Whether this process hands its batches to a training process: a DataLoader worker, or a
-    loader's feeder."""
-    return _SENDER or get_worker_info() is not None
-
-
 def leave_worker(batch: Any) -> Any:
     """``batch`` made ready to leave a DataLoader worker: its small CPU tensors copied into a
     reused shared-memory slot (or, with none free, marked to go by value); in the training process,
     unchanged. Each tensor arrives as a plain tensor with the same values and memory order."""
-    if not sends_batches():
+    if not reads_for_another_process():
         return batch
     tensors: list[torch.Tensor] = []
     map_tensors(batch, lambda t: tensors.append(t) if _small(t) else None)
@@ -136,7 +120,7 @@ def worker_arrays(parts: list[tuple[tuple[int, ...], np.dtype]]) -> list[np.ndar
     sends tensors over them without copying. None outside a worker, or with no slot free. A
     slot whose arrays are dropped without leaving the worker (another collate copied them) is
     free again once they are all gone."""
-    if not sends_batches():
+    if not reads_for_another_process():
         return None
     sizes = [math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in parts]
     nbytes = max(sum(_aligned(size) for size in sizes), _ALIGN)
@@ -185,7 +169,7 @@ def _sent_from(slot: Slot, batch: Any) -> Any:
 def by_value(batch: Any) -> Any:
     """``batch`` with its small CPU tensors marked to go by value through the worker's result pipe
     (no slots); in the training process, unchanged."""
-    if not sends_batches():
+    if not reads_for_another_process():
         return batch
     return map_tensors(batch, lambda t: t.as_subclass(ByValueTensor) if _small(t) else t)
 
