@@ -78,7 +78,7 @@ def test_defaults_and_kind_mismatch():
         build_model("resnet18", "pointcloud", POINTS, 10)
     with pytest.raises(BenchError, match="no built-in model"):
         default_model("audio", torch.device("cpu"))
-    assert set(BUILTINS) == {"small-cnn", "resnet18", "pointnet", "transformer"}
+    assert set(BUILTINS) == {"small-cnn", "resnet18", "fast-cifar", "pointnet", "transformer"}
 
 
 def test_describe_batch():
