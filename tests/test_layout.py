@@ -149,3 +149,62 @@ def test_no_module_is_too_long():
             if (n := len(path.read_text().splitlines())) > (
                 MAX_CLI_LINES if name.startswith("packdata.cli") else MAX_LINES)}
     assert long == {}
+
+
+def _private_names_owned(tree: ast.Module) -> set[str]:
+    """Private names a module defines for itself: its module-level functions, classes and
+    assignments, and its classes' methods and attributes (``self._x = …``, class bodies)."""
+    owned: set[str] = set()
+
+    def private(name: str) -> bool:
+        return name.startswith("_") and not name.startswith("__")
+
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            owned.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            owned.update(t.id for t in targets if isinstance(t, ast.Name))
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for node in ast.walk(cls):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                owned.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and \
+                    isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                owned.add(node.attr)
+        owned.update(t.id for n in cls.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                     for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                     if isinstance(t, ast.Name))
+    return {name for name in owned if private(name)}
+
+
+def _private_reaches(modules: dict[str, Path]) -> list[str]:
+    """Where a module uses a private name that another packdata module owns and it does not:
+    ``obj._x`` on anything but ``self``/``cls``, or ``from packdata.m import _x``."""
+    trees = {name: ast.parse(path.read_text()) for name, path in modules.items()}
+    owned = {name: _private_names_owned(tree) for name, tree in trees.items()}
+    everyone = set().union(*owned.values())
+    found = []
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in everyone and \
+                    node.attr not in owned[name] and not (
+                        isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                found.append(f"{name}:{node.lineno} .{node.attr}")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("packdata"):
+                found.extend(f"{name}:{node.lineno} import {a.name} from {node.module}"
+                             for a in node.names if a.name in everyone)
+    return sorted(found)
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    assert _private_reaches(_modules()) == []
+
+
+def test_the_private_name_check_sees_a_reach(tmp_path):
+    owner, reacher = tmp_path / "owner.py", tmp_path / "reacher.py"
+    owner.write_text("class Reader:\n    def __init__(self):\n        self._maps = {}\n\n"
+                     "    def _map(self, shard):\n        return self._maps[shard]\n")
+    reacher.write_text("def read(reader):\n    reader._maps.clear()\n    return reader._map(0)\n")
+    found = _private_reaches({"packdata.owner": owner, "packdata.reacher": reacher})
+    assert found == ["packdata.reacher:2 ._maps", "packdata.reacher:3 ._map"]
