@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from packdata.conversion.costs import Costs
 from packdata.conversion.job import ConvertResult, destination, settle
 from packdata.conversion.local import Progress
 from packdata.conversion.local import write as write_here
@@ -54,13 +55,15 @@ def convert(
     in_parts = Parts.asked(engine, client, scheduler, part_size, resume)
     if in_parts is not None:
         in_parts.check_destination(target, dst)  # before any input is listed
+    costs = Costs()
     with staged(target, Storage(storage_options or {}), overwrite) as (here, on_shard_closed):
-        job = settle(source, here, on_error, overwrite)
+        job = settle(source, here, on_error, overwrite, costs)
         if in_parts is not None:
             result = write_parts(job, in_parts, workers=workers, progress=progress)
+            result.costs.parent.update(costs.parent)
         else:
             result = write_here(job, workers=workers, progress=progress,
-                                on_shard_closed=on_shard_closed)
+                                on_shard_closed=on_shard_closed, costs=costs)
     if target.url is not None:
         result.path = target.url  # type: ignore[assignment]
     return result

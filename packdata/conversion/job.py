@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from packdata import containers
+from packdata.conversion.costs import Costs
 from packdata.errors import DatasetError, OutputExistsError, PackdataError
 from packdata.manifest import Manifest
 from packdata.recordmeta import key_hashes
@@ -88,6 +89,8 @@ class ConvertResult:
     seconds: float
     #: partial outputs of killed earlier conversions to the same destination, removed by this one
     removed_stale: list[str] = dataclasses.field(default_factory=list)
+    #: what the conversion spent, phase by phase and process by process (see :mod:`.costs`)
+    costs: Costs = dataclasses.field(default_factory=Costs)
 
     @property
     def skipped(self) -> list[dict[str, str]]:
@@ -107,20 +110,25 @@ class ConvertResult:
         return said
 
 
-def settle(source: Source, target: Destination, on_error: str, overwrite: bool) -> Job:
+def settle(source: Source, target: Destination, on_error: str, overwrite: bool,
+           costs: Costs | None = None) -> Job:
     """The :class:`Job` for converting ``source`` into ``target``: the inputs (at least one, no
     two with one key). A local destination is refused when it is a link, lies inside the
     source (or holds it), or exists (unless ``overwrite`` and it is a dataset); one staged for a
-    URL is a fresh folder."""
+    URL is a fresh folder. Listing the inputs (for images with their headers) and checking their
+    keys are counted in ``costs``."""
+    costs = costs if costs is not None else Costs()
     if on_error not in ON_ERROR:
         raise PackdataError(f"on_error '{on_error}': expected one of {', '.join(ON_ERROR)}")
     if target.url is None:
         _check_destination(target.path, source.root, overwrite)
-    items = source.items()
+    with costs.phase("listing"):
+        items = source.items()
     if not items:
         raise PackdataError(f"{source.root}: no {source.kind} inputs found")
     if not source.unique_keys:
-        _check_unique_keys(items)
+        with costs.phase("keys"):
+            _check_unique_keys(items)
     return Job(source, target.container, target.path, target.options, items, on_error)
 
 

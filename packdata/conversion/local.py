@@ -19,9 +19,10 @@ from pathlib import Path
 from packdata import atomic
 from packdata.checksum import record_checksum
 from packdata.containers.base import ShardClosed, Writer
+from packdata.conversion.costs import Costs, WorkerClock
 from packdata.conversion.job import ConvertResult, Job
 from packdata.conversion.pool import WorkerPool
-from packdata.conversion.rows import Rows, pack
+from packdata.conversion.rows import Hashed, Rows, handed_over, pack
 from packdata.errors import PackdataError, SampleError, SkippedSample, WorkerDied
 from packdata.manifest import Field, Manifest
 from packdata.recordmeta import MetaSpool
@@ -41,22 +42,27 @@ Progress = Callable[[int, int], None]
 
 
 def write(job: Job, *, workers: int | None = None, progress: Progress | None = None,
-          on_shard_closed: ShardClosed | None = None) -> ConvertResult:
+          on_shard_closed: ShardClosed | None = None, costs: Costs | None = None
+          ) -> ConvertResult:
     """Run ``job`` here: its inputs loaded by ``workers`` processes (default: the cores this
-    process may use), its records written and committed at ``job.dst``."""
+    process may use), its records written and committed at ``job.dst``. What it spends goes to
+    ``costs`` (see :mod:`.costs`)."""
     start = time.perf_counter()
+    costs = costs if costs is not None else Costs()
     blocks = job.source.blocks(job.items)
     workers = max(1, min(workers or available_cores(), len(blocks)))
     with atomic.committing(job.dst) as partial:
-        records = _Records(job, partial.path, on_shard_closed)
+        records = _Records(job, partial.path, on_shard_closed, costs)
         try:
             done = 0
-            for block, loaded in load_blocks(job.source, blocks, workers):
+            for block, loaded in load_blocks(job.source, blocks, workers, costs=costs):
                 records.add_block(block, loaded)
                 done += len(block)
                 if progress:
                     progress(done, len(job.items))
-            manifest = records.finish()
+            with costs.phase("finish"):
+                manifest = records.finish()
+            committed = costs.mark()
         except BaseException as exc:
             records.abort()
             if _is_write_error(exc):
@@ -65,22 +71,26 @@ def write(job: Job, *, workers: int | None = None, progress: Progress | None = N
                 raise PackdataError(f"{job.dst}: cannot write the output ({reason}); nothing was "
                                     "left behind") from None
             raise
-    return ConvertResult(job.dst, manifest, time.perf_counter() - start, partial.removed_stale)
+    costs.since("commit", committed)
+    return ConvertResult(job.dst, manifest, time.perf_counter() - start, partial.removed_stale,
+                         costs)
 
 
 class _Records:
     """Where loaded inputs go: checked against the fields of the first, appended to the writer
     (made for those fields), counted for the manifest; failed inputs per ``on_error``."""
 
-    def __init__(self, job: Job, path: Path, on_shard_closed: ShardClosed | None) -> None:
+    def __init__(self, job: Job, path: Path, on_shard_closed: ShardClosed | None,
+                 costs: Costs) -> None:
         self.job, self.path, self.on_shard_closed = job, path, on_shard_closed
+        self.costs = costs
         self.writer: Writer | None = None
         self.fields: dict[str, Field] = {}
         self.first: Item | None = None
         self.meta: MetaSpool | None = None  # made with the writer: files beside the output
         self.skipped: list[dict[str, str]] = []
 
-    def add_block(self, block: list[Item], loaded: Rows | list[Loaded]) -> None:
+    def add_block(self, block: list[Item], loaded: Rows | Hashed | list[Loaded]) -> None:
         """What the items of ``block`` loaded: rows checked in the worker (see
         :mod:`.rows`) stored as one table where they are records of this conversion's fields;
         anything else item by item."""
@@ -90,13 +100,21 @@ class _Records:
             if not loaded.fit(self.fields):  # let the record-by-record check name the input
                 loaded = loaded.records()
             else:
-                keys = keys_of(block)
-                self.writer.append_rows(keys, loaded.table)  # type: ignore[union-attr]
-                self.meta.append_block(keys, loaded.checksums)  # type: ignore[union-attr]
+                with self.costs.phase("metadata"):
+                    keys = keys_of(block)
+                with self.costs.phase("writing"):
+                    self.writer.append_rows(keys, loaded.table)  # type: ignore[union-attr]
+                with self.costs.phase("metadata"):
+                    self.meta.append_block(keys, loaded.checksums)  # type: ignore[union-attr]
                 if self.job.source.OBSERVES:
                     for record in loaded.records():
                         self.job.source.observe(record)
                 return
+        if isinstance(loaded, Hashed):  # hashed in the worker, over the fields of its first
+            names, sums = loaded.names, loaded.checksums
+            for item, one, checksums in zip(block, loaded.loaded, sums):
+                self.add(item, one, checksums, names)
+            return
         for item, one in zip(block, loaded):
             self.add(item, one)
 
@@ -109,7 +127,10 @@ class _Records:
         # keys and checksums stream to files: memory stays flat in the record count
         self.meta = MetaSpool(self.path.with_name(f"{self.path.name}.records"))
 
-    def add(self, item: Item, loaded: Loaded) -> None:
+    def add(self, item: Item, loaded: Loaded, checksums: list[int] | None = None,
+            names: list[str] | None = None) -> None:
+        """One item's records, checked against the conversion's fields; ``checksums`` (over
+        fields ``names``, by a worker) are taken where those are the conversion's fields."""
         pairs = _pairs(item, loaded)  # one input may make several records (chunks)
         if self.writer is None and pairs and not isinstance(pairs, SampleError):
             self._start(self.job.source.fields(pairs[0][1]), item)
@@ -120,11 +141,16 @@ class _Records:
                 raise pairs
             self.skipped.append({"path": pairs.path, "reason": pairs.reason})
             return
-        for key, record in pairs:
-            self.writer.append(key, record)  # type: ignore[union-attr]
+        if checksums is None or names != list(self.fields):
+            with self.costs.phase("hashing"):
+                checksums = [record_checksum(record, self.fields) for _, record in pairs]
+        for (key, record), checksum in zip(pairs, checksums):
+            with self.costs.phase("writing"):
+                self.writer.append(key, record)  # type: ignore[union-attr]
             if self.job.source.OBSERVES:
                 self.job.source.observe(record)
-            self.meta.append(key, record_checksum(record, self.fields))  # type: ignore[union-attr]
+            with self.costs.phase("metadata"):
+                self.meta.append(key, checksum)  # type: ignore[union-attr]
 
     def _checked(self, pairs: list[tuple[str, dict]], item: Item) -> list | SampleError:
         """The pairs, or a SampleError naming the file when a record does not match the fields
@@ -199,42 +225,61 @@ def _set_worker_source(source: Source) -> None:
     _worker_source = source
 
 
-def load_blocks(source: Source, blocks: Iterable[list[Item]], workers: int, packed: bool = True
-                ) -> Iterator[tuple[list[Item], Rows | list[Loaded]]]:
+def load_blocks(source: Source, blocks: Iterable[list[Item]], workers: int, packed: bool = True,
+                costs: Costs | None = None) -> Iterator[tuple[list[Item], Rows | Hashed | list[Loaded]]]:
     """Every block with what its items loaded, in order: :func:`.rows.pack`ed for writing, or
     each item's record (or its SampleError) with ``packed=False`` (``packdata verify --source``).
     At most ``2 × workers`` blocks in flight; a source that declares ``ISOLATE_LOADING`` loads
     in a worker process even with ``workers=1``, so a decoder that kills its process is an error
-    naming the input, not the end of packdata."""
+    naming the input, not the end of packdata. With ``costs``, the time spent waiting for and
+    receiving each block (or, without workers, loading it here) is counted there."""
+    costs = costs if costs is not None else Costs()
     # a daemonic process (a Dask worker) can start no child: it is the isolation itself, a
     # crash in it is a dead worker its engine names
     isolate = source.ISOLATE_LOADING and not mp.current_process().daemon
     if workers <= 1 and not isolate:
         for block in blocks:
-            loaded = _load_block_with(source, block)
-            yield block, pack(source, loaded) if packed else loaded
+            with costs.phase("load"):
+                loaded = _load_block_with(source, block)
+                loaded = pack(source, loaded) if packed else loaded
+            yield block, loaded
         return
     workers = max(workers, 1)
     try:
         with WorkerPool(workers, _set_worker_source, (source,)) as pool:
-            yield from pool.ordered(functools.partial(_load_block, packed=packed), blocks,
-                                    2 * workers)
+            results = pool.ordered(functools.partial(_load_block, packed=packed), blocks,
+                                   2 * workers)
+            while True:
+                with costs.phase("hand-over"):  # waiting for the block, and receiving it
+                    block, (loaded, spent) = next(results, (None, (None, None)))
+                if block is None:
+                    return
+                costs.add_workers(spent)
+                costs.count("handed_over", handed_over(loaded))
+                yield block, loaded
     except WorkerDied as died:  # the culprit is in this block or one queued after it
         raise PackdataError("a conversion worker stopped unexpectedly (killed, out of memory, or "
                             f"crashed in a decoder) while loading inputs from {died.task[0].path} "
                             "on") from None
 
 
-def _load_block(items: list[Item], packed: bool = True) -> Rows | list[Loaded]:
+def _load_block(items: list[Item], packed: bool = True
+                ) -> tuple[Rows | Hashed | list[Loaded], dict[str, float]]:
     """The worker's task: the block loaded and, for writing, packed (the rows' checks and
-    checksums are computed here, in parallel, not in the process that writes). What it raises
+    checksums are computed here, in parallel, not in the process that writes), with the CPU
+    seconds each phase took (:class:`.costs.WorkerClock`). What it raises
     travels back pickled: an error that cannot be (a library's own exception class) is replaced
     by a PackdataError keeping its type and message, and nothing is chained to it (where
     exceptions pickle their chain, as with tblib's support installed, a chained library
     exception would not pickle either)."""
+    clock = WorkerClock()
     try:
-        loaded = _load_block_with(_worker_source, items)  # type: ignore[arg-type]
-        return pack(_worker_source, loaded) if packed else loaded  # type: ignore[arg-type]
+        with clock.phase("load"):
+            loaded = _load_block_with(_worker_source, items)  # type: ignore[arg-type]
+        if packed:
+            with clock.phase("pack"):
+                loaded = pack(_worker_source, loaded, clock)  # type: ignore[arg-type]
+        return loaded, clock.spent
     except BaseException as exc:
         failure = exc
     failure.__context__ = failure.__cause__ = None

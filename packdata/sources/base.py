@@ -26,7 +26,11 @@ from packdata.units import plural
 #: the nouns :meth:`Source.ignore` counts, one of each
 SINGULAR = {"files": "file", "entries": "entry"}
 
-BLOCK = 256  # items per worker task, unless a source groups them otherwise
+BLOCK = 256  # items per worker task at most, unless a source groups them otherwise
+#: tasks a conversion is cut into at least, where its items allow (MIN_BLOCK each): enough for
+#: every core of a large machine to get several (a few thousand photos in blocks of BLOCK would
+#: leave most of 16 workers idle)
+TASKS, MIN_BLOCK = 64, 16
 SHOWN = 5  # names listed when reporting what was left out
 
 Record = dict[str, np.ndarray]
@@ -168,9 +172,11 @@ class Source(ABC):
         return [safe_load(self, item) for item in items]
 
     def blocks(self, items: list[Item]) -> list[list[Item]]:
-        """Group items into worker tasks: ``BLOCK`` at a time unless a source knows better (e.g.
-        by bytes, when items vary widely in cost)."""
-        return [items[i : i + BLOCK] for i in range(0, len(items), BLOCK)]
+        """Group items into worker tasks: ``BLOCK`` at a time, fewer where that would make fewer
+        than ``TASKS`` tasks (but ``MIN_BLOCK`` at least), unless a source knows better (e.g. by
+        bytes, when items vary widely in cost)."""
+        size = max(MIN_BLOCK, min(BLOCK, -(-len(items) // TASKS)))
+        return [items[i : i + size] for i in range(0, len(items), size)]
 
     @abstractmethod
     def fields(self, record: dict[str, np.ndarray]) -> dict[str, Field]:

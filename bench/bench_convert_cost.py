@@ -1,0 +1,264 @@
+"""Conversion's own cost, phase by phase and process by process: its serial share, and what more
+cores give (Amdahl's prediction against what they gave).
+
+    python bench/bench_convert_cost.py [--workers 1 2] [--count 50000] [--photos 3000]
+        [--jpegs DIR] [--budget 170] [--json bench/results/convert_cost.json]
+
+Conversions, each run by a fresh process (``packdata.convert`` called from Python, so that
+start-up is measured apart, below), over inputs made once in a temporary folder:
+
+- ``png-h5``: ``--count`` real CIFAR-10 PNGs (../shared/data/cifar10/test-png, repeated under new
+  names) with their labels → ``.h5`` (decode-heavy: a PNG decode per 3 KB record);
+- ``jpeg-max256-h5``: ``--photos`` photo JPEGs, ``--max-size 256`` → ``.h5`` (decode and resize);
+- ``jpeg-keep-lmdb``: the same JPEGs, ``--encoding keep`` → ``.lmdb`` (bytes moved, no pixels),
+  beside ``cp -r`` of the same folder into the same file system (a plain copy of its bytes).
+
+The JPEGs: those of ``--jpegs DIR`` (e.g. made by tools/make_imagenet_like.py); else made here
+by that tool where scikit-image and scikit-learn are installed; else photo-sized mosaics of the
+CIFAR images (each JSON row says which).
+
+Each conversion reports (packdata.conversion.costs) its parent's wall and CPU seconds per phase
+(listing with header reads, key check, hand-over of results, writing, hashing, metadata, finish,
+commit; or, with one worker, loading done by the parent itself), its workers' CPU seconds per
+phase (load, pack, hashing), the bytes handed over, read and written. From them:
+
+- ``serial share``: the parent's CPU seconds in the phases no worker takes (all but loading),
+  over the one-worker conversion's wall time (and over its CPU seconds, which a loaded machine
+  does not inflate);
+- ``amdahl_16``: 1 / (s + (1 - s) / 16), the speed-up 16 workers would give over one if only
+  that serial share stayed serial, with ``s`` from the 2-worker run (its parent's serial CPU
+  over the whole conversion's CPU) — and, where the machine has the cores, what 16 gave.
+
+Start-up apart: ``python -c pass``, ``packdata --help`` and a 200-file conversion from the shell,
+wall seconds, median of 3. The load average is recorded before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _shared import CIFAR_PNG, command_line, parser, write_results
+
+ROOT = Path(__file__).resolve().parents[1]
+CONVERSIONS = {
+    "png-h5": ("png", "out.h5", {}),
+    "jpeg-max256-h5": ("jpeg", "out.h5", {"max_size": 256}),
+    "jpeg-keep-lmdb": ("jpeg", "out.lmdb", {"encoding": "keep"}),
+}
+
+
+def child(folder: str, dst: str, workers: int, options: str) -> None:
+    """One conversion in this fresh process: its costs and this process tree's CPU seconds."""
+    from packdata.conversion.dispatch import convert
+    from packdata.sources import open_source
+
+    start = time.perf_counter()
+    result = convert(open_source(folder, **json.loads(options)), dst, workers=workers)
+    wall = time.perf_counter() - start
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(json.dumps({"wall": wall, "seconds": result.seconds, "count": result.manifest.count,
+                      "cpu_parent": me.ru_utime + me.ru_stime,
+                      "cpu_workers": kids.ru_utime + kids.ru_stime,
+                      "costs": result.costs.to_dict() if hasattr(result, "costs") else None}))
+
+
+def size_of(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def tiled_pngs(data: Path, out: Path, count: int) -> Path:
+    """``count`` of the CIFAR PNGs under new names, with labels.json (hard links where the file
+    system allows: the bytes are the same files' either way)."""
+    labels = json.loads((data.parent / "labels.json").read_text())
+    names = sorted(labels["labels"])
+    out.mkdir(parents=True)
+    table = {}
+    for i in range(count):
+        name = names[i % len(names)]
+        new = f"{Path(name).stem}_{i:06d}.png"
+        shutil.copyfile(data / name, out / new)
+        table[new] = labels["labels"][name]
+    (out / "labels.json").write_text(json.dumps({"classes": labels["classes"], "labels": table}))
+    return out
+
+
+def photo_jpegs(out: Path, count: int, png: Path) -> tuple[Path, str]:
+    """``count`` photo-sized JPEGs in class folders, and how they were made."""
+    try:
+        import skimage  # noqa: F401
+        import sklearn  # noqa: F401
+    except ImportError:
+        return _mosaics(out, count, png), "CIFAR mosaics (scikit-image not installed)"
+    sys.path.insert(0, str(ROOT / "tools"))
+    import make_imagenet_like
+
+    make_imagenet_like.make(out, count, classes=100, seed=0)
+    return out, "tools/make_imagenet_like.py --seed 0"
+
+
+def _mosaics(out: Path, count: int, png: Path) -> Path:
+    """Photo-sized JPEGs (shorter side 256-500, quality 90) tiled from CIFAR images, scaled up
+    2x: real image content where no photographs are installed."""
+    import numpy as np
+    from PIL import Image
+
+    files = sorted(png.glob("*.png"))[:4096]
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        short = int(rng.integers(256, 501))
+        w, h = int(short * rng.uniform(1.0, 1.5)), short
+        tiles = -(-w // 64), -(-h // 64)
+        canvas = Image.new("RGB", (tiles[0] * 64, tiles[1] * 64))
+        for y in range(tiles[1]):
+            for x in range(tiles[0]):
+                with Image.open(files[int(rng.integers(len(files)))]) as im:
+                    canvas.paste(im.convert("RGB").resize((64, 64), Image.Resampling.BICUBIC),
+                                 (x * 64, y * 64))
+        folder = out / f"class_{i % 100:03d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        canvas.crop((0, 0, w, h)).save(folder / f"img_{i:06d}.jpg", quality=90)
+    return out
+
+
+def run_child(folder: Path, dst: Path, workers: int, options: dict, root: Path) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", str(folder), str(dst), str(workers),
+                          json.dumps(options)], check=True, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(root)}).stdout
+    row = json.loads(out.strip().splitlines()[-1])
+    row["bytes_written"] = size_of(dst)
+    return row
+
+
+def plain_copy(folder: Path, dst: Path) -> float:
+    start = time.perf_counter()
+    subprocess.run(["cp", "-r", str(folder), str(dst)], check=True)
+    subprocess.run(["sync", "-f", str(dst)], check=False)
+    return time.perf_counter() - start
+
+
+def startup(png: Path, tmp: Path, root: Path) -> dict:
+    """Wall seconds of a bare interpreter, ``packdata --help`` and a 200-file conversion."""
+    small = tmp / "small"
+    small.mkdir()
+    for p in sorted(png.glob("*.png"))[:200]:
+        os.link(p, small / p.name)
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    commands = {"python": [sys.executable, "-c", "pass"],
+                "help": [sys.executable, "-m", "packdata", "--help"],
+                "convert_200": [sys.executable, "-m", "packdata", "convert", str(small),
+                                str(tmp / "small.h5"), "--overwrite"]}
+    times: dict[str, list[float]] = {k: [] for k in commands}
+    for _ in range(3):
+        for name, command in commands.items():
+            start = time.perf_counter()
+            subprocess.run(command, check=True, capture_output=True, env=env)
+            times[name].append(time.perf_counter() - start)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def summary(rows: list[dict]) -> dict:
+    """Per conversion: serial share, speed-ups and Amdahl's prediction."""
+    out: dict[str, dict] = {}
+    for name in CONVERSIONS:
+        runs = {r["workers"]: r for r in rows if r["conversion"] == name}
+        if 1 not in runs:
+            continue
+        one = runs[1]
+        serial = one["costs"]["serial_cpu"] if one["costs"] else 0.0
+        cpu_one = one["cpu_parent"] + one["cpu_workers"]
+        if one["costs"] is None:  # a packdata that does not report its costs
+            out[name] = {"speedup": {w: one["wall"] / r["wall"] for w, r in sorted(runs.items())}}
+            continue
+        entry = {"serial_share_of_wall": serial / one["wall"],
+                 "serial_share_of_cpu": serial / cpu_one,
+                 "speedup": {w: one["wall"] / r["wall"] for w, r in sorted(runs.items())}}
+        if 2 in runs and runs[2]["costs"]:
+            two = runs[2]
+            s = two["costs"]["serial_cpu"] / (two["cpu_parent"] + two["cpu_workers"])
+            entry["serial_share_2_workers"] = s
+            entry["amdahl_16"] = 1 / (s + (1 - s) / 16)
+        out[name] = entry
+    return out
+
+
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def main() -> None:
+    p = parser(__doc__, data=CIFAR_PNG, count=50_000, rounds=1, results="convert_cost.json")
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--photos", type=int, default=3000)
+    p.add_argument("--jpegs", type=Path, help="a folder of JPEGs to use instead of making them")
+    p.add_argument("--only", nargs="+", choices=list(CONVERSIONS), default=list(CONVERSIONS))
+    p.add_argument("--budget", type=float, default=170.0,
+                   help="seconds: no further conversion starts past this (the rest is listed)")
+    p.add_argument("--packdata", type=Path, default=ROOT,
+                   help="the checkout whose packdata runs (e.g. an earlier one, to compare)")
+    p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        folder, dst, workers, options = args.child
+        child(folder, dst, int(workers), options)
+        return
+    began = time.perf_counter()
+    doc: dict = {"command": command_line(), "cores": os.cpu_count(), "load_before": load(),
+                 "rows": [], "copies": [], "not_run": []}
+    with tempfile.TemporaryDirectory(prefix="packdata-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        inputs = {"png": tiled_pngs(args.data, tmp / "png", args.count)}
+        if any(CONVERSIONS[c][0] == "jpeg" for c in args.only):
+            if args.jpegs:
+                inputs["jpeg"], doc["jpegs"] = args.jpegs, str(args.jpegs)
+            else:
+                inputs["jpeg"], doc["jpegs"] = photo_jpegs(tmp / "jpeg", args.photos, args.data)
+        doc["inputs"] = {k: {"files": sum(1 for f in v.rglob("*") if f.suffix in (".png", ".jpg")),
+                             "bytes": size_of(v)} for k, v in inputs.items()}
+        doc["startup"] = startup(inputs["png"], tmp, args.packdata)
+        print(f"start-up: {doc['startup']}", file=sys.stderr)
+        for r in range(args.rounds):
+            for workers in args.workers:
+                for name in args.only:
+                    kind, target, options = CONVERSIONS[name]
+                    if time.perf_counter() - began > args.budget:
+                        doc["not_run"].append({"conversion": name, "workers": workers})
+                        continue
+                    dst = tmp / f"{name}-{workers}-{r}" / target
+                    dst.parent.mkdir()
+                    row = run_child(inputs[kind], dst, workers, options, args.packdata)
+                    row.update(conversion=name, workers=workers, round=r, load=load(),
+                               bytes_read=doc["inputs"][kind]["bytes"])
+                    doc["rows"].append(row)
+                    shutil.rmtree(dst.parent)
+                    print(f"{name} workers={workers}: {row['wall']:.2f} s", file=sys.stderr)
+                    if name == "jpeg-keep-lmdb":
+                        copied = tmp / f"copy-{workers}-{r}"
+                        doc["copies"].append({"workers": workers, "round": r,
+                                              "seconds": plain_copy(inputs[kind], copied),
+                                              "keep_seconds": row["wall"]})
+                        shutil.rmtree(copied)
+    doc["load_after"] = load()
+    doc["summary"] = summary(doc["rows"])
+    if doc["copies"]:
+        doc["summary"]["keep_over_copy"] = {
+            c["workers"]: c["keep_seconds"] / c["seconds"] for c in doc["copies"]}
+    doc["seconds"] = time.perf_counter() - began
+    if args.json:
+        write_results(args.json, doc)
+    print(json.dumps(doc["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
