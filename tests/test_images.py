@@ -5,6 +5,7 @@ container and batch through a decode stage. Crops of the real photographs in tes
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +76,19 @@ def test_raw_and_keep_storage_of_any_size_round_trip_pixel_exact(tmp_path, photo
             assert torch.equal(image, expected), (ds, key)
             assert label == ds.classes.index(key.split("/")[0])
     assert len(sizes) == 14  # every image a different size
+
+
+@pytest.mark.parametrize("cut", ["half", "last bytes"])
+def test_kept_jpegs_are_checked_to_their_last_bytes(tmp_path, photo_folder, cut):
+    """Kept files are decoded only to check them (at the smallest DCT scale), yet a JPEG cut
+    anywhere in its bitstream still stops the conversion, naming it."""
+    folder = tmp_path / "in"
+    shutil.copytree(photo_folder, folder)
+    damaged = folder / "coffee" / "2.jpg"
+    data = damaged.read_bytes()
+    damaged.write_bytes(data[: len(data) // 2] if cut == "half" else data[:-200])
+    with pytest.raises(packdata.PackdataError, match="coffee/2.jpg.*truncated"):
+        convert(folder, tmp_path / "keep.h5", encoding="keep")
 
 
 def test_max_size_limits_the_shorter_side_keeping_the_aspect(tmp_path, photo_folder):
