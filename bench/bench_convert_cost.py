@@ -18,9 +18,10 @@ by that tool where scikit-image and scikit-learn are installed; else photo-sized
 CIFAR images (each JSON row says which).
 
 Each conversion reports (packdata.conversion.costs) its parent's wall and CPU seconds per phase
-(listing with header reads, key check, hand-over of results, writing, hashing, metadata, finish,
-commit; or, with one worker, loading done by the parent itself), its workers' CPU seconds per
-phase (load, pack, hashing), the bytes handed over, read and written. From them:
+(listing with header reads, key check, hand-over of results, writing, hashing, metadata,
+finish, commit; or, with one worker, loading done by the parent itself), its workers' CPU
+seconds per phase (load, pack, hashing), the bytes handed over, read and written. The PNGs'
+header reads are also timed apart. From them:
 
 - ``serial share``: the parent's CPU seconds in the phases no worker takes (all but loading),
   over the one-worker conversion's wall time (and over its CPU seconds, which a loaded machine
@@ -109,14 +110,27 @@ def photo_jpegs(out: Path, count: int, png: Path) -> tuple[Path, str]:
 
 
 def _mosaics(out: Path, count: int, png: Path) -> Path:
-    """Photo-sized JPEGs (shorter side 256-500, quality 90) tiled from CIFAR images, scaled up
-    2x: real image content where no photographs are installed."""
+    """Photo-sized JPEGs (shorter side 256-500, quality 90) tiled from CIFAR images scaled up
+    2x, made on every core: real image content where no photographs are installed."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    files = sorted(png.glob("*.png"))[:4096]
+    for c in range(100):
+        (out / f"class_{c:03d}").mkdir(parents=True)
+    step = 50
+    with ProcessPoolExecutor() as pool:
+        list(pool.map(_mosaic_block, [(out, files, a, min(a + step, count))
+                                      for a in range(0, count, step)]))
+    return out
+
+
+def _mosaic_block(task: tuple[Path, list[Path], int, int]) -> None:
     import numpy as np
     from PIL import Image
 
-    files = sorted(png.glob("*.png"))[:4096]
-    rng = np.random.default_rng(0)
-    for i in range(count):
+    out, files, start, stop = task
+    for i in range(start, stop):
+        rng = np.random.default_rng([0, i])
         short = int(rng.integers(256, 501))
         w, h = int(short * rng.uniform(1.0, 1.5)), short
         tiles = -(-w // 64), -(-h // 64)
@@ -126,10 +140,8 @@ def _mosaics(out: Path, count: int, png: Path) -> Path:
                 with Image.open(files[int(rng.integers(len(files)))]) as im:
                     canvas.paste(im.convert("RGB").resize((64, 64), Image.Resampling.BICUBIC),
                                  (x * 64, y * 64))
-        folder = out / f"class_{i % 100:03d}"
-        folder.mkdir(parents=True, exist_ok=True)
-        canvas.crop((0, 0, w, h)).save(folder / f"img_{i:06d}.jpg", quality=90)
-    return out
+        canvas.crop((0, 0, w, h)).save(out / f"class_{i % 100:03d}" / f"img_{i:06d}.jpg",
+                                       quality=90)
 
 
 def run_child(folder: Path, dst: Path, workers: int, options: dict, root: Path) -> dict:
@@ -166,6 +178,18 @@ def startup(png: Path, tmp: Path, root: Path) -> dict:
             subprocess.run(command, check=True, capture_output=True, env=env)
             times[name].append(time.perf_counter() - start)
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def header_reads(folder: Path, root: Path) -> dict:
+    """CPU seconds of the listing's header reads alone (what chooses the PNGs' layout), in a
+    fresh process: the parent's phase "listing" includes them."""
+    code = ("import json, time; from packdata.sources import open_source; "
+            "from packdata.sources.images import sizes_differ; "
+            f"items = open_source({str(folder)!r}).items(); t = time.process_time(); "
+            "sizes_differ(items); print(json.dumps(time.process_time() - t))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(root)}).stdout
+    return {"cpu": json.loads(out), "files": sum(1 for _ in folder.glob("*.png"))}
 
 
 def summary(rows: list[dict]) -> dict:
@@ -227,6 +251,7 @@ def main() -> None:
         doc["inputs"] = {k: {"files": sum(1 for f in v.rglob("*") if f.suffix in (".png", ".jpg")),
                              "bytes": size_of(v)} for k, v in inputs.items()}
         doc["startup"] = startup(inputs["png"], tmp, args.packdata)
+        doc["png_header_reads"] = header_reads(inputs["png"], args.packdata)
         print(f"start-up: {doc['startup']}", file=sys.stderr)
         for r in range(args.rounds):
             for workers in args.workers:
