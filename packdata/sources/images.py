@@ -240,13 +240,13 @@ def _local_header_size(path: str) -> tuple[int, int] | None:
     time through pathlib and a file object: measured); None for anything but a regular file."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a named pipe must not block the scan
     try:
+        head = os.read(fd, 24)  # a named pipe gives b"" or raises: load() reports it
+        if head[:8] == PNG_SIGNATURE and head[12:16] == b"IHDR":  # no fstat: a third less
+            return struct.unpack(">II", head[16:24])
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None  # e.g. a named pipe: load() reports it
-        head = os.read(fd, 24)
+            return None  # e.g. a device: load() reports it
     finally:
         os.close(fd)
-    if head[:8] == PNG_SIGNATURE and head[12:16] == b"IHDR":
-        return struct.unpack(">II", head[16:24])
     return header_size(Path(path))
 
 
