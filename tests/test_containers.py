@@ -146,6 +146,62 @@ def test_hdf5_copies_spooled_records_in_row_aligned_blocks(tmp_path, png_folder,
         np.testing.assert_array_equal(ds[i][0].permute(1, 2, 0).numpy(), pillow_pixels(png_folder / names[i]))
 
 
+def _stored(path: Path) -> dict[str, np.ndarray]:
+    with h5py.File(path, "r") as f:
+        return {name: f[name][()] for name in f if name not in ("manifest", "__records__")}
+
+
+@pytest.mark.parametrize("options", [{"max_size": 20}, {"encoding": "keep"}])
+def test_hdf5_lays_variable_rows_out_from_the_headers_and_writes_them_in_place(
+        tmp_path, png_folder, monkeypatch, options):
+    """Images of any size (their pixel rows counted from the headers) and kept files (their
+    bytes from their sizes) go straight into datasets made at their final size; the file holds
+    what the spooled path (no rows known ahead) writes, byte for byte."""
+    from packdata.containers import hdf5
+    from packdata.sources.images import ImageSource
+
+    monkeypatch.setattr(ImageSource, "expected_rows", lambda self, items: None)
+    spooled = packdata.convert(packdata.open_source(png_folder, **options), tmp_path / "s.h5",
+                               workers=2)
+    monkeypatch.undo()
+
+    def never(self):
+        raise AssertionError("moved to spools although every record fit")
+
+    monkeypatch.setattr(hdf5.HDF5Writer, "_to_spools", never)
+    placed = packdata.convert(packdata.open_source(png_folder, **options), tmp_path / "p.h5",
+                              workers=2)
+    assert np.array_equal(placed.manifest.checksums, spooled.manifest.checksums)
+    a, b = _stored(placed.path), _stored(spooled.path)
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    assert packdata.verify(placed.path).ok
+
+
+def test_hdf5_moves_rows_laid_out_in_place_to_spools_when_an_input_is_skipped(tmp_path,
+                                                                              png_folder,
+                                                                              monkeypatch):
+    from packdata.containers import hdf5
+
+    moved = []
+    to_spools = hdf5.HDF5Writer._to_spools
+    monkeypatch.setattr(hdf5.HDF5Writer, "_to_spools",
+                        lambda self: (moved.append(self.count), to_spools(self)))
+    folder = shutil.copytree(png_folder, tmp_path / "in")
+    bad = sorted(folder.glob("*.png"))[50]
+    bad.write_bytes(bad.read_bytes()[:100])  # its header still reads: its rows were counted
+    out = packdata.convert(packdata.open_source(folder, max_size=20), tmp_path / "v.h5",
+                           workers=1, on_error="skip")
+    assert [s["path"] for s in out.manifest.skipped] == [str(bad)]
+    assert out.manifest.count == 119 and packdata.verify(out.path).ok
+    assert moved == [119]  # laid out for 120, moved to the spools at the end
+    bad.unlink()  # the same folder without it: the same records
+    alone = packdata.convert(packdata.open_source(folder, max_size=20), tmp_path / "w.h5",
+                             workers=1)
+    assert np.array_equal(out.manifest.checksums, alone.manifest.checksums)
+    a, b = _stored(out.path), _stored(alone.path)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
 def test_truncated_tar_shard_is_a_named_error(tmp_path, packed):
     copy = shutil.copytree(packed["tar"], tmp_path / "t")
     shard = shard_paths(copy)[-1]

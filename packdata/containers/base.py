@@ -34,6 +34,9 @@ class Writer(ABC):
 
     #: container-specific options this writer accepts (``packdata convert`` has a flag for each)
     OPTIONS: ClassVar[tuple[Option, ...]] = ()
+    #: whether :meth:`expect` lays out variable-length fields for the rows they will hold, when
+    #: given them (conversion then asks its source, which may read each input's header)
+    LAYS_OUT_ROWS: ClassVar[bool] = False
 
     def __init__(
         self, path: Path, fields: dict[str, Field], options: dict[str, Any],
@@ -55,10 +58,13 @@ class Writer(ABC):
     def append(self, key: str, record: dict[str, np.ndarray]) -> None:
         """Store one record (every field of ``fields``, already checked)."""
 
-    def expect(self, count: int) -> None:  # noqa: B027 - optional hook
+    def expect(self, count: int, rows: dict[str, int] | None = None  # noqa: B027 - optional
+               ) -> None:
         """How many records to expect, before the first is appended: conversion's count of
-        inputs, a hint (skipped inputs, or inputs that make several records, make it wrong). A
-        writer may lay out its storage for it; whatever arrives is stored all the same."""
+        inputs, and (to a writer that :attr:`LAYS_OUT_ROWS`) the rows each variable-length
+        field will hold in all; hints (skipped inputs, or inputs that make several records, make
+        them wrong). A writer may lay out its storage for them; whatever arrives is stored all
+        the same."""
 
     def append_rows(self, keys: Sequence[str], rows: np.ndarray) -> None:
         """Store records ``keys`` given as the rows of one uint8 table, row ``j`` record

@@ -73,8 +73,10 @@ def _offsets_name(name: str) -> str:
 
 class HDF5Writer(Writer):
     """Fields spooled to files and copied into the HDF5 file at the end; or, given the record
-    count to expect (:meth:`expect`) and fixed fields only, written straight into datasets made
-    at that count, as long as the records fit them."""
+    count to expect (:meth:`expect`) and, for variable-length fields, the rows they will hold,
+    written straight into datasets made at that size, as long as the records fit them."""
+
+    LAYS_OUT_ROWS = True
 
     def __init__(
         self, path: Path, fields: dict[str, Field], options: dict[str, Any],
@@ -87,46 +89,87 @@ class HDF5Writer(Writer):
         }
         self.file: h5py.File | None = None  # while records go straight into it
         self.datasets: dict[str, h5py.Dataset] = {}
+        self.expected = 0
+        #: variable fields written in place: rows written so far, their offsets datasets, and
+        #: the ends of the records appended since the last flush of those offsets
+        self.rows: dict[str, int] = {}
+        self.offsets: dict[str, h5py.Dataset] = {}
+        self.ends: dict[str, list[int]] = {}
 
-    def expect(self, count: int) -> None:
-        if count <= 0 or self.count or any(f.variable for f in self.fields.values()):
+    def expect(self, count: int, rows: dict[str, int] | None = None) -> None:
+        variable = [name for name, f in self.fields.items() if f.variable]
+        if count <= 0 or self.count or any(name not in (rows or {}) for name in variable):
             return
         import h5py
 
         with _plain_errors():
             self.file = h5py.File(self.path, "w", track_order=True)
-            self.datasets = {name: self.file.create_dataset(name, shape=(count, *f.shape),
-                                                            dtype=f.np_dtype)
-                             for name, f in self.fields.items()}
+            for name, f in self.fields.items():
+                if f.variable:  # as finish() lays them out: the offsets, then the rows
+                    self.offsets[name] = self.file.create_dataset(
+                        _offsets_name(name), shape=(count + 1,), dtype=np.int64)
+                    self.offsets[name][0] = 0
+                    self.rows[name], self.ends[name] = 0, []
+                shape = (rows[name], *f.row_shape) if f.variable else (count, *f.shape)  # type: ignore[index]
+                self.datasets[name] = self.file.create_dataset(name, shape=shape,
+                                                               dtype=f.np_dtype)
+        self.expected = count
 
-    def _in_place(self, n: int) -> bool:
-        """Whether ``n`` more records fit the datasets made by :meth:`expect`; if they would
-        overflow them, what was written moves to the spools, which take everything from then on."""
+    def _in_place(self, n: int, record: dict[str, np.ndarray] | None = None) -> bool:
+        """Whether ``n`` more records (``record``, for variable fields) fit the datasets made by
+        :meth:`expect`; if they would overflow them, what was written moves to the spools,
+        which take everything from then on."""
         if self.file is None:
             return False
-        if self.count + n <= len(next(iter(self.datasets.values()))):
+        if self.count + n <= self.expected and all(
+                self.rows[name] + len(record[name]) <= len(self.datasets[name])  # type: ignore[index]
+                for name in self.rows):
             return True
         self._to_spools()
         return False
 
+    def _flush_ends(self, every: int = 4096) -> None:
+        """The offsets of the records appended since the last flush, written once ``every`` of
+        them are waiting (0: now)."""
+        for name, ends in self.ends.items():
+            if ends and len(ends) >= every:
+                start = self.count + 1 - len(ends)
+                self.offsets[name][start : self.count + 1] = ends
+                ends.clear()
+
     def _to_spools(self) -> None:
+        self._flush_ends(0)
         for name, spool in self.spools.items():
             ds = self.datasets[name]
+            if name in self.rows:  # record by record: their rows, from the offsets
+                for a in range(0, self.count, BLOCK):
+                    ends = self.offsets[name][a : min(a + BLOCK, self.count) + 1]
+                    for lo, hi in zip(ends[:-1], ends[1:]):
+                        spool.append(ds[lo:hi])
+                continue
             step = max(1, BLOCK_BYTES // max(spool.field.nbytes, 1))
             for a in range(0, self.count, step):
                 spool.append(ds[a : min(a + step, self.count)])
         self.file.close()  # type: ignore[union-attr]
-        self.file, self.datasets = None, {}
+        self.file, self.datasets, self.offsets, self.rows, self.ends = None, {}, {}, {}, {}
         self.path.unlink()
 
     def append(self, key: str, record: dict[str, np.ndarray]) -> None:
-        if self._in_place(1):
+        if self._in_place(1, record):
             with _plain_errors():
                 for name, ds in self.datasets.items():
-                    ds[self.count] = record[name]
-        else:
-            for name, spool in self.spools.items():
-                spool.append(record[name])
+                    if name in self.rows:
+                        a = self.rows[name]
+                        self.rows[name] = a + len(record[name])
+                        ds[a : self.rows[name]] = record[name]
+                        self.ends[name].append(self.rows[name])
+                    else:
+                        ds[self.count] = record[name]
+            self.count += 1
+            self._flush_ends()
+            return
+        for name, spool in self.spools.items():
+            spool.append(record[name])
         self.count += 1
 
     def append_rows(self, keys: Sequence[str], rows: np.ndarray) -> None:
@@ -140,9 +183,11 @@ class HDF5Writer(Writer):
         self.count += len(rows)
 
     def finish(self, manifest: Manifest) -> None:
-        if self.file is not None and self.count != len(next(iter(self.datasets.values()))):
+        if self.file is not None and (self.count != self.expected or any(
+                rows != len(self.datasets[name]) for name, rows in self.rows.items())):
             self._to_spools()  # fewer records than expected (inputs skipped): datasets too long
         if self.file is not None:
+            self._flush_ends(0)
             for spool in self.spools.values():
                 spool.remove()
             with _plain_errors(), self.file as f:

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: the parent's phases, in the order a conversion runs them
-PARENT = ("listing", "keys", "load", "hand-over", "writing", "hashing", "metadata", "finish",
-          "commit")
+PARENT = ("listing", "keys", "load", "hand-over", "headers", "writing", "hashing", "metadata",
+          "finish", "commit")
 #: the workers' phases (CPU seconds); in a one-process conversion the parent runs them itself,
 #: under its own phase "load"
 WORKER = ("load", "pack", "hashing")

@@ -123,7 +123,11 @@ class _Records:
         self.fields, self.first = fields, first
         self.writer = self.job.container.WRITER(self.path, self.fields, self.job.options,
                                                 self.on_shard_closed)
-        self.writer.expect(len(self.job.items))
+        rows = None
+        if self.writer.LAYS_OUT_ROWS and any(f.variable for f in fields.values()):
+            with self.costs.phase("headers"):  # while the workers decode the next blocks
+                rows = self.job.source.expected_rows(self.job.items)
+        self.writer.expect(len(self.job.items), rows)
         # keys and checksums stream to files: memory stays flat in the record count
         self.meta = MetaSpool(self.path.with_name(f"{self.path.name}.records"))
 

@@ -178,6 +178,12 @@ class Source(ABC):
         size = max(MIN_BLOCK, min(BLOCK, -(-len(items) // TASKS)))
         return [items[i : i + size] for i in range(0, len(items), size)]
 
+    def expected_rows(self, items: Sequence[Item]) -> dict[str, int] | None:
+        """The rows each variable-length field of the records of ``items`` will hold in all,
+        where the inputs tell without being loaded (their headers, their sizes); None where they
+        do not. A writer lays the output out for them (see ``Writer.LAYS_OUT_ROWS``)."""
+        return None
+
     @abstractmethod
     def fields(self, record: dict[str, np.ndarray]) -> dict[str, Field]:
         """The fields every record must match, given the first record loaded."""

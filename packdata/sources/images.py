@@ -180,6 +180,29 @@ class ImageSource(Source):
             fields["label"] = Field("int64", ())
         return fields
 
+    def expected_rows(self, items: Sequence[Item]) -> dict[str, int] | None:
+        """Pixel rows of images of any size, from their headers (H×W, as scaled by
+        ``max_size``); the files' bytes where they are kept. None if a header cannot be read
+        (that input's load names it) or a kept file is not local."""
+        if self.encoding == "keep":
+            paths = paths_of(items)
+            if paths and isinstance(paths[0], RemotePath):
+                return None
+            try:
+                return {"image": sum(os.stat(path).st_size for path in paths)}
+            except OSError:
+                return None
+        if not self.variable:
+            return None
+        total = 0
+        for size in _header_sizes(items):
+            if size is None:
+                return None
+            if self.max_size and min(size) > self.max_size:
+                size = limited_size(size, self.max_size)
+            total += size[0] * size[1]
+        return {"image": total}
+
     @property
     def variable(self) -> bool:
         """Raw pixels stored as rows of any size (``max_size``, or images of mixed sizes)."""
