@@ -90,11 +90,18 @@ class HDF5Writer(Writer):
         self.file: h5py.File | None = None  # while records go straight into it
         self.datasets: dict[str, h5py.Dataset] = {}
         self.expected = 0
-        #: variable fields written in place: rows written so far, their offsets datasets, and
-        #: the ends of the records appended since the last flush of those offsets
+        #: variable fields written in place: rows taken so far, their offsets datasets, and
+        #: the ends of the records appended since the last flush
         self.rows: dict[str, int] = {}
         self.offsets: dict[str, h5py.Dataset] = {}
         self.ends: dict[str, list[int]] = {}
+        #: records appended one by one, in place: each field's values since the last flush
+        #: (written a block at a time: an h5py write per record and field costs more than
+        #: the bytes), and where that block starts (record, and rows of variable fields)
+        self.pending: dict[str, list[np.ndarray]] = {name: [] for name in fields}
+        self.pending_bytes = 0
+        self.flushed = 0
+        self.flushed_rows: dict[str, int] = {}
 
     def expect(self, count: int, rows: dict[str, int] | None = None) -> None:
         variable = [name for name, f in self.fields.items() if f.variable]
@@ -109,7 +116,7 @@ class HDF5Writer(Writer):
                     self.offsets[name] = self.file.create_dataset(
                         _offsets_name(name), shape=(count + 1,), dtype=np.int64)
                     self.offsets[name][0] = 0
-                    self.rows[name], self.ends[name] = 0, []
+                    self.rows[name], self.ends[name], self.flushed_rows[name] = 0, [], 0
                 shape = (rows[name], *f.row_shape) if f.variable else (count, *f.shape)  # type: ignore[index]
                 self.datasets[name] = self.file.create_dataset(name, shape=shape,
                                                                dtype=f.np_dtype)
@@ -128,17 +135,27 @@ class HDF5Writer(Writer):
         self._to_spools()
         return False
 
-    def _flush_ends(self, every: int = 4096) -> None:
-        """The offsets of the records appended since the last flush, written once ``every`` of
-        them are waiting (0: now)."""
-        for name, ends in self.ends.items():
-            if ends and len(ends) >= every:
-                start = self.count + 1 - len(ends)
-                self.offsets[name][start : self.count + 1] = ends
-                ends.clear()
+    def _flush(self, every: int = 4096) -> None:
+        """The records appended one by one since the last flush, written once ``every`` of them
+        (or ``BLOCK_BYTES``) are waiting (0: now): one write per field."""
+        waiting = self.count - self.flushed
+        if not waiting or (waiting < every and self.pending_bytes < BLOCK_BYTES):
+            return
+        with _plain_errors():
+            for name, values in self.pending.items():
+                if name in self.rows:
+                    a = self.flushed_rows[name]
+                    self.datasets[name][a : self.rows[name]] = np.concatenate(values)
+                    self.offsets[name][self.flushed + 1 : self.count + 1] = self.ends[name]
+                    self.flushed_rows[name] = self.rows[name]
+                    self.ends[name].clear()
+                else:
+                    self.datasets[name][self.flushed : self.count] = np.stack(values)
+                values.clear()
+        self.flushed, self.pending_bytes = self.count, 0
 
     def _to_spools(self) -> None:
-        self._flush_ends(0)
+        self._flush(0)
         for name, spool in self.spools.items():
             ds = self.datasets[name]
             if name in self.rows:  # record by record: their rows, from the offsets
@@ -156,17 +173,15 @@ class HDF5Writer(Writer):
 
     def append(self, key: str, record: dict[str, np.ndarray]) -> None:
         if self._in_place(1, record):
-            with _plain_errors():
-                for name, ds in self.datasets.items():
-                    if name in self.rows:
-                        a = self.rows[name]
-                        self.rows[name] = a + len(record[name])
-                        ds[a : self.rows[name]] = record[name]
-                        self.ends[name].append(self.rows[name])
-                    else:
-                        ds[self.count] = record[name]
+            for name, values in self.pending.items():
+                value = record[name]
+                values.append(value)
+                self.pending_bytes += value.nbytes
+                if name in self.rows:
+                    self.rows[name] += len(value)
+                    self.ends[name].append(self.rows[name])
             self.count += 1
-            self._flush_ends()
+            self._flush()
             return
         for name, spool in self.spools.items():
             spool.append(record[name])
@@ -174,6 +189,8 @@ class HDF5Writer(Writer):
 
     def append_rows(self, keys: Sequence[str], rows: np.ndarray) -> None:
         in_place = self._in_place(len(rows))
+        if in_place:
+            self._flush(0)  # records appended one by one before these
         for name, column in columns_of(rows, self.fields).items():  # one write per field
             if in_place:
                 with _plain_errors():
@@ -181,13 +198,15 @@ class HDF5Writer(Writer):
             else:
                 self.spools[name].append(column)
         self.count += len(rows)
+        if in_place:
+            self.flushed = self.count
 
     def finish(self, manifest: Manifest) -> None:
         if self.file is not None and (self.count != self.expected or any(
                 rows != len(self.datasets[name]) for name, rows in self.rows.items())):
             self._to_spools()  # fewer records than expected (inputs skipped): datasets too long
         if self.file is not None:
-            self._flush_ends(0)
+            self._flush(0)
             for spool in self.spools.values():
                 spool.remove()
             with _plain_errors(), self.file as f:

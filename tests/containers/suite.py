@@ -97,6 +97,32 @@ class ContainerSuite:
         with pytest.raises(IndexError, match="index 23 out of range"):
             reader.read(np.array([23]))
 
+    @pytest.mark.parametrize("laid_out", ["exact", "more rows", "fewer rows", "fewer records"])
+    def test_variable_records_laid_out_ahead_read_back_the_same(self, tmp_path, laid_out):
+        """Told the rows each variable field will hold (a writer that lays them out), exact or
+        wrong, the records read back as appended."""
+        records = make_records(VARIABLE, 30)
+        rows = {name: sum(len(r[name]) for r in records) for name in ("ids", "points")}
+        count = 30
+        if laid_out == "more rows":
+            rows["points"] += 5
+        elif laid_out == "fewer rows":
+            rows["ids"] -= 1
+        elif laid_out == "fewer records":
+            count = 20
+        keys = [f"k{i}" for i in range(30)]
+        path = tmp_path / self.target
+        writer = containers.get(self.name).WRITER(path, VARIABLE, self.options(7))
+        writer.expect(count, rows)
+        for key, record in zip(keys, records):
+            writer.append(key, record)
+        writer.finish(Manifest(container=self.name, kind="test", fields=VARIABLE, count=30,
+                               keys=keys, checksums=[record_checksum(r, VARIABLE)
+                                                     for r in records]))
+        self.assert_batch(self.reader(path).read(np.arange(30)), records, list(range(30)),
+                          VARIABLE)
+        assert verify(path).ok
+
     @pytest.mark.parametrize("expected", [None, 30, 45, 12], ids=["none", "exact", "more",
                                                                  "fewer"])
     def test_rows_store_what_records_do(self, tmp_path, expected):
