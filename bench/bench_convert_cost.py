@@ -23,15 +23,18 @@ finish, commit; or, with one worker, loading done by the parent itself), its wor
 seconds per phase (load, pack, hashing), the bytes handed over, read and written. The PNGs'
 header reads are also timed apart. From them:
 
-- ``serial share``: the parent's CPU seconds in the phases no worker takes (all but loading),
-  over the one-worker conversion's wall time (and over its CPU seconds, which a loaded machine
-  does not inflate);
+- ``serial_share``: the parent's CPU seconds in the phases no worker takes (all but loading)
+  over the conversion's CPU seconds (parent and workers, start-up aside), per worker count (a
+  loaded machine inflates wall time, not CPU); with one worker, also over its wall time;
 - ``amdahl_16``: 1 / (s + (1 - s) / 16), the speed-up 16 workers would give over one if only
-  that serial share stayed serial, with ``s`` from the 2-worker run (its parent's serial CPU
-  over the whole conversion's CPU) — and, where the machine has the cores, what 16 gave.
+  that share stayed serial, with ``s`` the 2-worker runs' share — and, where the machine has
+  the cores, ``speedup`` says what 16 gave.
+
+Figures are medians over ``--rounds``, which alternate the worker counts.
 
 Start-up apart: ``python -c pass``, ``packdata --help`` and a 200-file conversion from the shell,
-wall seconds, median of 3. The load average is recorded before and after.
+wall and CPU seconds, median of 3 (``--startup-only``: just these, for each ``--packdata``
+checkout, interleaved). The load average is recorded before and after.
 """
 
 from __future__ import annotations
@@ -172,12 +175,22 @@ def startup(png: Path, tmp: Path, root: Path) -> dict:
                 "convert_200": [sys.executable, "-m", "packdata", "convert", str(small),
                                 str(tmp / "small.h5"), "--overwrite"]}
     times: dict[str, list[float]] = {k: [] for k in commands}
+    cpu: dict[str, list[float]] = {k: [] for k in commands}
     for _ in range(3):
         for name, command in commands.items():
-            start = time.perf_counter()
-            subprocess.run(command, check=True, capture_output=True, env=env)
+            start, used = time.perf_counter(), children_cpu()
+            # from the checkout: `python -m` looks in the working folder first
+            subprocess.run(command, check=True, capture_output=True, env=env, cwd=root)
             times[name].append(time.perf_counter() - start)
-    return {k: statistics.median(v) for k, v in times.items()}
+            cpu[name].append(children_cpu() - used)
+    return {**{k: statistics.median(v) for k, v in times.items()},
+            "cpu": {k: statistics.median(v) for k, v in cpu.items()}}
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's finished children (and theirs)."""
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return kids.ru_utime + kids.ru_stime
 
 
 def header_reads(folder: Path, root: Path) -> dict:
@@ -192,29 +205,57 @@ def header_reads(folder: Path, root: Path) -> dict:
     return {"cpu": json.loads(out), "files": sum(1 for _ in folder.glob("*.png"))}
 
 
+def conversion_cpu(row: dict) -> float:
+    """CPU seconds of the conversion itself: its parent's phases and its workers' (not the
+    interpreter's start or imports)."""
+    costs = row["costs"]
+    return sum(p["cpu"] for p in costs["parent"].values()) + sum(costs["workers"].values())
+
+
 def summary(rows: list[dict]) -> dict:
-    """Per conversion: serial share, speed-ups and Amdahl's prediction."""
+    """Per conversion, medians over the rounds: the serial share (the parent's serial CPU over
+    the conversion's CPU, and over its wall time), speed-ups, and Amdahl's prediction for 16
+    workers from the 2-worker runs' serial share."""
     out: dict[str, dict] = {}
     for name in CONVERSIONS:
-        runs = {r["workers"]: r for r in rows if r["conversion"] == name}
+        runs: dict[int, list[dict]] = {}
+        for r in rows:
+            if r["conversion"] == name:
+                runs.setdefault(r["workers"], []).append(r)
         if 1 not in runs:
             continue
-        one = runs[1]
-        serial = one["costs"]["serial_cpu"] if one["costs"] else 0.0
-        cpu_one = one["cpu_parent"] + one["cpu_workers"]
-        if one["costs"] is None:  # a packdata that does not report its costs
-            out[name] = {"speedup": {w: one["wall"] / r["wall"] for w, r in sorted(runs.items())}}
+        wall = {w: statistics.median(r["wall"] for r in rs) for w, rs in sorted(runs.items())}
+        entry: dict = {"wall": wall, "speedup": {w: wall[1] / t for w, t in wall.items()}}
+        if runs[1][0]["costs"] is None:  # a packdata that does not report its costs
+            out[name] = entry
             continue
-        entry = {"serial_share_of_wall": serial / one["wall"],
-                 "serial_share_of_cpu": serial / cpu_one,
-                 "speedup": {w: one["wall"] / r["wall"] for w, r in sorted(runs.items())}}
-        if 2 in runs and runs[2]["costs"]:
-            two = runs[2]
-            s = two["costs"]["serial_cpu"] / (two["cpu_parent"] + two["cpu_workers"])
-            entry["serial_share_2_workers"] = s
-            entry["amdahl_16"] = 1 / (s + (1 - s) / 16)
+        share = {w: statistics.median(r["costs"]["serial_cpu"] / conversion_cpu(r) for r in rs)
+                 for w, rs in runs.items()}
+        entry["serial_share"] = share
+        entry["serial_share_of_wall"] = statistics.median(
+            r["costs"]["serial_cpu"] / r["wall"] for r in runs[1])
+        if 2 in share:
+            entry["amdahl_16"] = 1 / (share[2] + (1 - share[2]) / 16)
         out[name] = entry
     return out
+
+
+def startup_only(roots: list[Path], args: argparse.Namespace) -> None:
+    """Start-up of each checkout, ``--rounds`` interleaved rounds."""
+    doc: dict = {"command": command_line(), "load_before": load(), "startup": {}}
+    with tempfile.TemporaryDirectory(prefix="packdata-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        png = tiled_pngs(args.data, tmp / "png", 200)
+        for r in range(args.rounds):
+            for n, root in enumerate(roots):
+                where = tmp / f"{n}-{r}"
+                where.mkdir()
+                label = "this" if root == ROOT else root.name
+                doc["startup"].setdefault(label, []).append(startup(png, where, root))
+    doc["load_after"] = load()
+    if args.json:
+        write_results(args.json, doc)
+    print(json.dumps(doc, indent=1))
 
 
 def load() -> list[float]:
@@ -231,11 +272,16 @@ def main() -> None:
                    help="seconds: no further conversion starts past this (the rest is listed)")
     p.add_argument("--packdata", type=Path, default=ROOT,
                    help="the checkout whose packdata runs (e.g. an earlier one, to compare)")
+    p.add_argument("--startup-only", nargs="*", type=Path, metavar="CHECKOUT",
+                   help="only the start-up, of this repository and each CHECKOUT given")
     p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         folder, dst, workers, options = args.child
         child(folder, dst, int(workers), options)
+        return
+    if args.startup_only is not None:
+        startup_only([ROOT, *args.startup_only], args)
         return
     began = time.perf_counter()
     doc: dict = {"command": command_line(), "cores": os.cpu_count(), "load_before": load(),
@@ -277,8 +323,9 @@ def main() -> None:
     doc["load_after"] = load()
     doc["summary"] = summary(doc["rows"])
     if doc["copies"]:
-        doc["summary"]["keep_over_copy"] = {
-            c["workers"]: c["keep_seconds"] / c["seconds"] for c in doc["copies"]}
+        doc["summary"]["keep_over_copy"] = {w: statistics.median(
+            c["keep_seconds"] / c["seconds"] for c in doc["copies"] if c["workers"] == w)
+            for w in sorted({c["workers"] for c in doc["copies"]})}
     doc["seconds"] = time.perf_counter() - began
     if args.json:
         write_results(args.json, doc)
