@@ -7,8 +7,9 @@ cores give (Amdahl's prediction against what they gave).
 Conversions, each run by a fresh process (``packdata.convert`` called from Python, so that
 start-up is measured apart, below), over inputs made once in a temporary folder:
 
-- ``png-h5``: ``--count`` real CIFAR-10 PNGs (../shared/data/cifar10/test-png, repeated under new
-  names) with their labels → ``.h5`` (decode-heavy: a PNG decode per 3 KB record);
+- ``png-h5``: ``--count`` real CIFAR-10 PNGs (``--data``: ../shared/data/cifar10/test-png, or
+  the sample packdata ships, packdata/demo_data/cifar10; repeated under new names) with their
+  labels → ``.h5`` (decode-heavy: a PNG decode per 3 KB record);
 - ``jpeg-max256-h5``: ``--photos`` photo JPEGs, ``--max-size 256`` → ``.h5`` (decode and resize);
 - ``jpeg-keep-lmdb``: the same JPEGs, ``--encoding keep`` → ``.lmdb`` (bytes moved, no pixels),
   beside ``cp -r`` of the same folder into the same file system (a plain copy of its bytes).
@@ -85,7 +86,10 @@ def size_of(path: Path) -> int:
 def tiled_pngs(data: Path, out: Path, count: int) -> Path:
     """``count`` of the CIFAR PNGs under new names, with labels.json (hard links where the file
     system allows: the bytes are the same files' either way)."""
-    labels = json.loads((data.parent / "labels.json").read_text())
+    # labels.json beside the folder (../shared/data/cifar10) or in it (packdata/demo_data)
+    labels_file = data / "labels.json" if (data / "labels.json").is_file() else \
+        data.parent / "labels.json"
+    labels = json.loads(labels_file.read_text())
     names = sorted(labels["labels"])
     out.mkdir(parents=True)
     table = {}
