@@ -226,7 +226,7 @@ def test_ranged_reads_of_variants_serve_and_check_entries_as_local_reads(s3, tmp
 def _watched(source, at_block, look):
     """``source`` loading blocks of 10 items, calling ``look()`` before loading block
     ``at_block`` (by then the records of the blocks before it have been written)."""
-    blocks, load = source.blocks, source.load_block
+    load = source.load_block
     seen = []
 
     def load_block(items):
@@ -235,8 +235,7 @@ def _watched(source, at_block, look):
         seen.append(items)
         return load(items)
 
-    source.blocks = lambda items: [b for x in blocks(items) for b in
-                                   (x[i : i + 10] for i in range(0, len(x), 10))]
+    source.blocks = lambda items: [items[i : i + 10] for i in range(0, len(items), 10)]
     source.load_block = load_block
     return source
 
