@@ -127,7 +127,8 @@ def number(value: float) -> str:
 
 def write_preview(path: str | Path, out: str | Path, count: int = 64, columns: int = 8) -> Path:
     """Write a PNG grid of the first ``count`` images of an image dataset, as the dataset
-    serves them (through its torch face)."""
+    serves them (through its torch face), each shrunk to fit :data:`THUMBNAIL` pixels (aspect
+    kept): a grid of photos stays a few hundred pixels wide whatever their sizes."""
     from PIL import Image
 
     from packdata.loading.dataset import open_dataset
@@ -136,15 +137,32 @@ def write_preview(path: str | Path, out: str | Path, count: int = 64, columns: i
     if ds.manifest.kind != "image":
         raise DatasetError(f"{path}: --preview needs an image dataset, not {ds.manifest.kind}")
     n = min(count, len(ds))
-    images = [ds[i][0] if isinstance(ds[i], tuple) else ds[i] for i in range(n)]
-    arrays = [img.permute(1, 2, 0).numpy() for img in images]
-    h = max(a.shape[0] for a in arrays)
-    w = max(a.shape[1] for a in arrays)
+    thumbs = [_thumbnail(ds[i][0] if isinstance(ds[i], tuple) else ds[i]) for i in range(n)]
+    h = max(a.shape[0] for a in thumbs)
+    w = max(a.shape[1] for a in thumbs)
     rows = -(-n // columns)
-    grid = np.zeros((rows * (h + 2), columns * (w + 2), arrays[0].shape[2]), dtype=np.uint8)
-    for i, a in enumerate(arrays):
+    grid = np.zeros((rows * (h + 2), columns * (w + 2), thumbs[0].shape[2]), dtype=np.uint8)
+    for i, a in enumerate(thumbs):
         r, c = divmod(i, columns)
         grid[r * (h + 2) : r * (h + 2) + a.shape[0], c * (w + 2) : c * (w + 2) + a.shape[1]] = a
     out = Path(out)
     Image.fromarray(grid.squeeze(-1) if grid.shape[2] == 1 else grid).save(out)
     return out
+
+
+THUMBNAIL = 128  # the longer side of a preview's image at most, in pixels
+
+
+def _thumbnail(image: Any) -> np.ndarray:
+    """A served C×H×W image as uint8 H×W×C pixels whose longer side is at most THUMBNAIL
+    (16-bit values shown by their high byte)."""
+    from PIL import Image
+
+    a = image.permute(1, 2, 0).numpy()
+    if a.dtype != np.uint8:
+        a = (a.astype(np.uint32) >> 8).astype(np.uint8)
+    if max(a.shape[:2]) <= THUMBNAIL:
+        return a
+    im = Image.fromarray(a.squeeze(-1) if a.shape[2] == 1 else a)
+    im.thumbnail((THUMBNAIL, THUMBNAIL), Image.Resampling.BILINEAR)
+    return np.asarray(im).reshape(im.height, im.width, a.shape[2])

@@ -89,6 +89,26 @@ def png_folder(tmp_path_factory) -> Path:
     return copy_sample(tmp_path_factory.mktemp("cifar") / "png")
 
 
+IMAGE_FIXTURES = Path(__file__).parent / "fixtures" / "images"
+
+
+@pytest.fixture(scope="session")
+def photo_folder(tmp_path_factory) -> Path:
+    """Two class folders of 7 crops each of real photographs (tests/fixtures/images), 50–450
+    pixels a side, alternating JPEG and PNG: a folder of photos of mixed sizes."""
+    root = tmp_path_factory.mktemp("photos")
+    rng = np.random.default_rng(0)
+    for name in ("chelsea", "coffee"):
+        photo = Image.open(IMAGE_FIXTURES / f"{name}.jpg").convert("RGB")
+        (root / name).mkdir()
+        for k in range(7):
+            w, h = int(rng.integers(50, photo.width)), int(rng.integers(50, photo.height))
+            x, y = int(rng.integers(0, photo.width - w + 1)), int(rng.integers(0, photo.height - h + 1))
+            photo.crop((x, y, x + w, y + h)).save(root / name / f"{k}.{('jpg', 'png')[k % 2]}",
+                                                  quality=90)
+    return root
+
+
 @pytest.fixture(scope="session")
 def packed(tmp_path_factory, png_folder) -> dict[str, Path]:
     """The PNG folder converted into every container (raw pixels)."""

@@ -45,6 +45,12 @@ def test_cli_errors_are_one_line_not_tracebacks(tmp_path, png_folder):
     assert "Traceback" not in result.output
     result = runner.invoke(app, ["inspect", str(png_folder)])
     assert result.exit_code == 2 and "not a packdata dataset" in result.output
+    lmdb = tmp_path / "c.lmdb"
+    assert runner.invoke(app, ["convert", str(png_folder), str(lmdb)]).exit_code == 0
+    for inside in (lmdb / "data.mdb", lmdb / "records.npz"):  # the folder is the dataset
+        result = runner.invoke(app, ["inspect", str(inside)])
+        assert result.exit_code == 2 and result.output.strip() == (
+            f"error: {inside}: a file inside the packdata dataset {lmdb}; open {lmdb}")
     result = runner.invoke(app, ["convert", str(png_folder), str(tmp_path / "x.h5"),
                                  "--encoding", "keep", "--resize", "16"])
     assert result.exit_code == 2 and "--resize needs --encoding raw" in result.output
@@ -265,8 +271,8 @@ def test_flags_follow_the_library_tables():
     bench = get_command(app).commands["bench"]
     assert {o.flag for o in BENCH} <= {f for p in bench.params for f in p.opts}
     assert "--cold" in {f for p in bench.params for f in p.secondary_opts}
-    with pytest.raises(TypeError, match="unexpected keyword arguments \\['decode'\\]"):
-        run_bench("any", decode="center-crop:224")
+    with pytest.raises(TypeError, match="unexpected keyword arguments \\['crop'\\]"):
+        run_bench("any", crop="center-crop:224")
 
 
 def test_packdata_help_lists_every_command_without_importing_torch():

@@ -20,26 +20,9 @@ from packdata.cli import app
 from packdata.loading.settings import default_num_workers
 from packdata.sources.images import ImageSource, limited_size
 from packdata.verification import source_for, verify
-from tests.conftest import copy_sample, pillow_pixels
+from tests.conftest import IMAGE_FIXTURES, copy_sample, pillow_pixels
 
-FIXTURES = Path(__file__).parent / "fixtures" / "images"
 CONTAINERS = {"lmdb": "d.lmdb", "hdf5": "d.h5", "tar": "d-tar"}
-
-
-@pytest.fixture(scope="module")
-def photo_folder(tmp_path_factory) -> Path:
-    """Two class folders of 7 crops each, 50–450 pixels a side, alternating JPEG and PNG."""
-    root = tmp_path_factory.mktemp("photos")
-    rng = np.random.default_rng(0)
-    for name in ("chelsea", "coffee"):
-        photo = Image.open(FIXTURES / f"{name}.jpg").convert("RGB")
-        (root / name).mkdir()
-        for k in range(7):
-            w, h = int(rng.integers(50, photo.width)), int(rng.integers(50, photo.height))
-            x, y = int(rng.integers(0, photo.width - w + 1)), int(rng.integers(0, photo.height - h + 1))
-            photo.crop((x, y, x + w, y + h)).save(root / name / f"{k}.{('jpg', 'png')[k % 2]}",
-                                                  quality=90)
-    return root
 
 
 def file_of(root: Path, key: str) -> Path:
@@ -165,7 +148,7 @@ def test_mixed_sizes_convert_in_parts_and_verify_against_their_source(tmp_path, 
 def test_images_of_one_size_keep_one_fixed_shape(tmp_path):
     folder = tmp_path / "same"
     folder.mkdir()
-    with Image.open(FIXTURES / "coffee.jpg") as im:
+    with Image.open(IMAGE_FIXTURES / "coffee.jpg") as im:
         for k in range(3):
             im.crop((10 * k, 0, 10 * k + 40, 30)).save(folder / f"{k}.png")
     ds = packdata.open(convert(folder, tmp_path / "same.h5"))
@@ -179,7 +162,7 @@ def test_a_header_that_lies_about_the_size_still_fails_naming_the_file(tmp_path)
     header says (truncated) is that file's error, as before."""
     folder = tmp_path / "bad"
     folder.mkdir()
-    with Image.open(FIXTURES / "coffee.jpg") as im:
+    with Image.open(IMAGE_FIXTURES / "coffee.jpg") as im:
         for k in range(2):
             im.crop((0, 0, 40, 30)).save(folder / f"{k}.png")
     data = (folder / "1.png").read_bytes()
@@ -340,3 +323,22 @@ def test_a_pillow_mode_that_does_not_exist_is_refused_at_open_source(png_folder)
     with pytest.raises(packdata.errors.OptionError, match="--mode 'bogus': expected a Pillow mode"):
         packdata.open_source(png_folder, mode="bogus")
     assert packdata.open_source(png_folder, mode="L") is not None
+
+
+def test_a_preview_of_photos_of_any_size_is_a_grid_of_thumbnails(tmp_path, photo_folder):
+    """14 photos up to 450 pixels a side: each shrunk to at most 128 (aspect kept), so the grid
+    of 8 columns stays under 8 × 130 pixels wide."""
+    from packdata.describe import THUMBNAIL, write_preview
+
+    ds = packdata.open(convert(photo_folder, tmp_path / "p.h5"))
+    grid = write_preview(tmp_path / "p.h5", tmp_path / "grid.png")
+    with Image.open(grid) as im:
+        assert im.size == (8 * (THUMBNAIL + 2), 2 * (THUMBNAIL + 2))
+        first = np.asarray(im.convert("RGB"))
+    image = ds[0][0]
+    h, w = image.shape[1:]
+    scale = THUMBNAIL / max(h, w)
+    th, tw = max(1, round(h * scale)), max(1, round(w * scale))
+    shrunk = Image.fromarray(image.permute(1, 2, 0).numpy()).resize((tw, th),
+                                                                  Image.Resampling.BILINEAR)
+    assert np.abs(first[:th, :tw].astype(int) - np.asarray(shrunk).astype(int)).mean() < 2

@@ -71,6 +71,22 @@ def test_unlabelled_point_clouds_warn_too(tmp_path):
         packdata.open_source(src, normalize="center").items()
 
 
+def test_a_labels_file_beside_naming_none_of_the_inputs_is_not_suggested(tmp_path, beside):
+    """LiDAR trees in a folder beside CIFAR's labels.json: the file names none of them, so the
+    warning does not point at it (the suggested command would fail); a labels.pkl beside is
+    never unpickled to find out."""
+    trees = tmp_path / "trees"
+    trees.mkdir()
+    shutil.copy(LIDAR / "simple.las", trees)
+    shutil.copy(Path(packdata.__file__).parent / "demo_data" / "cifar10" / "labels.json",
+                tmp_path / "labels.json")
+    (tmp_path / "labels.pkl").write_bytes(b"not a pickle: never read")
+    with pytest.warns(InputWarning, match="no labels found") as said:
+        packdata.open_source(trees, normalize="center").items()
+    assert "lies beside it" not in str(said[0].message)
+    assert "pass --labels FILE if they are in a file elsewhere" in str(said[0].message)
+
+
 def every_path(ds) -> list:
     """The first two samples as each path serves them, batched: ds[i] stacked, ds[[...]], a
     stock DataLoader's first batch, packdata.loader's first batch."""

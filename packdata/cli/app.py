@@ -36,10 +36,15 @@ class Command(TyperCommand):
         return [p[1:-1].upper() if p[:1] == "{" else p for p in super().collect_usage_pieces(ctx)]
 
     def invoke(self, ctx: Any) -> Any:
-        try:
-            return super().invoke(ctx)
-        except (PackdataError, OSError) as exc:
-            fail(exc)
+        with warnings.catch_warnings():  # every warning, a library's too: one line
+            warnings.simplefilter("always", InputWarning)  # inputs left out: one line each
+            warnings.showwarning = lambda message, *_: console.print(
+                f"[yellow]warning:[/yellow] {escape(' '.join(str(message).split()))}",
+                highlight=False)
+            try:
+                return super().invoke(ctx)
+            except (PackdataError, OSError) as exc:
+                fail(exc)
 
 
 class Commands(TyperGroup):
@@ -139,12 +144,8 @@ def convert(
     job = {o.name: given.pop(o.name) for o in OPTIONS if o.name in given}
     written = {k: given.pop(k) for k in containers.writer_options() if k in given}
     try:
-        with warnings.catch_warnings(), Progress(
-                *Progress.get_default_columns(), MofNCompleteColumn(), console=console,
-                transient=True, disable=not console.is_terminal) as bar:  # a log: no bar
-            warnings.simplefilter("always", InputWarning)  # inputs left out: one line each
-            warnings.showwarning = lambda message, *_: console.print(
-                f"[yellow]warning:[/yellow] {escape(str(message))}", highlight=False)
+        with Progress(*Progress.get_default_columns(), MofNCompleteColumn(), console=console,
+                      transient=True, disable=not console.is_terminal) as bar:  # a log: no bar
             task = bar.add_task(escape(f"converting {src}"), total=None)
             result = run_convert(
                 sources.open_source(src, kind, **given), dst, **job,

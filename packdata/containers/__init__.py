@@ -131,6 +131,9 @@ def for_existing(path: str | Path) -> ModuleType:
     missing = _missing_part(p)
     if missing:
         raise DatasetError(missing)
+    inside = next((d for d in p.parents[:2] if any(get(k).detect(d) for k in CONTAINERS)), None)
+    if inside is not None:  # e.g. cifar.lmdb/data.mdb: the dataset is the folder
+        raise DatasetError(f"{p}: a file inside the packdata dataset {inside}; open {inside}")
     found = "a directory holding " + ", ".join(sorted(x.name for x in p.iterdir())[:5]) \
         if p.is_dir() else f"a file of {p.stat().st_size} bytes"
     raise DatasetError(

@@ -3,6 +3,7 @@ the one write), then the job written here or in parts."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,10 @@ from packdata.conversion.local import write as write_here
 from packdata.conversion.parts import Parts
 from packdata.conversion.parts import write as write_parts
 from packdata.conversion.upload import staged
+from packdata.errors import InputWarning
 from packdata.remote.storage import Storage
-from packdata.sources.base import Source
-from packdata.units import count_argument
+from packdata.sources.base import Source, shown
+from packdata.units import count_argument, plural
 
 
 def convert(
@@ -42,7 +44,10 @@ def convert(
     with ``storage_options`` for fsspec.
     ``on_error="skip"`` skips inputs that fail to load and records them in the manifest;
     ``"fail"`` stops at the first, naming the file. ``workers`` defaults to the cores this
-    process may use.
+    process may use. What converting inputs changed in their values (16-bit values clipped,
+    alpha dropped, EXIF orientation not applied: :mod:`packdata.sources.pixels`) is one
+    InputWarning per change, naming the first files, and recorded in the manifest's
+    ``source.changed``.
 
     Given ``engine`` ("local" or "dask"), a Dask ``client`` or ``scheduler`` address,
     ``part_size`` or ``resume``, the output is a sharded dataset converted part by part as
@@ -66,4 +71,8 @@ def convert(
                                 on_shard_closed=on_shard_closed, costs=costs)
     if target.url is not None:
         result.path = target.url  # type: ignore[assignment]
+    for why, said in result.manifest.source.get("changed", {}).items():
+        warnings.warn(f"{result.manifest.source.get('path', source.root)}: "
+                      f"{plural(said['count'], 'input')}: {why}: {shown(said['first'], said['count'])}",
+                      InputWarning, stacklevel=2)
     return result

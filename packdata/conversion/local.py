@@ -191,6 +191,10 @@ class _Records:
                    for why, names in source.__dict__.get("ignored", {}).items() if names}
         if ignored:  # what the listing left out, so that it is never silent
             manifest.source["ignored"] = ignored
+        changed = {why: {"count": count, "first": names}
+                   for why, (count, names) in source.__dict__.get("noted", {}).items()}
+        if changed:  # what converting inputs changed in their values (see Source.note)
+            manifest.source["changed"] = changed
         self.writer.finish(manifest)
         self.meta.remove()  # type: ignore[union-attr]  # mapped: readable until dropped
         return manifest
@@ -255,11 +259,12 @@ def load_blocks(source: Source, blocks: Iterable[list[Item]], workers: int, pack
                                    2 * workers)
             while True:
                 with costs.phase("hand-over"):  # waiting for the block, and receiving it
-                    block, (loaded, spent) = next(results, (None, (None, None)))
+                    block, (loaded, spent, notes) = next(results, (None, (None, None, None)))
                 if block is None:
                     return
                 costs.add_workers(spent)
                 costs.count("handed_over", handed_over(loaded))
+                source.add_notes(notes)  # the worker's counts, gathered where conversion runs
                 yield block, loaded
     except WorkerDied as died:  # the culprit is in this block or one queued after it
         raise PackdataError("a conversion worker stopped unexpectedly (killed, out of memory, or "
@@ -268,10 +273,12 @@ def load_blocks(source: Source, blocks: Iterable[list[Item]], workers: int, pack
 
 
 def _load_block(items: list[Item], packed: bool = True
-                ) -> tuple[Rows | Hashed | list[Loaded], dict[str, float]]:
+                ) -> tuple[Rows | Hashed | list[Loaded], dict[str, float],
+                           dict[str, tuple[int, list[str]]]]:
     """The worker's task: the block loaded and, for writing, packed (the rows' checks and
     checksums are computed here, in parallel, not in the process that writes), with the CPU
-    seconds each phase took (:class:`.costs.WorkerClock`). What it raises
+    seconds each phase took (:class:`.costs.WorkerClock`) and the notes the source took while
+    loading it (:meth:`Source.take_notes`). What it raises
     travels back pickled: an error that cannot be (a library's own exception class) is replaced
     by a PackdataError keeping its type and message, and nothing is chained to it (where
     exceptions pickle their chain, as with tblib's support installed, a chained library
@@ -283,7 +290,7 @@ def _load_block(items: list[Item], packed: bool = True
         if packed:
             with clock.phase("pack"):
                 loaded = pack(_worker_source, loaded, clock)  # type: ignore[arg-type]
-        return loaded, clock.spent
+        return loaded, clock.spent, _worker_source.take_notes()  # type: ignore[union-attr]
     except BaseException as exc:
         failure = exc
     failure.__context__ = failure.__cause__ = None

@@ -31,7 +31,7 @@ from packdata.errors import PackdataError
 from packdata.interrupts import term_as_interrupt
 from packdata.manifest import Manifest
 from packdata.recordmeta import Keys, MetaSpool, map_npz
-from packdata.sources.base import Source, keys_of
+from packdata.sources.base import SHOWN, Source, keys_of
 from packdata.spooling import ColumnSpool, copy_blocks, save_npz
 from packdata.units import available_cores
 
@@ -295,12 +295,19 @@ def _merge(source: Source, parts: list[Manifest], paths: list[Path], container: 
             else:
                 extra.setdefault(key, value)
     extra["parts"] = [{"name": p.name, "count": m.count} for p, m in zip(paths, parts)]
+    changed: dict[str, dict[str, Any]] = {}  # each part's counts of changed inputs, added
+    for manifest in parts:
+        for why, said in manifest.source.get("changed", {}).items():
+            had = changed.setdefault(why, {"count": 0, "first": []})
+            had["count"] += said["count"]
+            had["first"] = (had["first"] + said["first"])[:SHOWN]
+    described = {**first.source, **({"changed": changed} if changed else {})}
     options = {**first.options, "part_container": container, "part_size": part_size}
     keys, checksums = _joined_records(paths, containers.get(container))
     return Manifest(
         container=sharded.NAME, kind=first.kind, fields=first.fields,
         count=sum(m.count for m in parts), classes=source.classes,
-        source=first.source, options=options, keys=keys, checksums=checksums,
+        source=described, options=options, keys=keys, checksums=checksums,
         skipped=[s for m in parts for s in m.skipped], extra=extra,
     )
 

@@ -222,6 +222,24 @@ class Source(ABC):
                           InputWarning, stacklevel=3)
         ignored[why] = names
 
+    def note(self, why: str, name: str) -> None:
+        """Count an input whose values loading changed for reason ``why`` (e.g. "alpha
+        dropped …"), keeping the first :data:`SHOWN` names. Called in workers: conversion
+        gathers the counts (:meth:`take_notes`, :meth:`add_notes`) into the converting process's
+        source, records them in the manifest (``source.changed``) and warns once per reason."""
+        self.add_notes({why: (1, [name])})
+
+    def take_notes(self) -> dict[str, tuple[int, list[str]]]:
+        """The notes counted here since the last call (per reason: count, first names)."""
+        return self.__dict__.pop("noted", {})
+
+    def add_notes(self, notes: dict[str, tuple[int, list[str]]]) -> None:
+        """Add counts from :meth:`take_notes` (a worker's, in input order)."""
+        noted = self.__dict__.setdefault("noted", {})
+        for why, (count, names) in notes.items():
+            had, first = noted.get(why, (0, []))
+            noted[why] = (had + count, (first + names)[:SHOWN])
+
     def observe(self, record: dict[str, np.ndarray]) -> None:  # noqa: B027 - optional hook
         """Called in the converting process with each stored record, in order (``load`` runs in
         workers, whose state is lost): a place to count facts for the manifest. Only where the
@@ -278,7 +296,9 @@ def list_files(root: Path, suffixes: tuple[str, ...], others: list[str] | None =
     return sorted(found)
 
 
-def shown(names: list[str]) -> str:
-    """The first few of ``names``, and how many more."""
-    more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+def shown(names: list[str], count: int | None = None) -> str:
+    """The first few of ``names`` (of ``count`` in all: by default, as many as given), and how
+    many more."""
+    count = len(names) if count is None else count
+    more = f" and {count - SHOWN} more" if count > SHOWN else ""
     return ", ".join(names[:SHOWN]) + more

@@ -23,7 +23,7 @@ import io
 import os
 import stat
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from packdata.manifest import Field, Manifest
 from packdata.options import Option, resolve
 from packdata.remote.files import RemotePath
 from packdata.sources import labels as labelling
+from packdata.sources import pixels
 from packdata.sources.base import BLOCK, FileTable, Item, Source, paths_of
 
 KIND = "image"
@@ -58,7 +59,13 @@ OPTIONS = (
     PIXEL_ORDER,
     Option("max_size", int, None, "Store images of any size, scaling down those whose shorter "
            "side exceeds N to a shorter side of N (aspect kept; needs --encoding raw). Crop them "
-           "at load with packdata.open(DST, decode=packdata.RandomResizedCrop(224))."),
+           "at load through a decode stage, e.g. packdata.RandomResizedCrop(224)."),
+    Option("keep_16bit", bool, False, "Store 16-bit values as uint16 (8-bit images times 257) "
+           "instead of clipping them to 255 as torchvision's ImageFolder does (--mode L or RGB; "
+           "needs --encoding raw)."),
+    Option("exif_orientation", bool, False, "Rotate and mirror each image as its EXIF "
+           "orientation says, as a photo viewer shows it (torchvision's ImageFolder does not; "
+           "needs --encoding raw)."),
 )
 
 
@@ -103,6 +110,8 @@ class ImageSource(Source):
             raise OptionError(f"--mode '{o['mode']}': expected a Pillow mode "
                               f"({', '.join(Image.MODES)})")
         self.encoding, self.mode = o["encoding"], o["mode"]
+        pixels.check(self.mode, self.encoding, o["keep_16bit"], o["exif_orientation"])
+        self.keep_16bit, self.exif_orientation = o["keep_16bit"], o["exif_orientation"]
         self.pixel_order = o["pixel_order"]
         self.labels_path = Path(o["labels"]) if o["labels"] else labelling.find_labels_file(self.root)
         if self.labels_path and not self.labels_path.is_file():
@@ -125,10 +134,10 @@ class ImageSource(Source):
         labels, self.classes = labelling.assign(files, self.labels_path, unused)
         self.ignore(f"entries of {self.labels_path} naming no input file", unused)
         if files and labelling.layout(files, self.labels_path) == "unlabelled":
-            labelling.warn_unlabelled(self.root, "an image")
+            labelling.warn_unlabelled(self.root, "an image", files)
         items = FileTable.of(root, files, labels)
         if self.encoding == "raw" and not self.resize and not self.max_size:
-            self.mixed_sizes = sizes_differ(items)
+            self.mixed_sizes = sizes_differ(items, oriented=self.exif_orientation)
         return items
 
     def load(self, item: Item) -> dict[str, np.ndarray]:
@@ -136,23 +145,30 @@ class ImageSource(Source):
             raise SampleError(str(item.path), f"no label for '{item.path.name}' in {self.labels_path}")
         try:
             data = item.path.read_bytes()  # one read; Pillow's small reads on a file cost more
-            with Image.open(io.BytesIO(data)) as im:
+            if not data:
+                raise SampleError(str(item.path), "empty file (0 bytes)")
+            with pixels.named_warnings(item.path, lambda text: self.note(text, str(item.path))), \
+                    Image.open(io.BytesIO(data)) as im:
                 if self.encoding == "keep":
                     # kept as they are, only checked: a JPEG's whole bitstream is still decoded
                     # (a truncated or damaged one fails as in a full decode), at the smallest
                     # DCT scale, which halves the decode's CPU
                     im.draft(im.mode, (1, 1))
                 im.load()  # decode fully, so a truncated file fails here and not at training time
+                for why in pixels.changes(im, self.mode, self.keep_16bit, self.exif_orientation):
+                    self.note(why, str(item.path))
                 if self.encoding == "keep":
                     image = np.frombuffer(data, dtype=np.uint8)
                 else:
-                    im = im.convert(self.mode) if im.mode != self.mode else im
+                    im = pixels.prepared(im, self.mode, self.keep_16bit, self.exif_orientation)
                     if self.resize and im.size != self.resize:
                         im = im.resize(self.resize, Image.Resampling.BILINEAR)
                     elif self.max_size and min(im.size) > self.max_size:
                         im = im.resize(limited_size(im.size, self.max_size),
                                        Image.Resampling.BILINEAR)
-                    image = np.asarray(im)
+                    image = pixels.array(im, self.mode, self.keep_16bit)
+        except SampleError:
+            raise
         except UnidentifiedImageError:  # Pillow's message names an object address: not stable
             raise SampleError(str(item.path), "not an image format Pillow recognises") from None
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
@@ -172,10 +188,10 @@ class ImageSource(Source):
         if self.encoding == "keep":
             fields = {"image": Field("uint8", (None,), codec="image")}
         elif self.variable:
-            fields = {"image": Field("uint8", (None, image.shape[1])),
+            fields = {"image": Field(image.dtype.name, (None, image.shape[1])),
                       "image_size": Field("int32", (2,))}
         else:
-            fields = {"image": Field("uint8", tuple(image.shape))}
+            fields = {"image": Field(image.dtype.name, tuple(image.shape))}
         if "label" in record:
             fields["label"] = Field("int64", ())
         return fields
@@ -211,7 +227,8 @@ class ImageSource(Source):
     def options(self) -> dict[str, Any]:
         return {"labels": labelling.recorded(self.labels_path, self.root),
                 "encoding": self.encoding, "mode": self.mode, "pixel_order": self.pixel_order,
-                "resize": list(self.resize) if self.resize else None, "max_size": self.max_size}
+                "resize": list(self.resize) if self.resize else None, "max_size": self.max_size,
+                "keep_16bit": self.keep_16bit, "exif_orientation": self.exif_orientation}
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -222,12 +239,13 @@ class ImageSource(Source):
         }
 
 
-def sizes_differ(items: Sequence[Item]) -> bool:
+def sizes_differ(items: Sequence[Item], oriented: bool = False) -> bool:
     """Whether the images of ``items`` differ in size, read from their headers alone (no pixel
-    is decoded). Stops at the first size that differs; a file whose header cannot be read is
-    left to :meth:`ImageSource.load`, which names it."""
+    is decoded); ``oriented``: as their EXIF orientation turns them. Stops at the first size
+    that differs; a file whose header cannot be read is left to :meth:`ImageSource.load`, which
+    names it."""
     first = None
-    for size in _header_sizes(items):
+    for size in _header_sizes(items, _oriented_size_or_none if oriented else _size_or_none):
         if size is None:
             continue
         if first is None:
@@ -237,16 +255,34 @@ def sizes_differ(items: Sequence[Item]) -> bool:
     return False
 
 
-def _header_sizes(items: Sequence[Item]) -> Iterator[tuple[int, int] | None]:
-    """Each item's (W, H), or None where its header cannot be read. Files at a URL are read
-    ``REMOTE_READS`` at a time (each is a round trip); local files one by one (microseconds)."""
+def _header_sizes(items: Sequence[Item],
+                  size_of: Callable[[Path | str], tuple[int, int] | None] | None = None,
+                  ) -> Iterator[tuple[int, int] | None]:
+    """Each item's (W, H) (``size_of`` a path: by default :func:`_size_or_none`), or None where
+    its header cannot be read. Files at a URL are read ``REMOTE_READS`` at a time (each is a
+    round trip); local files one by one (microseconds)."""
+    size_of = size_of or _size_or_none
     paths = paths_of(items)
     if not paths or not isinstance(paths[0], RemotePath):  # one listing: one root
-        yield from map(_size_or_none, paths)
+        yield from map(size_of, paths)
         return
     with ThreadPoolExecutor(REMOTE_READS, thread_name_prefix="packdata-headers") as pool:
         for start in range(0, len(paths), BLOCK):
-            yield from pool.map(_size_or_none, paths[start : start + BLOCK])
+            yield from pool.map(size_of, paths[start : start + BLOCK])
+
+
+def _oriented_size_or_none(path: Path | str) -> tuple[int, int] | None:
+    """(W, H) as the image's EXIF orientation turns it (Pillow's lazy open reads the tag with
+    the header), or None where the header cannot be read or it is no regular file."""
+    try:
+        if not isinstance(path, RemotePath) and not os.path.isfile(path):
+            return None  # e.g. a named pipe, which an open would wait on: load() reports it
+        opened = path.open("rb") if isinstance(path, RemotePath) else open(path, "rb")  # noqa: SIM115
+        with opened as f, Image.open(f) as im:
+            w, h = im.size
+            return (h, w) if pixels.orientation(im) in (5, 6, 7, 8) else (w, h)
+    except Exception:  # load() reports this file with its reason
+        return None
 
 
 def _size_or_none(path: Path | str) -> tuple[int, int] | None:
@@ -299,7 +335,7 @@ def limited_size(size: tuple[int, int], max_size: int) -> tuple[int, int]:
 def decode_image(data: np.ndarray, mode: str = "RGB") -> np.ndarray:
     """Decode stored image bytes into uint8 H×W×C pixels."""
     with Image.open(io.BytesIO(data.tobytes())) as im:
-        return np.asarray(im.convert(mode) if im.mode != mode else im)
+        return np.asarray(pixels.prepared(im, mode))
 
 
 def stored_chw(manifest: Manifest) -> bool:

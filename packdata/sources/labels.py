@@ -108,17 +108,32 @@ def recorded(labels_path: Path | None, root: Path) -> str | None:
     return os.path.abspath(labels_path)
 
 
-def warn_unlabelled(root: Path, what: str) -> None:
+def warn_unlabelled(root: Path, what: str, files: list[str]) -> None:
     """The InputWarning for a source that found no labels, naming a labels file that lies beside
-    ``root`` (as CIFAR exports keep it) if there is one: labels are looked for only inside it."""
+    ``root`` (as CIFAR exports keep it) if some of its entries name some of ``files``: labels are
+    looked for only inside it."""
     beside = None
     with contextlib.suppress(Exception):  # only a hint: a folder that cannot be listed has none
-        beside = find_labels_file(root.parent)
+        beside = labels_beside(root.parent, files)
     hint = f"; {beside} lies beside it: pass --labels {beside}" if beside else \
         "; pass --labels FILE if they are in a file elsewhere"
     warnings.warn(f"{root}: no labels found (no {', '.join(LABEL_FILES)} in it, no class "
                   f"sub-folders): each sample is {what} alone, without a label{hint}",
                   InputWarning, stacklevel=3)
+
+
+def labels_beside(folder: Path, files: list[str]) -> Path | None:
+    """``folder/labels.json`` or ``.csv`` when one of its entries names one of ``files`` (a
+    ``labels.pkl`` is never read unasked: unpickling runs its code)."""
+    for name in LABEL_FILES:
+        path = folder / name
+        if name.endswith(".pkl") or not path.is_file():
+            continue
+        with contextlib.suppress(PackdataError):
+            table, _ = load_labels(path)
+            if any(entry(table, f) is not None for f in files):
+                return path
+    return None
 
 
 def layout(files: list[str], labels_path: Path | None) -> str:

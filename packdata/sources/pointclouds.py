@@ -142,7 +142,7 @@ class PointCloudSource(Source):
         labels, self.classes = labelling.assign(files, self.labels_path, unused)
         self.ignore(f"entries of {self.labels_path} naming no input file", unused)
         if files and labelling.layout(files, self.labels_path) == "unlabelled":
-            labelling.warn_unlabelled(self.root, "a point cloud")
+            labelling.warn_unlabelled(self.root, "a point cloud", files)
         self._check_precision(root, [f for f in files if f.lower().endswith(pointfiles.LAS_SUFFIXES)])
         return FileTable.of(root, files, labels)
 
