@@ -102,6 +102,9 @@ def test_whole_documents_stay_within_max_seconds(packed_text, tmp_path):
     (["--target-gpu", "H100", "--target-flops", "1e15"], "not both"),
     (["--sweep", "--sweep-repeats", "1"], "sweep repeats must be ≥ 2"),
     (["--sweep", "--sweep-seconds", "0"], "--sweep-seconds 0.0: expected the sweep's time budget"),
+    (["--decode", "crop:64"], "--decode 'crop:64': expected random-resized-crop:SIZE, "
+                              "center-crop:SIZE[:RESIZE] or resize:SIZE"),
+    (["--decode", "center-crop:64:32"], "--decode 'center-crop:64:32': expected"),
 ])
 def test_bad_options_are_one_line_before_measuring(packed, args, message):
     assert message in one_line_error(runner.invoke(app, ["bench", str(packed["lmdb"]), *args]))
@@ -119,3 +122,29 @@ def test_target_gpu_in_the_verdict_and_json(packed, tmp_path):
     doc = json.loads(out.read_text())
     assert doc["settings"]["augment"] == "cifar"
     assert doc["runs"][0]["target"]["target"]["peak_flops"] == 165.2e12
+
+
+def test_mixed_sizes_get_a_decode_stage_said_on_the_folder_and_the_dataset(photo_folder,
+                                                                           tmp_path):
+    """Photos of 14 sizes: the folder (read file by file, resized one image at a time) and its
+    conversion (batched through the stage) both run, the stage chosen said before measuring;
+    --decode chooses another."""
+    import packdata
+
+    converted = packdata.convert(packdata.open_source(photo_folder), tmp_path / "p.h5",
+                                 workers=1).path
+    for path in (photo_folder, converted):
+        out = tmp_path / f"{path.suffix or 'folder'}.json"
+        result = runner.invoke(app, ["bench", str(path), "--steps", "1", "--warmup", "1",
+                                     "--batch-size", "4", "--json", str(out)])
+        assert result.exit_code == 0, result.output
+        said = " ".join(result.output.split())
+        assert (f"{path}: images of mixed sizes: each batch decoded with --decode "
+                "random-resized-crop:224") in said
+        assert "batch (uint8 4×3×224×224, int64 4)" in said
+        assert json.loads(out.read_text())["runs"][0]["io"]["samples"] >= 4
+    result = runner.invoke(app, ["bench", str(converted), "--steps", "1", "--warmup", "1",
+                                 "--batch-size", "4", "--decode", "center-crop:48:56"])
+    assert result.exit_code == 0, result.output
+    assert "batch (uint8 4×3×48×48, int64 4)" in " ".join(result.output.split())
+    assert "mixed sizes" not in result.output

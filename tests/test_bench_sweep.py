@@ -52,7 +52,7 @@ def test_sweep_repeats_every_configuration_within_its_budget(packed):
     asked = grid([0, 1], prefetch_factor=(2,), persistent_workers=(True,))
     assert len(asked) == 2
     lines = []
-    result = run_sweep(inp, trainer, settings, asked, seconds=1.0, log=lines.append, repeats=2)
+    result = run_sweep(inp, trainer, settings, asked, seconds=100.0, log=lines.append, repeats=2)
     assert [LoaderOptions(**{k: r[k] for k in LoaderOptions().to_dict()})
             for r in result["rows"]] == asked
     for row in result["rows"]:
@@ -93,3 +93,28 @@ def test_a_winner_only_beyond_the_noise():
     assert sweep_summary({"rows": rows, **decide(rows), "repeats": 3}).startswith(
         "best: num_workers=1, prefetch_factor=2, persistent_workers=False (104 samples/s; its "
         "slowest of 3 runs beats every other configuration's fastest)")
+
+
+def test_the_sweep_fits_its_budget_or_says_up_front_that_it_will_not(packed):
+    """Runs that start worker processes cannot be shorter than the start: a budget below that
+    is said before the first run, with the time the sweep will take (and it takes about that);
+    a budget that holds the runs is kept, and shared by them."""
+    import re
+
+    inp = open_input(packed["lmdb"])
+    settings = BenchSettings(batch_size=8, steps=200, warmup=2)
+    linear = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10))
+    trainer = Trainer(linear, CPU)  # steps of a millisecond: the loader sets the floor
+    with_workers = grid([0, 1], prefetch_factor=(2,), persistent_workers=(False,))
+    lines = []
+    tight = run_sweep(inp, trainer, settings, with_workers, seconds=0.01, log=lines.append,
+                      repeats=2)
+    assert lines[0].startswith("warning: 2 configurations × 2 runs take at least "), lines
+    assert "more than --sweep-seconds 0.01" in lines[0]
+    said = float(re.search(r"at least ([\d,]+) s", lines[0]).group(1).replace(",", ""))
+    assert tight["seconds"] <= 3 * said + 2
+    lines.clear()
+    roomy = run_sweep(inp, trainer, settings, [LoaderOptions(), LoaderOptions()], seconds=3.0,
+                      log=lines.append, repeats=2)
+    assert not any(line.startswith("warning") for line in lines)
+    assert roomy["seconds"] <= 3.0 * 1.3

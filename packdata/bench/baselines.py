@@ -8,7 +8,7 @@ any storage.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +18,16 @@ from torch.utils.data import Dataset
 
 from packdata.sources.images import SUFFIXES, ImageSource
 from packdata.sources.labels import load_labels
+from packdata.sources.pixels import named_warnings, prepared
 
 
 class PerFileImageDataset(Dataset):
     """One PNG/JPEG per sample, labels from a file keyed by file name (the tutorial's way)."""
+
+    #: whether the images' headers give several sizes (known from :meth:`from_source`)
+    mixed_sizes = False
+    #: run on each image (uint8 C×H×W) as it is read, as a torchvision Dataset's transform
+    transform: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def __init__(self, folder: str | Path, labels: str | Path | None = None) -> None:
         self.folder = Path(folder)
@@ -32,8 +38,10 @@ class PerFileImageDataset(Dataset):
     def from_source(cls, folder: str | Path) -> PerFileImageDataset:
         """The images under ``folder`` with labels found as ``packdata convert`` finds them
         (``labels.*`` inside the folder, or class sub-folders); unlabelled samples get -1."""
-        items = ImageSource(folder).items()
+        source = ImageSource(folder)
+        items = source.items()
         ds = cls.__new__(cls)
+        ds.mixed_sizes = source.mixed_sizes
         ds.folder = Path(folder) if Path(folder).is_dir() else Path(folder).parent
         ds.files = [item.path.relative_to(ds.folder).as_posix() for item in items]
         labelled = any(item.label is not None for item in items)
@@ -45,8 +53,10 @@ class PerFileImageDataset(Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         name = self.files[i]
-        with Image.open(self.folder / name) as im:
-            x = torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1)
+        with named_warnings(self.folder / name), Image.open(self.folder / name) as im:
+            x = torch.from_numpy(np.array(prepared(im, "RGB"))).permute(2, 0, 1)
+        if self.transform is not None:
+            x = self.transform(x)
         return x, (self.labels[name] if self.labels else -1)
 
 

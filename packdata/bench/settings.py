@@ -61,6 +61,9 @@ OPTIONS = (
     Option("augment", str, None, "Augmentation on the I/O side, on the device after the copy, "
            "as training runs it: 'cifar' (random crop with padding 4, flip, normalise; from "
            "Python, any callable taking a batch of images)."),
+    Option("decode", str, None, "Decode stage images are batched through: "
+           "random-resized-crop:SIZE (training), center-crop:SIZE[:RESIZE] (evaluation) or "
+           "resize:SIZE. Images of mixed sizes get random-resized-crop:224 when none is given."),
     Option("sweep", bool, False, "Also time the real loop for num_workers from 0 to the cores × "
            "prefetch_factor × persistent_workers (× pin_memory × non_blocking on CUDA), each "
            "several times."),

@@ -15,7 +15,14 @@ import torch
 from torch import nn
 
 from packdata.bench.flops import FlopCount, Target, count_flops, estimate, resolve_target
-from packdata.bench.inputs import FOLDER, BenchInput, LoaderOptions, convert_all, open_input
+from packdata.bench.inputs import (
+    DEFAULT_DECODE,
+    FOLDER,
+    BenchInput,
+    LoaderOptions,
+    convert_all,
+    open_input,
+)
 from packdata.bench.models import (
     SmallTransformer,
     build_model,
@@ -181,13 +188,14 @@ def run_bench(
         raise BenchError(f"--sweep-seconds {sweep_seconds}: expected the sweep's time budget in "
                          "seconds, > 0")
     device = bench_device(settings.device)
-    main = open_input(path)
+    main = open_input(path, o["decode"], log)
     augment_name, augment_fn = resolve_augment(o["augment"], main.kind, settings.seed)
     if o["compare"] and main.format != FOLDER:
         raise BenchError(f"--compare converts an image folder into every container; {path} is "
                          f"already a {main.format} dataset")
     with tempfile.TemporaryDirectory(prefix="packdata-bench-") as tmp:
-        inputs = [main] + (convert_all(Path(path), Path(tmp), log) if o["compare"] else [])
+        inputs = [main] + (convert_all(Path(path), Path(tmp), log, decode=o["decode"] or (
+            DEFAULT_DECODE if main.dataset.mixed_sizes else None)) if o["compare"] else [])
         batch = first_batch(main, settings, device, augment_fn)
         spec = default_model(main.kind, device) if settings.model == "auto" else settings.model
         name, model = build_model(spec, main.kind, batch, main.num_classes)

@@ -70,6 +70,9 @@ def run_sweep(
     slowdown of the machine hits every configuration alike), each run from the same weights.
     ``seconds`` is the budget of the whole sweep, shared equally by the runs (each takes at
     least one warm-up and one timed step; warm, half of a run's share reads the batches first).
+    Each configuration's shortest run (its workers started, its fewest steps) is measured
+    first, for the fewest and the most workers: what is left of ``seconds`` after those is
+    shared; where nothing is, ``log`` says so before the sweep, with the time it will take.
 
     Returns ``{"rows": [{options…, samples_per_s (median), rates (each run), spread, load_ms,
     train_ms, load_share (medians), steps, samples, seconds (totals)}], "best", "tied", "pick",
@@ -81,13 +84,22 @@ def run_sweep(
     if not configs:
         raise BenchError("the sweep has no configuration to measure")
     start = time.perf_counter()
-    per_run = seconds / (len(configs) * repeats)
+    initial = trainer.state()
+    # two warm-up steps suffice to start the workers (the first batch waits for them)
+    shortest = dataclasses.replace(settings, warmup=min(settings.warmup, 2), max_seconds=1e-3)
+    floors = _floors(inp, trainer, shortest, configs, augment)
+    need = repeats * sum(floors)  # every run as short as it can be: start, a step or two
+    spent = time.perf_counter() - start
+    if spent + need > seconds:
+        log(f"warning: {len(configs)} configurations × {repeats} runs take at least "
+            f"{spent + need:.0f} s on this input (each starts its loader's workers and runs "
+            f"at least {shortest.warmup + 1} steps), more than --sweep-seconds {seconds:g}: "
+            "every run is made as short as it can be")
+    per_run = max(seconds - spent - need, 0.0) / (len(configs) * repeats)  # beyond its floor
     if settings.warm:  # each run reads its batches once untimed, then times them: half each
         per_run /= 2
-    # two warm-up steps suffice to start the workers (the first batch waits for them)
-    bounded = dataclasses.replace(settings, warmup=min(settings.warmup, 2),
-                                  max_seconds=min(settings.max_seconds, per_run))
-    initial = trainer.state()
+    bounded = dataclasses.replace(shortest, max_seconds=min(settings.max_seconds,
+                                                            max(per_run, 1e-3)))
     runs: list[list[dict[str, Any]]] = [[] for _ in configs]
     for r in range(repeats):
         for i, options in enumerate(configs):
@@ -100,6 +112,26 @@ def run_sweep(
     rows = [{**options.to_dict(), **_combine(results)} for options, results in zip(configs, runs)]
     return {"rows": rows, **decide(rows), "repeats": repeats,
             "seconds": time.perf_counter() - start}
+
+
+def _floors(inp: BenchInput, trainer: Trainer, shortest: BenchSettings,
+            configs: Sequence[LoaderOptions], augment: Augment | None) -> list[float]:
+    """Each configuration's shortest run in seconds (its loader started, its fewest steps),
+    from two runs made now: the one with no workers, and the one with most (which start the
+    most processes; counts between are interpolated)."""
+    state = trainer.state()
+    most = max(configs, key=lambda c: (c.num_workers, not c.persistent_workers))
+    least = min(configs, key=lambda c: c.num_workers)
+    timed = {}
+    for options in dict.fromkeys((least, most)):
+        begun = time.perf_counter()
+        measure_loop(inp, trainer, shortest, options, augment=augment)
+        timed[options.num_workers] = time.perf_counter() - begun
+        trainer.restore(state)
+    low, high = timed[least.num_workers], timed[most.num_workers]
+    span = most.num_workers - least.num_workers
+    return [low + (high - low) * (c.num_workers - least.num_workers) / (span or 1)
+            for c in configs]
 
 
 def _combine(results: list[dict[str, Any]]) -> dict[str, Any]:
