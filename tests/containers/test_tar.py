@@ -35,6 +35,27 @@ class TestTar(ContainerSuite):
         self.assert_batch(reader.read(idx[::-1]), records, idx[::-1].tolist(), FIXED)
         self.assert_batch(reader.read(np.arange(23)), records, list(range(23)), FIXED)
 
+    def test_a_first_epoch_read_by_threads_at_once(self, tmp_path, monkeypatch):
+        """Loader threads share a reader: while one joins the shards' maps or checks a block of
+        records' entries, another must not take the records for checked without their
+        addresses (it read as a KeyError, or could read another record's bytes)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from packdata.containers.tar import reader as tar_reader
+        from tests.containers.suite import FIXED, make_records
+
+        monkeypatch.setattr(tar_reader, "ENTRY_BLOCK", 4)
+        records = make_records(FIXED, 47)
+        path = self.write(tmp_path, FIXED, records, self.options(3))
+        batches = [np.arange(47)[k::6] for k in range(6)]
+        for _ in range(8):  # a fresh reader each time: the first epoch is where it happens
+            reader = self.reader(path)
+            with ThreadPoolExecutor(6) as pool:
+                read = list(pool.map(reader.read, batches))
+            for idx, batch in zip(batches, read):
+                self.assert_batch(batch, records, idx.tolist(), FIXED)
+            reader.close()
+
     def test_a_batch_plan_once_every_record_was_checked(self, tmp_path, monkeypatch):
         """The batch plan gathers at the addresses found as records' entries are checked: it is
         there once every record's are (blocks of ENTRY_BLOCK records at a time), dropped by

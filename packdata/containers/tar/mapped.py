@@ -6,6 +6,7 @@ dropped with its views when the source lets its copy go."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +34,7 @@ class MappedShards:
         self._maps: dict[int, np.ndarray] = {}
         self._views: dict[tuple[str, int], np.ndarray | None] = {}
         self._joined: tuple[np.ndarray, np.ndarray] | None | bool = False  # False: not tried
+        self._joining = threading.Lock()
         self._windows: dict[int, np.ndarray] = {}
 
     def __getitem__(self, shard: int) -> np.ndarray:
@@ -96,15 +98,20 @@ class MappedShards:
         is damaged (the others still read, one by one), where truncated shards are read up to
         their cut, or where the source does not keep its shards in place."""
         if self._joined is False:
-            self._joined = None
-            if self.source.STAYS and self.cut is None:
-                try:
-                    for shard in range(len(self.names)):
-                        self[shard]
-                except DatasetError:
-                    return None
-                self._joined = map_joined([self.source.file(n) for n in self.names])
+            with self._joining:  # loader threads share a reader: none sees it half made
+                if self._joined is False:
+                    self._joined = self._join()
         return self._joined  # type: ignore[return-value]
+
+    def _join(self) -> tuple[np.ndarray, np.ndarray] | None:
+        if not self.source.STAYS or self.cut is not None:
+            return None
+        try:
+            for shard in range(len(self.names)):
+                self[shard]
+        except DatasetError:
+            return None
+        return map_joined([self.source.file(n) for n in self.names])
 
     def window(self, nbytes: int) -> np.ndarray:
         """Rows of ``nbytes`` at every byte of the joined map (which must be there)."""

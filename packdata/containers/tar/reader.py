@@ -13,6 +13,7 @@ ranged requests: :mod:`.ranges`).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -95,6 +96,7 @@ class TarReader(Reader):
         # (np.empty: untouched pages cost no memory), so that a batch looks them up in one step
         self._addresses: dict[str, np.ndarray] = {}
         self._block_bad = np.zeros(-(-self.manifest.count // ENTRY_BLOCK), dtype=bool)
+        self._checking = threading.Lock()
         self._shard_bytes = np.full(len(self.shard_names), -1, dtype=np.int64)
         self._ends: dict[int, int] = {}  # bytes each shard's records need (from the index)
 
@@ -205,6 +207,11 @@ class TarReader(Reader):
         records read from it, which name what is damaged."""
         if self._entries_ok[idx].all():
             return
+        with self._checking:  # loader threads share a reader: one check of a block at a time
+            if not self._entries_ok[idx].all():
+                self._check_unchecked(idx)
+
+    def _check_unchecked(self, idx: np.ndarray) -> None:
         blocks = np.unique(idx // ENTRY_BLOCK)
         blocks = blocks[~self._block_bad[blocks]]
         if len(blocks):
