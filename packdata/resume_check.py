@@ -156,8 +156,9 @@ def _check(dataset: Any, samplers: dict[str, SamplerFactory] | None, setups: Seq
 
             def build(setup: tuple[int, int, str | None], rank: int, factory=factory) -> Loader:
                 w, n, how = setup
+                # the settings packdata.loader chooses for these workers: the feeder included
                 return Loader(dataset, factory(dataset, rank, w),
-                              LoaderSettings(num_workers=n, workers=how if n else None))
+                              LoaderSettings.resolve(dataset, num_workers=n, workers=how))
 
             for t in range(trials):
                 other = setups[(s + 1 + t) % len(setups)] if len(setups) > 1 else setups[s]

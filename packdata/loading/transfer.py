@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 import weakref
 from multiprocessing import resource_tracker, shared_memory, util
 from typing import Any
@@ -210,9 +211,11 @@ class Slot:
 
 class _Ring:
     """A worker's slots, and one shared byte per slot: 1 while a batch in it is on its way, set
-    back to 0 by the training process once it copied the batch out."""
+    back to 0 by the training process once it copied the batch out. Thread-safe: a feeder's
+    reading threads take slots at once."""
 
     def __init__(self) -> None:
+        self.lock = threading.Lock()
         self.flags = shared_memory.SharedMemory(create=True, size=2 * SLOTS_PER_WORKER + 1)
         self.flags.buf[:] = bytes(len(self.flags.buf))
         self.slots: list[Slot] = []
@@ -222,6 +225,10 @@ class _Ring:
 
     def acquire(self, nbytes: int) -> Slot | None:
         """A free slot of at least ``nbytes``, marked busy; a new one while there is room."""
+        with self.lock:
+            return self._acquire(nbytes)
+
+    def _acquire(self, nbytes: int) -> Slot | None:
         flags = self.flags.buf
         if len(self.untracked) <= len(self.slots):
             self._untrack_claimed()
@@ -239,10 +246,12 @@ class _Ring:
     def holding(self, tensors: list[torch.Tensor]) -> Slot | None:
         """The slot a batch was gathered into (:func:`worker_arrays`) and not sent yet, if
         every one of ``tensors`` is a contiguous tensor inside it."""
-        if not self.slots:
+        with self.lock:
+            slots = list(self.slots)
+        if not slots:
             return None
         start = tensors[0].data_ptr()
-        for slot in self.slots:
+        for slot in slots:
             if slot.address <= start < slot.address + slot.size:
                 break
         else:
@@ -266,6 +275,10 @@ class _Ring:
                 self.untracked.add(claim)
 
     def close(self) -> None:
+        with self.lock:
+            self._close()
+
+    def _close(self) -> None:
         if self.flags.buf is None:  # closed already
             return
         self._untrack_claimed()
@@ -279,10 +292,12 @@ class _Ring:
 
 
 _RING: _Ring | None = None
+_MAKING_RING = threading.Lock()
 
 
 def _ring() -> _Ring:
     global _RING
-    if _RING is None or _RING.pid != os.getpid():
-        _RING = _Ring()
-    return _RING
+    with _MAKING_RING:
+        if _RING is None or _RING.pid != os.getpid():
+            _RING = _Ring()
+        return _RING
