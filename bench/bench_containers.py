@@ -83,7 +83,10 @@ def rows_of(array: np.ndarray) -> np.ndarray:
 
 
 def build_folder(data: Path, out: Path, count: int) -> Path:
-    labels = json.loads((data.parent / "labels.json").read_text())
+    """``count`` PNGs of ``data`` repeated, with their labels (labels.json inside ``data``, as
+    packdata/demo_data has it, or beside it, as ../shared/data/cifar10 has it)."""
+    inside = data / "labels.json"
+    labels = json.loads((inside if inside.is_file() else data.parent / "labels.json").read_text())
     names = sorted(labels["labels"])
     out.mkdir(parents=True)
     table = {}

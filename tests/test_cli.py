@@ -308,3 +308,17 @@ def test_plurals_and_whole_numbers_in_messages(tmp_path, png_folder):
     assert " 1 trial " in format_row(ScenarioResult(name="s", trials=1))
     assert " 2 trials " in format_row(ScenarioResult(name="s", trials=2))
     assert (_number(1024.0), _number(1024.5), _number(12)) == ("1,024", "1,024.5", "12")
+
+
+def test_no_command_takes_keyword_arguments_as_typer_reads_it():
+    """typer before 0.29 refuses a command whose signature has **kwargs (``Type not yet
+    supported: typing.Any``), and builds every command of the group for any command run: one
+    such signature broke the whole command line there. Read in a fresh process, as a command
+    line starts (convert's full flags are built later, when it runs)."""
+    code = ("import inspect; from packdata.cli.app import app\n"
+            "calls = [c.callback for c in app.registered_commands]\n"
+            "kinds = {c.__name__: [str(p.kind) for p in inspect.signature(c).parameters.values()]"
+            " for c in calls}\n"
+            "print([n for n, k in kinds.items() if 'VAR_KEYWORD' in k], len(kinds))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["[]", "7"], out.stdout + out.stderr  # 7 commands, none

@@ -7,7 +7,8 @@
 #            device's Python is not the one the repository was installed for);
 #   feed     bench/bench_feed.py --device cuda: FastCIFAR (bf16, channels-last, batch 1,024) fed
 #            one ready batch, by resident mode (the limit) and by packdata.loader streaming every
-#            container, 50,000 real CIFAR-10 images, two rounds -> feed_gpu.json;
+#            container, 50,000 images (the real CIFAR-10 sample packdata ships, repeated), two
+#            rounds -> feed_gpu.json;
 #   verdict  `packdata bench` with FastCIFAR in bf16 and the CIFAR augmentation on the GPU, on
 #            10,000 images in LMDB (the shipped sample tiled, as `packdata demo` builds them):
 #            its verdict beside its own real-loop figure -> bench_fast_gpu.json;
@@ -78,8 +79,8 @@ fi
 
 if asked feed; then
     step "the loop fed on the GPU: a ready batch, resident mode, every container streamed"
-    timeout 300 python3 bench/bench_feed.py --device "$device" --count "$count" --rounds 2 \
-        --epochs 2 --json "$out/feed_gpu.json" 2>&1 | tee -a "$log"
+    timeout 300 python3 bench/bench_feed.py --device "$device" --data packdata/demo_data/cifar10 \
+        --count "$count" --rounds 2 --epochs 2 --json "$out/feed_gpu.json" 2>&1 | tee -a "$log"
 fi
 
 demo() {  # the shipped sample tiled to 10,000 images and converted, once for the steps below

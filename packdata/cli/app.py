@@ -69,8 +69,7 @@ Dataset = Annotated[str, typer.Argument(  # a str: Path("s3://bucket/ds") is "s3
 def with_flags(command: Callable, options: dict[str, list[tuple[str | None, Option]]]
                ) -> Callable:
     """``command`` (taking ``**options``) with a flag for each of the library's ``options`` (by
-    name, each with who declares it: listed apart, under their names; None: the command itself),
-    as typer reads them: in its signature. A flag not given passes None."""
+    name, with who declares each; None: the command), in its signature; a flag not given: None."""
     flags = []
     for name, declared in options.items():
         by = {o: who for who, o in reversed(declared)}  # those sharing one Option: one help
@@ -85,8 +84,11 @@ def with_flags(command: Callable, options: dict[str, list[tuple[str | None, Opti
                                        annotation=Annotated[o.type | None, info]))
     signature = inspect.signature(command, eval_str=True)
     fixed = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
-    command.__signature__ = signature.replace(parameters=fixed + flags)  # type: ignore[attr-defined]
-    return command
+
+    # a new function (``command`` keeps its signature), with no **options: typer < 0.29 refuses it
+    flagged = functools.wraps(command)(lambda **given: command(**given))
+    flagged.__signature__ = signature.replace(parameters=fixed + flags)  # type: ignore[attr-defined]
+    return flagged
 
 
 def fail(exc: Exception, hint: str = "") -> None:
@@ -176,7 +178,7 @@ def build_convert() -> Any:
     return typer.main.get_command(one)
 
 
-app.command(cls=Command)(convert)  # listed as it is: its flags are made when it runs
+app.command(cls=Command)(with_flags(convert, {}))  # its flags made when it runs
 
 
 @app.command("inspect", cls=Command)
