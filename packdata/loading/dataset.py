@@ -186,9 +186,10 @@ class PackedDataset(Dataset):
         """The first half of :meth:`read_batch`: read and per-sample ``transform`` (safe to run
         in several threads at once, given a thread-safe ``transform``)."""
         idx = self._indices(indices)
-        out = self._read(idx)
+        out = self._read(idx, apart=self.transform is not None)
         if self.transform is not None and len(idx):
             out = _batch_of([self._transformed(out, j) for j in range(len(idx))])
+            samples.check_one_size(self._kind, out, self.path)
         return out
 
     def finish_batch(self, out: tuple) -> tuple:
@@ -207,7 +208,10 @@ class PackedDataset(Dataset):
     def epoch(self) -> int:
         return self._epoch.value
 
-    def _read(self, indices: np.ndarray) -> tuple:
+    def _read(self, indices: np.ndarray, apart: bool = False) -> tuple:
+        """The batch of ``indices`` as the kind's tensors; with ``apart`` (for a per-sample
+        transform), samples that cannot stack (images of different sizes, no decode stage) as
+        one tensor each, as ``ds[i]`` serves them."""
         kind = self._kind
         try:  # select: e.g. one of K stored variants per record
             select = kind.select(self.manifest, indices, self.epoch) if kind.select else None
@@ -224,6 +228,8 @@ class PackedDataset(Dataset):
         extra: dict[str, Any] = {"decode": self.decode} if self.decode is not None else {}
         if self.channels_last:
             extra["channels_last"] = True
+        if apart and kind.apart and self.decode is None:
+            extra["apart"] = True
         try:
             return kind.to_torch(batch, self.manifest, indices=indices, epoch=self.epoch, **extra)
         except _KIND_ERRORS as exc:
@@ -298,7 +304,7 @@ class PackedDataset(Dataset):
         idx = self._indices(indices)
         if self.transform is not None and self.batch_transform is None:
             # each sample transformed on its own: nothing batched to hand over
-            read = self._read(idx)
+            read = self._read(idx, apart=True)
             return [_unwrap(self._transformed(read, j)) for j in range(len(idx))]
         batch = self.read_batch(idx)
         if len(batch) == 1:  # one-part samples are tensors themselves: no row type can stand in

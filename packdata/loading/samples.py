@@ -28,14 +28,18 @@ from packdata.units import reads_for_another_process
 class SampleKind:
     """How a dataset of kind ``name`` serves batches: ``to_torch(batch, manifest, *, indices,
     epoch)`` (with ``decode=`` where ``decodes``, ``channels_last=True`` where
-    ``channels_last``) makes its tensors; ``select(manifest, indices, epoch)``, where the kind
-    has one, names the one entry of a field each record serves (what the container then reads)."""
+    ``channels_last``, ``apart=True`` where ``apart``) makes its tensors; ``select(manifest,
+    indices, epoch)``, where the kind has one, names the one entry of a field each record serves
+    (what the container then reads). ``apart``: with ``apart=True``, samples that cannot stack
+    into one tensor (images of different sizes) come as a list of tensors, one per sample, for a
+    per-sample ``transform`` that makes them one shape."""
 
     name: str
     to_torch: Callable[..., tuple]
     select: Callable[[Manifest, np.ndarray, int], dict[str, np.ndarray]] | None
     decodes: bool = False
     channels_last: bool = False
+    apart: bool = False
 
     def check_asked(self, where: Any, *, decode: Any = None, channels_last: bool = False) -> None:
         """Refuse what a dataset at ``where`` asks of this kind that it does not take."""
@@ -49,14 +53,14 @@ def get(kind: str) -> SampleKind:
     """How datasets of sample kind ``kind`` serve batches (a PackdataError for an unknown kind,
     as :func:`packdata.sources.get` raises)."""
     select = sources.get(kind).select  # refuses a kind it does not know
-    to_torch, decodes, channels_last = SERVED[kind]
-    return SampleKind(kind, to_torch, select, decodes, channels_last)
+    to_torch, decodes, channels_last, apart = SERVED[kind]
+    return SampleKind(kind, to_torch, select, decodes, channels_last, apart)
 
 
 def images_to_torch(
     batch: dict, manifest: Manifest, *, indices: np.ndarray, epoch: int,
-    decode: ImageDecode | None = None, channels_last: bool = False,
-) -> tuple[torch.Tensor, ...]:
+    decode: ImageDecode | None = None, channels_last: bool = False, apart: bool = False,
+) -> tuple[torch.Tensor | list[torch.Tensor], ...]:
     """``(images, labels)`` as uint8 B×C×H×W and int64 B. Images are contiguous, as torchvision's
     datasets give them (``x.view(B, -1)`` works); ``channels_last=True`` hands them in
     channels-last memory instead. Pixels stored C×H×W (the default) are the contiguous batch as
@@ -64,7 +68,9 @@ def images_to_torch(
     costs one transposing copy per batch.
 
     With a ``decode`` stage, images of any storage are decoded, cropped and resized by it into
-    one batch; without one, the batch's images must all have the same size."""
+    one batch; without one, the batch's images must all have the same size, or with ``apart``
+    they come as a list of contiguous C×H×W images (one per sample, for a per-sample
+    transform that resizes them)."""
     images = batch["image"]
     mode = manifest.options.get("mode", "RGB")
     encoded = manifest.fields["image"].codec == "image"
@@ -81,6 +87,8 @@ def images_to_torch(
         elif sizes is not None:
             images = [rows.reshape(int(h), int(w), -1) for rows, (h, w) in zip(images, sizes)]
         if isinstance(images, list):
+            if apart and len({im.shape for im in images}) > 1:
+                return _with_labels([_image_tensor(im) for im in images], batch)
             images = _stack(images, Image.getmodebands(mode))
         x = torch.from_numpy(images)
         if not chw:  # H×W×C pixels, or H×W ones (one channel, e.g. mode "L")
@@ -92,9 +100,32 @@ def images_to_torch(
         # only then, since asking starts CUDA)
         x = _contiguous(x, pinned=decode is not None and torch.cuda.is_available()
                         and not reads_for_another_process() and x.is_pinned())
+    return _with_labels(x, batch)
+
+
+def check_one_size(kind: SampleKind, batch: tuple, where: Any) -> None:
+    """Refuse a batch of a kind that serves samples ``apart`` whose first part a per-sample
+    transform left in several shapes (images it did not resize to one size)."""
+    if kind.apart and isinstance(batch[0], list) and batch[0]:
+        shapes = sorted({tuple(x.shape) for x in batch[0]})
+        raise DatasetError(
+            f"{where}: the transform left this batch's images in {len(shapes)} shapes "
+            f"({', '.join('x'.join(map(str, s)) for s in shapes[:3])}"
+            f"{' ...' if len(shapes) > 3 else ''}); make it resize them to one (e.g. "
+            "torchvision's v2.Resize(256) then v2.CenterCrop(224)), or give a decode stage: "
+            "packdata.open(path, decode=packdata.CenterCrop(224, resize=256))")
+
+
+def _with_labels(images: torch.Tensor | list[torch.Tensor], batch: dict) -> tuple:
     if "label" in batch:
-        return x, torch.from_numpy(np.asarray(batch["label"]))
-    return (x,)
+        return images, torch.from_numpy(np.asarray(batch["label"]))
+    return (images,)
+
+
+def _image_tensor(pixels: np.ndarray) -> torch.Tensor:
+    """One image's H×W×C (or H×W) pixels as a contiguous C×H×W tensor."""
+    chw = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+    return torch.from_numpy(np.ascontiguousarray(chw))
 
 
 def _contiguous(x: torch.Tensor, pinned: bool) -> torch.Tensor:
@@ -170,9 +201,9 @@ def points_to_torch(
 
 
 #: each kind of :data:`packdata.sources.KINDS`: its ``to_torch``, whether it takes a decode stage,
-#: whether it serves channels-last memory
-SERVED: dict[str, tuple[Callable[..., tuple], bool, bool]] = {
-    "image": (images_to_torch, True, True),
-    "text": (text_to_torch, False, False),
-    "pointcloud": (points_to_torch, False, False),
+#: whether it serves channels-last memory, whether it serves samples apart
+SERVED: dict[str, tuple[Callable[..., tuple], bool, bool, bool]] = {
+    "image": (images_to_torch, True, True, True),
+    "text": (text_to_torch, False, False, False),
+    "pointcloud": (points_to_torch, False, False, False),
 }
