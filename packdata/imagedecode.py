@@ -367,6 +367,8 @@ def _resample_encoded(opened: tuple[Any, tuple[int, int]], hw: np.ndarray, box: 
         im.draft(mode if mode in ("RGB", "L") else None, (want[1], want[0]))
     try:
         im.load()
+        if im.mode == "P" and "transparency" in im.info:  # the same colours, no Pillow warning
+            im = im.convert("RGBA")
         if im.mode != mode:
             im = im.convert(mode)
         pixels = np.array(im)
