@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from packdata.interrupts import term_as_interrupt
+from packdata import interrupts
+from packdata.interrupts import term_as_interrupt, term_held
 
 
 def remove(path: Path) -> None:
@@ -95,13 +96,18 @@ class Partial:
 def committing(dst: Path) -> Iterator[Partial]:
     """Build ``dst`` at the yielded partial path; on leaving normally it is renamed into place.
     On any failure, Ctrl-C or SIGTERM (raised as KeyboardInterrupt here), the partial and every
-    file named after it (spools) are deleted and the exception goes on."""
+    file named after it (spools) are deleted and the exception goes on. A SIGTERM that arrives
+    while the output is renamed into place is held until that is done, then meets the handler
+    the caller had (by default it ends the process: the output is complete)."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     stale = remove_stale_partials(dst)
     partial = Partial(partial_path(dst), stale)
+    held = contextlib.ExitStack()  # left after term_as_interrupt: SIGTERM meets its old handler
     try:
-        with term_as_interrupt():
+        with held, term_as_interrupt():
             yield partial
+            interrupts.check()  # an interrupt some finaliser swallowed: not published
+            held.enter_context(term_held())
             publish(partial.path, dst)
     except BaseException:
         remove(partial.path)

@@ -1,8 +1,11 @@
-"""Ctrl-C for the command line: handled from its first instruction, and never lost.
+"""Ctrl-C for the command line, and `kill` for a conversion: handled from their first
+instruction, and never lost.
 
 Python raises KeyboardInterrupt wherever the main thread happens to be, and drops it ("Exception
 ignored in...") when that is a finaliser. :func:`install` notes every SIGINT as well as raising,
-so the command checks :func:`received` at safe points and at the end.
+and :func:`term_as_interrupt` every SIGTERM, so that :func:`check` at safe points (each block a
+conversion writes, and before its output is published) raises what was dropped; the command
+checks :func:`received` at the end.
 """
 
 from __future__ import annotations
@@ -12,12 +15,15 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from types import FrameType
 
 PR_SET_PDEATHSIG = 1
 
 _received = False
+_terminated = False  # a SIGTERM arrived inside term_as_interrupt (its interrupt may be lost)
+_depth = 0  # term_as_interrupt blocks entered and not left
 
 
 def _on_sigint(signum: int, frame: FrameType | None) -> None:
@@ -32,32 +38,57 @@ def install() -> None:
 
 
 def received() -> bool:
-    """Whether a SIGINT arrived since :func:`install`."""
-    return _received
+    """Whether a SIGINT arrived since :func:`install`, or a SIGTERM inside the last
+    :func:`term_as_interrupt`."""
+    return _received or _terminated
 
 
 def check() -> None:
-    """Raise KeyboardInterrupt if a SIGINT arrived (one Python may have swallowed)."""
-    if _received:
+    """Raise KeyboardInterrupt if a SIGINT arrived, or a SIGTERM inside
+    :func:`term_as_interrupt` (one Python may have swallowed)."""
+    if _received or _terminated:
         raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
 def term_as_interrupt() -> Iterator[None]:
     """SIGTERM raised as KeyboardInterrupt inside the block, so that `kill` cleans up as Ctrl-C
-    does (main thread of the main process only; elsewhere signals are left alone)."""
+    does (main thread of the main process only; elsewhere signals are left alone), and noted
+    for :func:`check`."""
+    global _terminated, _depth
     previous = None
     if multiprocessing.current_process().name == "MainProcess":
         with contextlib.suppress(ValueError):  # not the main thread
             previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    if not _depth:
+        _terminated = False
+    _depth += 1
     try:
         yield
     finally:
+        _depth -= 1
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def term_held() -> Iterator[None]:
+    """SIGTERM held back inside the block (where an interrupt would leave a claim untrue: an
+    output renamed into place, then deleted as if unfinished), delivered as the block ends,
+    to the handler in force then (main thread only; elsewhere nothing is held)."""
+    held = threading.current_thread() is threading.main_thread()
+    if held:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        if held:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    global _terminated
+    _terminated = True
     raise KeyboardInterrupt(f"signal {signum}")
 
 

@@ -64,8 +64,11 @@ class ColumnSpool:
         return map_array(self.path, self.dtype.str).reshape(-1, *self.shape)
 
     def remove(self) -> None:
-        """Close and delete the file (an array :meth:`finish` gave stays readable until dropped)."""
-        self.file.close()
+        """Close and delete the file (an array :meth:`finish` gave stays readable until dropped).
+        Values still buffered are dropped: a close whose flush fails (a full disk) closes the
+        file all the same, and the file goes."""
+        with contextlib.suppress(OSError):
+            self.file.close()
         self.path.unlink(missing_ok=True)
 
 

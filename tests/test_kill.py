@@ -5,6 +5,7 @@ leftovers a rerun does not clean up and report. The long run is bench/kill_conve
 from __future__ import annotations
 
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from packdata.sources.images import ImageSource
 from tests.conftest import load_script
 
 kill = load_script(Path(__file__).resolve().parents[1] / "bench" / "kill_conversions.py", "kill_conversions")
+full_disk = load_script(Path(__file__).resolve().parents[1] / "bench" / "full_disk.py", "full_disk")
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Linux process groups and /proc")
 
@@ -25,6 +27,33 @@ def test_random_kills_leave_no_partial_dataset(tmp_path, container):
     result = kill.run(tmp_path, container, kills=3, rng=random.Random(container), count=200)
     assert result["failed_trials"] == 0, result["failures"]
     assert sum(result["counts"].get(f"{t} killed", 0) for t in kill.KILL_TARGETS) == 3
+
+
+@pytest.mark.parametrize("container", ["lmdb", "hdf5", "tar"])
+def test_sigterm_at_every_phase_ends_the_conversion_at_once_leaving_nothing(tmp_path, container):
+    """`kill` (SIGTERM) of `packdata convert` at each phase, aimed, not by chance: the child
+    stops itself there (listing its inputs, loading the first blocks in its workers, closing
+    its pool, finishing the output, renaming it into place), is sent SIGTERM and continues.
+    Every time its whole process group is gone within 2 s, with one `interrupted` line and no
+    dataset, or (a signal held while the output is renamed into place) with the complete
+    dataset; nothing is left beside it."""
+    import packdata
+
+    src = kill.make_source(tmp_path / "src", 500)  # two blocks: a pool of two workers
+    options = {"shard_size": "100"} if container == "tar" else None
+    reference = packdata.convert(packdata.open_source(src), tmp_path / f"ref-{container}",
+                                 workers=2, container_options=options).manifest
+    dst = tmp_path / "out" / kill.TARGETS[container]
+    dst.parent.mkdir()
+    phases = set()
+    for point in kill.aimed_points(1):
+        if dst.exists():
+            shutil.rmtree(dst) if dst.is_dir() else dst.unlink()
+        result = kill.trial(src, dst, container, "term", 0, reference, point)
+        assert result["failures"] == [], result
+        assert result["aimed"] == list(point), result  # it stopped where it was told
+        phases.add(result["phase"])
+    assert phases == {"listing", "loading", "pool closing", "finishing", "publishing"}
 
 
 class SlowImages(ImageSource):
@@ -93,6 +122,26 @@ def test_a_full_disk_is_one_line_naming_the_path_and_leaves_nothing(tmp_path, pn
     assert list(out.iterdir()) == []
 
 
+@pytest.mark.parametrize("container", ["lmdb", "hdf5", "tar"])
+def test_a_full_filesystem_is_one_line_naming_the_path_and_leaves_nothing(tmp_path, png_folder,
+                                                                         container):
+    """A real full disk (ENOSPC): `packdata convert` onto tmpfs filesystems too small for its
+    output, filled at spread points (the records, the index and record arrays, the manifest),
+    each time one line naming DST and nothing left on the filesystem, or, where it fits, a
+    dataset that verifies (HDF5 closed before its objects are freed: once a SIGSEGV). The
+    tmpfs are mounted in a mount namespace of the test's own; bench/full_disk.py is the long
+    run."""
+    extra = ["--shard-size", "100KB"] if container == "tar" else []
+    try:
+        result = full_disk.in_namespace(full_disk.sweep, png_folder, container,
+                                        ["--workers", "2", *extra], 3, tmp_path, (0.97,))
+    except OSError as exc:
+        pytest.skip(f"no mount namespace to mount a small filesystem in: {exc} (needs root, or "
+                    "unprivileged user namespaces)")
+    assert result["counts"].get("failure", 0) == 0, result["failures"]
+    assert result["counts"]["one line, nothing left"] >= 3, result
+
+
 class DiesMidSend(ImageSource):
     """The worker loading the 9th image dies as if SIGKILLed in the middle of sending a result:
     half a message in the result pipe, and the pipe's lock never released."""
@@ -149,7 +198,8 @@ waiting = {p: Path(f"/proc/{p}/wchan").read_text() for p in workers}
 # for the lock (a futex)
 holder = next(p for p, w in waiting.items() if "pipe" in w)
 os.kill(holder, signal.SIGSTOP)  # it cannot read its stop sentinel now
-closing = threading.Thread(target=records.close)  # the generator's finally: pool shutdown
+# the generator's last step: its pool shut down as at the end of every conversion
+closing = threading.Thread(target=next, args=(records, None))
 closing.start()
 time.sleep(1.0)  # the pool has sent its sentinels and joins its workers
 os.kill(holder, signal.SIGKILL)  # dies holding the lock

@@ -15,10 +15,7 @@ so a batch is one numpy gather from a memory map, with no HDF5 call per sample.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,14 +34,16 @@ from packdata.containers.base import (
     same_destination,
     selected_entries,
 )
+from packdata.containers.hdf5files import abandon, plain_errors
 from packdata.containers.hdf5layout import (
     MANIFEST,
     RECORDS,
-    Layout,
     check_field,
     check_rows,
     layout_of,
     mapped,
+    offsets_name,
+    record_offsets,
     view_of,
 )
 from packdata.containers.joined import map_kept
@@ -65,10 +64,6 @@ NAME = "hdf5"
 NEW_SUFFIX = ".h5"
 SUFFIXES = (".h5", ".hdf5")
 BLOCK = 1 << 18  # array entries written at a time (2 MiB of int64)
-
-
-def _offsets_name(name: str) -> str:
-    return f"{name}_offsets"
 
 
 class HDF5Writer(Writer):
@@ -102,6 +97,8 @@ class HDF5Writer(Writer):
         self.pending_bytes = 0
         self.flushed = 0
         self.flushed_rows: dict[str, int] = {}
+        #: every h5py object made in the file, kept until the file is closed (see hdf5files.abandon)
+        self.made: list[h5py.Dataset] = []
 
     def expect(self, count: int, rows: dict[str, int] | None = None) -> None:
         variable = [name for name, f in self.fields.items() if f.variable]
@@ -109,17 +106,16 @@ class HDF5Writer(Writer):
             return
         import h5py
 
-        with _plain_errors():
+        with plain_errors():
             self.file = h5py.File(self.path, "w", track_order=True)
             for name, f in self.fields.items():
                 if f.variable:  # as finish() lays them out: the offsets, then the rows
-                    self.offsets[name] = self.file.create_dataset(
-                        _offsets_name(name), shape=(count + 1,), dtype=np.int64)
+                    self.offsets[name] = self._dataset(
+                        offsets_name(name), shape=(count + 1,), dtype=np.int64)
                     self.offsets[name][0] = 0
                     self.rows[name], self.ends[name], self.flushed_rows[name] = 0, [], 0
                 shape = (rows[name], *f.row_shape) if f.variable else (count, *f.shape)  # type: ignore[index]
-                self.datasets[name] = self.file.create_dataset(name, shape=shape,
-                                                               dtype=f.np_dtype)
+                self.datasets[name] = self._dataset(name, shape=shape, dtype=f.np_dtype)
         self.expected = count
 
     def _in_place(self, n: int, record: dict[str, np.ndarray] | None = None) -> bool:
@@ -141,7 +137,7 @@ class HDF5Writer(Writer):
         waiting = self.count - self.flushed
         if not waiting or (waiting < every and self.pending_bytes < BLOCK_BYTES):
             return
-        with _plain_errors():
+        with plain_errors():
             for name, values in self.pending.items():
                 if name in self.rows:
                     a = self.flushed_rows[name]
@@ -167,8 +163,9 @@ class HDF5Writer(Writer):
             step = max(1, BLOCK_BYTES // max(spool.field.nbytes, 1))
             for a in range(0, self.count, step):
                 spool.append(ds[a : min(a + step, self.count)])
-        self.file.close()  # type: ignore[union-attr]
-        self.file, self.datasets, self.offsets, self.rows, self.ends = None, {}, {}, {}, {}
+        with plain_errors():
+            self._close()
+        self.offsets, self.rows, self.ends = {}, {}, {}
         self.path.unlink()
 
     def append(self, key: str, record: dict[str, np.ndarray]) -> None:
@@ -193,7 +190,7 @@ class HDF5Writer(Writer):
             self._flush(0)  # records appended one by one before these
         for name, column in columns_of(rows, self.fields).items():  # one write per field
             if in_place:
-                with _plain_errors():
+                with plain_errors():
                     self.datasets[name][self.count : self.count + len(rows)] = column
             else:
                 self.spools[name].append(column)
@@ -209,17 +206,19 @@ class HDF5Writer(Writer):
             self._flush(0)
             for spool in self.spools.values():
                 spool.remove()
-            with _plain_errors(), self.file as f:
-                _finish_file(f, manifest)
+            with plain_errors():
+                self._finish_file(manifest)
+                self._close()
             return
         import h5py
 
-        with h5py.File(self.path, "w", track_order=True) as f:
+        with plain_errors():
+            self.file = h5py.File(self.path, "w", track_order=True)
             for name, spool in self.spools.items():
                 field = spool.field
                 if field.variable:  # offsets block by block from the spooled row counts
-                    ends = f.create_dataset(_offsets_name(name), shape=(self.count + 1,),
-                                            dtype=np.int64)
+                    ends = self._dataset(offsets_name(name), shape=(self.count + 1,),
+                                         dtype=np.int64)
                     ends[0], total, a = 0, 0, 0
                     for counts in copy_blocks(spool.row_counts(), BLOCK):
                         block = np.cumsum(counts) + total
@@ -228,7 +227,7 @@ class HDF5Writer(Writer):
                     shape = (total, *field.row_shape)
                 else:
                     shape = (self.count, *field.shape)
-                ds = f.create_dataset(name, shape=shape, dtype=field.np_dtype)
+                ds = self._dataset(name, shape=shape, dtype=field.np_dtype)
                 start = 0
                 row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * field.np_dtype.itemsize
                 for block in spool.blocks(max(row_bytes, 1)):
@@ -236,38 +235,43 @@ class HDF5Writer(Writer):
                     ds[start : start + len(rows)] = rows
                     start += len(rows)
                 spool.remove()
-            _finish_file(f, manifest)
+            self._finish_file(manifest)
+            self._close()
+
+    def _dataset(self, name: str, **how: Any) -> h5py.Dataset:
+        """A dataset made in the file, kept alive until the file is closed: freeing one of a
+        file whose writes fail makes libhdf5 write from h5py's finaliser, which drops the
+        error (and, on a full disk, ends in SIGSEGV)."""
+        made = self.file.create_dataset(name, **how)  # type: ignore[union-attr]
+        self.made.append(made)
+        return made
+
+    def _finish_file(self, manifest: Manifest) -> None:
+        """The record keys and checksums, then the manifest: what makes the file a dataset."""
+        for name, array in manifest.record_arrays().items():
+            ds = self._dataset(f"{RECORDS}/{name}", shape=array.shape, dtype=array.dtype)
+            for a, part in zip(range(0, len(array), BLOCK), copy_blocks(array, BLOCK)):
+                ds[a : a + len(part)] = part  # block by block: memory stays flat
+        # fixed-length bytes stored in the dataset itself: a variable-length string lives in
+        # HDF5's global heap, and a damaged heap makes libhdf5 loop forever when it is read
+        self._dataset(MANIFEST, data=np.bytes_(manifest.to_json().encode()))
+
+    def _close(self) -> None:
+        """Close the file, kept for :meth:`abort` if that fails. Flushed first: a flush that
+        fails raises and leaves the file as it was, while a close that fails leaves it half
+        closed (h5py has released some of its objects), which nothing can close safely any
+        more."""
+        self.file.flush()  # type: ignore[union-attr]
+        self.file.close()  # type: ignore[union-attr]
+        self.file, self.datasets, self.made = None, {}, []
 
     def abort(self) -> None:
         if self.file is not None:
-            self.file.close()
+            abandon(self.file)  # before any of its objects is freed
+            self.file, self.datasets, self.made = None, {}, []
+            self.offsets = {}
         for spool in self.spools.values():
             spool.remove()
-
-
-@contextlib.contextmanager
-def _plain_errors() -> Iterator[None]:
-    """libhdf5's failure to write as the system's error it reports (its message spans lines,
-    with a time and a buffer address)."""
-    try:
-        yield
-    except OSError as exc:
-        found = re.search(r"errno = (\d+)", str(exc))
-        code = exc.errno or (int(found.group(1)) if found else None)
-        if code is None:
-            raise
-        raise OSError(code, os.strerror(code)) from None
-
-
-def _finish_file(f: h5py.File, manifest: Manifest) -> None:
-    """The record keys and checksums, then the manifest: what makes the file a dataset."""
-    for name, array in manifest.record_arrays().items():
-        ds = f.create_dataset(f"{RECORDS}/{name}", shape=array.shape, dtype=array.dtype)
-        for a, part in zip(range(0, len(array), BLOCK), copy_blocks(array, BLOCK)):
-            ds[a : a + len(part)] = part  # block by block: memory stays flat
-    # fixed-length bytes stored in the dataset itself: a variable-length string lives in
-    # HDF5's global heap, and a damaged heap makes libhdf5 loop forever when it is read
-    f.create_dataset(MANIFEST, data=np.bytes_(manifest.to_json().encode()))
 
 
 class HDF5Reader(Reader):
@@ -304,7 +308,7 @@ class HDF5Reader(Reader):
         for name, field in self.manifest.fields.items():
             if field.variable:
                 stored = check_rows(layout, self.path, name, None)
-                check_rows(layout, self.path, _offsets_name(name), self.manifest.count + 1)
+                check_rows(layout, self.path, offsets_name(name), self.manifest.count + 1)
             else:
                 stored = check_rows(layout, self.path, name, self.manifest.count)
             check_field(stored, self.path, name, field)
@@ -312,7 +316,7 @@ class HDF5Reader(Reader):
             # small fixed fields (labels) are worth a private copy in RAM
             self.arrays[name] = np.array(view) if view.nbytes < (16 << 20) else view
             if field.variable:
-                self.offsets[name] = _offsets(layout, whole, self.path, name, stored.shape[0])
+                self.offsets[name] = record_offsets(layout, whole, self.path, name, stored.shape[0])
             else:  # each record's bytes as a row: what gather_rows takes
                 self.rows[name] = self.arrays[name].view(np.uint8).reshape(
                     stored.shape[0], field.nbytes)
@@ -384,15 +388,3 @@ WRITER = HDF5Writer
 READER = HDF5Reader
 detect = HDF5Reader.detect
 destination = same_destination
-
-
-def _offsets(layout: Layout, whole: np.ndarray, path: Path, name: str, rows: int) -> np.ndarray:
-    """A variable field's record offsets, mapped (not read: opening stays flat in the record
-    count). Its ends are checked here; a damaged offset inside gives a record of wrong bytes
-    (its checksum fails) or none, never a read outside the field."""
-    offsets = mapped(layout, whole, path, _offsets_name(name))
-    if offsets is None or offsets.dtype.kind not in "iu" or (len(offsets) and (
-            offsets[0] != 0 or offsets[-1] != rows)):
-        raise DatasetError(f"{path}: '{_offsets_name(name)}' does not mark records within the "
-                           f"{rows} rows of '{name}'; the dataset is damaged")
-    return offsets.astype(np.int64, copy=False)

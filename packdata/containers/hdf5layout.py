@@ -131,3 +131,21 @@ def check_field(stored: Stored, path: Path, name: str, field: Field) -> None:
         raise DatasetError(f"{path}: '{name}' is stored as {stored.dtype} {list(stored.shape)}, "
                            f"the manifest says {field.dtype} {list(field.shape)}; the dataset "
                            "is damaged")
+
+
+def offsets_name(name: str) -> str:
+    """The dataset holding the record offsets of variable field ``name``."""
+    return f"{name}_offsets"
+
+
+def record_offsets(layout: Layout, whole: np.ndarray, path: Path, name: str, rows: int
+                   ) -> np.ndarray:
+    """A variable field's record offsets, mapped (not read: opening stays flat in the record
+    count). Its ends are checked here; a damaged offset inside gives a record of wrong bytes
+    (its checksum fails) or none, never a read outside the field."""
+    offsets = mapped(layout, whole, path, offsets_name(name))
+    if offsets is None or offsets.dtype.kind not in "iu" or (len(offsets) and (
+            offsets[0] != 0 or offsets[-1] != rows)):
+        raise DatasetError(f"{path}: '{offsets_name(name)}' does not mark records within the "
+                           f"{rows} rows of '{name}'; the dataset is damaged")
+    return offsets.astype(np.int64, copy=False)

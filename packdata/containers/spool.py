@@ -6,6 +6,7 @@ container lay every field out contiguously once the final record count is known.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +52,8 @@ class Spool:
                 yield buffer[:got]
 
     def remove(self) -> None:
-        self.close()
+        with contextlib.suppress(OSError):  # a flush that fails (a full disk) still closes
+            self.close()
         self.path.unlink(missing_ok=True)
         if self.counts is not None:
             self.counts.remove()

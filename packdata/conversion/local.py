@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from packdata import atomic
+from packdata import atomic, interrupts
 from packdata.checksum import record_checksum
 from packdata.containers.base import ShardClosed, Writer
 from packdata.conversion.costs import Costs, WorkerClock
@@ -53,17 +53,20 @@ def write(job: Job, *, workers: int | None = None, progress: Progress | None = N
     workers = max(1, min(workers or available_cores(), len(blocks)))
     with atomic.committing(job.dst) as partial:
         records = _Records(job, partial.path, on_shard_closed, costs)
+        loading = load_blocks(job.source, blocks, workers, costs=costs)
         try:
             done = 0
-            for block, loaded in load_blocks(job.source, blocks, workers, costs=costs):
+            for block, loaded in loading:
                 records.add_block(block, loaded)
                 done += len(block)
+                interrupts.check()  # an interrupt some finaliser swallowed
                 if progress:
                     progress(done, len(job.items))
             with costs.phase("finish"):
                 manifest = records.finish()
             committed = costs.mark()
         except BaseException as exc:
+            loading.close()  # its workers stopped now, not when the traceback is freed
             records.abort()
             if _is_write_error(exc):
                 reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
@@ -200,11 +203,15 @@ class _Records:
         return manifest
 
     def abort(self) -> None:
-        if self.meta is not None:
-            self.meta.remove()
+        """Everything the writer and the spools hold closed and deleted, each step whatever the
+        others raised (a full disk fails every flush): the writer first, whose open files
+        (an HDF5 file and its objects) must be closed before anything frees them."""
         if self.writer is not None:
-            with contextlib.suppress(Exception):  # e.g. a full disk again while flushing
+            with contextlib.suppress(Exception):
                 self.writer.abort()
+        if self.meta is not None:
+            with contextlib.suppress(Exception):
+                self.meta.remove()
 
 
 def _pairs(item: Item, loaded: Loaded) -> list[tuple[str, dict]] | SampleError:

@@ -65,19 +65,23 @@ class WorkerPool:
     def __enter__(self) -> WorkerPool:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, *exc: Any) -> None:
+        self.close(kill=kind is not None)
 
-    def close(self) -> None:
+    def close(self, kill: bool = False) -> None:
         """Stop the workers: queued tasks are dropped, the ones being run finish (killing a
         worker instead could cut a result off mid-send). Bounded: once a worker has died, the
         others get :data:`WORKER_DEATH_GRACE_S` and are then killed, since a worker killed while
         waiting for a task dies holding the task queue's lock, and the others then never read
-        their stop signal."""
+        their stop signal. With ``kill`` (left by an exception: an interrupt, a failed input;
+        no result is awaited any more), the workers are killed at once, so that a SIGTERM or
+        Ctrl-C ends the conversion without waiting for the tasks being run."""
         procs = list((getattr(self._pool, "_processes", None) or {}).values())
         manager = getattr(self._pool, "_executor_manager_thread", None)
         results = getattr(self._pool, "_result_queue", None)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if kill:
+            self._kill(procs, results)
         died_at = None
         while any(p.is_alive() for p in procs):
             if any(p.exitcode not in (None, 0) for p in procs):

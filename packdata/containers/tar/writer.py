@@ -3,6 +3,7 @@ the record index, wids index and manifest written last."""
 
 from __future__ import annotations
 
+import contextlib
 import tarfile
 from array import array
 from collections.abc import Sequence
@@ -189,6 +190,7 @@ class TarWriter(Writer):
 
     def abort(self) -> None:
         if self.file is not None:
-            self.file.close()
+            with contextlib.suppress(OSError):  # its flush fails on a full disk; it closes
+                self.file.close()
         for spool in (*self.spools.values(), self.member_hashes):
             spool.remove()
