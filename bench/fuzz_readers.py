@@ -2,7 +2,7 @@
 address-space limit and a timeout.
 
     python bench/fuzz_readers.py [--mutants 1000] [--verify full verify] [--seed 0]
-        [--containers lmdb hdf5 tar] [--json bench/results/fuzz_readers.json]
+        [--containers lmdb hdf5 tar] [--arrays] [--json bench/results/fuzz_readers.json]
 
 Datasets: 60 real CIFAR-10 PNGs (shipped in packdata/demo_data), the PEP text fixtures (byte
 tokens, variable length) and the LiDAR fixtures (4 AHN clouds, 1024 points, K=2 variants), each
@@ -23,6 +23,14 @@ counted per dataset and verify level: ``same``, ``named_error`` (the goal), and 
 ``silent_wrong``, ``crash`` (a signal, e.g. SIGSEGV/SIGBUS), ``hang``, ``memory`` (MemoryError
 under the limit), ``unnamed_error`` (a packdata error not naming the path) and
 ``foreign_error`` (any other exception).
+
+With ``--arrays`` the mutations are those of the per-record arrays alone (bench/mutate_arrays.py:
+flipped bits, an array zeroed, two entries swapped, an array deleted, the keys rewritten
+coherently with their block checksums), and each mutant's keys are read too: every key by
+index, every original key looked up (``index_of`` and ``in``), the keys iterated. A key read
+back different from the original, or a lookup that misses a key the dataset has, is
+``wrong_key``; at the level ``verify``, a mutant ``packdata verify`` passes is ``unnoticed``
+(every such mutation changes stored bytes, and verify must name it).
 """
 
 from __future__ import annotations
@@ -61,6 +69,8 @@ MEMORY_HEADROOM = 1 << 30  # address space a child may add to what it has after 
 TIMEOUT_S = 20.0
 FAILURES = ("silent_wrong", "crash", "hang", "memory", "unnamed_error", "foreign_error")
 OUTCOMES = ("same", "named_error", *FAILURES)  # each counted in the results, zeros too
+ARRAY_FAILURES = ("wrong_key", "unnoticed")  # --arrays: keys read wrong, a mutant verify passed
+ARRAY_OUTCOMES = (*OUTCOMES, *ARRAY_FAILURES)
 
 
 def cifar_folder(out: Path, count: int = 60) -> Path:
@@ -241,6 +251,49 @@ def write_manifest(path: Path, text: str) -> None:
             f.create_dataset("manifest", data=text)
 
 
+def child_keys(path: Path, keys: list[str]) -> dict:
+    """Every key of the (mutated) dataset read back: by index, looked up, iterated."""
+    try:
+        got = at_open(containers.for_existing(path).READER(path), path, "full").manifest.keys
+        wrong = None
+        if len(got) != len(keys):
+            wrong = f"{len(got)} keys, not {len(keys)}"
+        for i, key in enumerate(keys if wrong is None else ()):
+            if got[i] != key:
+                wrong = f"keys[{i}] = {got[i]!r}, not {key!r}"
+                break
+            try:
+                found = got.index_of(key)
+            except KeyError:
+                found = None
+            if found != i or key not in got:
+                wrong = f"{key!r} looked up: {found}, {key in got}, not {i}"
+                break
+        if wrong is None and list(got) != keys:
+            wrong = "the keys iterated differ"
+        if wrong is None and "no such key~" in got:
+            wrong = "a key that is not there is found"
+    except PackdataError as exc:
+        named = str(path) in str(exc) or any(str(f) in str(exc) for f in files_of(path))
+        return {"outcome": "named_error" if named else "unnamed_error", "error": str(exc)[:300]}
+    except MemoryError as exc:
+        return {"outcome": "memory", "error": repr(exc)[:300]}
+    except Exception as exc:
+        return {"outcome": "foreign_error", "error": f"{type(exc).__name__}: {exc}"[:300],
+                "where": traceback.format_exc()[-600:]}
+    return {"outcome": "same" if wrong is None else "wrong_key", "error": wrong or ""}
+
+
+def worst(results: list[dict]) -> dict:
+    """The result that counts among several checks of one mutant: a failure, else a named
+    error, else the first."""
+    for kinds in ((*FAILURES, *ARRAY_FAILURES), ("named_error",)):
+        for r in results:
+            if r["outcome"] in kinds:
+                return r
+    return results[0]
+
+
 def child_read(path: Path, digests: list[str], level: str) -> dict:
     """Read every record of the (mutated) dataset; what happened, as a dict."""
     try:
@@ -264,11 +317,12 @@ def child_read(path: Path, digests: list[str], level: str) -> dict:
             "error": f"{count} records, {sum(a != b for a, b in zip(got, digests))} differ"}
 
 
-def child_verify(path: Path, digests: list[str]) -> dict:
+def child_verify(path: Path, digests: list[str], strict: bool = False) -> dict:
     """``packdata verify`` of the (mutated) dataset, judged by what a checked read gives: a
     dataset verify passes must read back the original records (else ``silent_wrong``: verify
     missed the damage); one it fails is a ``named_error`` (its report is about the dataset).
-    Verify reports what it finds: any exception out of it is a failure."""
+    Verify reports what it finds: any exception out of it is a failure. ``strict`` (a mutation
+    of the per-record arrays, which always changes stored bytes): passing is ``unnoticed``."""
     try:
         report = verify(path)
     except MemoryError as exc:
@@ -279,14 +333,18 @@ def child_verify(path: Path, digests: list[str]) -> dict:
     if not report.ok:
         found = report.problems + [f"record {b['index']}: {b['problem']}" for b in report.bad]
         return {"outcome": "named_error", "error": found[0][:300]}
+    if strict:
+        return {"outcome": "unnoticed", "error": "verify passed a mutant of the record arrays"}
     read = child_read(path, digests, "full")
     return {"outcome": "same" if read["outcome"] == "same" else "silent_wrong",
             "error": f"verify passed; a checked read: {read['outcome']} {read['error']}"[:300]}
 
 
-def run_in_child(path: Path, digests: list[str], level: str) -> dict:
+def run_in_child(path: Path, digests: list[str], level: str,
+                 keys: list[str] | None = None) -> dict:
     """:func:`child_read` (or, for the level ``verify``, :func:`child_verify`) in a forked
-    child with an address-space limit and a timeout."""
+    child with an address-space limit and a timeout; given the original ``keys`` (``--arrays``),
+    :func:`child_keys` too, and verify must name the mutant."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: limit, read, report, exit without cleanup handlers
@@ -295,8 +353,12 @@ def run_in_child(path: Path, digests: list[str], level: str) -> dict:
             status = Path("/proc/self/status").read_text().splitlines()
             vm = int(next(line.split()[1] for line in status if line.startswith("VmSize:"))) * 1024
             resource.setrlimit(resource.RLIMIT_AS, (vm + MEMORY_HEADROOM, vm + MEMORY_HEADROOM))
-            result = (child_verify(path, digests) if level == "verify"
-                      else child_read(path, digests, level))
+            if level == "verify":
+                result = child_verify(path, digests, strict=keys is not None)
+            elif keys is not None:
+                result = worst([child_read(path, digests, level), child_keys(path, keys)])
+            else:
+                result = child_read(path, digests, level)
         except BaseException as exc:  # noqa: BLE001 - whatever happens goes back to the parent
             result = {"outcome": "foreign_error", "error": repr(exc)[:300]}
         os.write(write_fd, json.dumps(result).encode())
@@ -329,8 +391,9 @@ class ReaderProcess:
             [sys.executable, __file__, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             text=True, bufsize=1, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
-    def __call__(self, path: Path, digests: list[str], level: str) -> dict:
-        self.process.stdin.write(json.dumps([str(path), digests, level]) + "\n")
+    def __call__(self, path: Path, digests: list[str], level: str,
+                 keys: list[str] | None = None) -> dict:
+        self.process.stdin.write(json.dumps([str(path), digests, level, keys]) + "\n")
         return json.loads(self.process.stdout.readline())
 
     def close(self) -> None:
@@ -344,20 +407,27 @@ def serve() -> None:
         containers.get(name)
     import packdata.containers.lmdbcheck  # noqa: F401 - imported on first open
     for line in sys.stdin:
-        path, digests, level = json.loads(line)
-        print(json.dumps(run_in_child(Path(path), digests, level)), flush=True)
+        path, digests, level, keys = json.loads(line)
+        print(json.dumps(run_in_child(Path(path), digests, level, keys)), flush=True)
 
 
 def fuzz_one(original: Path, digests: list[str], scratch: Path, rng: random.Random,
-             levels: list[str], read=run_in_child) -> list[dict]:
+             levels: list[str], read=run_in_child, keys: list[str] | None = None) -> list[dict]:
     """One mutant of ``original``, read at every verify level (by ``read``: a child forked
-    from this process, or from a :class:`ReaderProcess`)."""
+    from this process, or from a :class:`ReaderProcess`); given its ``keys``, a mutant of its
+    per-record arrays (bench/mutate_arrays.py, imported by name: bench/ on the path)."""
     copy = scratch / original.name
     if copy.exists():
         shutil.rmtree(copy) if copy.is_dir() else copy.unlink()
     (shutil.copytree if original.is_dir() else shutil.copy)(original, copy)
-    what = mutate(copy, rng)
-    return [{**read(copy, digests, level), "level": level, "mutation": what} for level in levels]
+    if keys is None:
+        what = mutate(copy, rng)
+    else:
+        from mutate_arrays import mutate_arrays
+
+        what = mutate_arrays(copy, rng)
+    return [{**read(copy, digests, level, keys), "level": level, "mutation": what}
+            for level in levels]
 
 
 def main() -> None:
@@ -368,6 +438,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--containers", nargs="+", choices=sorted(TARGETS), default=sorted(TARGETS),
                         help="mutate only these containers' datasets")
+    parser.add_argument("--arrays", action="store_true",
+                        help="mutate the per-record arrays, and read every key too")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -380,8 +452,12 @@ def main() -> None:
         originals = {name: path for name, path in build_datasets(work / "orig").items()
                      if name.rsplit("-", 1)[1] in args.containers}
         read = ReaderProcess()
+        outcomes = ARRAY_OUTCOMES if args.arrays else OUTCOMES
+        failures = (*FAILURES, *ARRAY_FAILURES) if args.arrays else FAILURES
         for name, path in originals.items():
             digests = digest(path)
+            keys = list(containers.for_existing(path).READER(path).manifest.keys) \
+                if args.arrays else None
             rng = random.Random(f"{args.seed}-{name}")
             counts = {level: Counter() for level in args.verify}
             examples: dict[str, list] = {}
@@ -389,15 +465,15 @@ def main() -> None:
             scratch.mkdir(parents=True)
             began = time.time()
             for _ in range(args.mutants):
-                for r in fuzz_one(path, digests, scratch, rng, args.verify, read):
+                for r in fuzz_one(path, digests, scratch, rng, args.verify, read, keys):
                     counts[r["level"]][r["outcome"]] += 1
-                    if r["outcome"] in FAILURES:
+                    if r["outcome"] in failures:
                         examples.setdefault(f"{r['level']} {r['outcome']}", []).append(r)
             records = containers.for_existing(path).READER(path).manifest.count
             results[name] = {"records": records, "entry_reads": len(digests) - records,
                              "mutants": args.mutants,
                              "seconds": round(time.time() - began, 1),
-                             "outcomes": {lv: {o: c[o] for o in OUTCOMES}
+                             "outcomes": {lv: {o: c[o] for o in outcomes}
                                           for lv, c in counts.items()},
                              "failure_examples": {k: v[:3] for k, v in examples.items()}}
             print(name, json.dumps(results[name]["outcomes"]), flush=True)

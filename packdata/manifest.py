@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
@@ -18,21 +19,26 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from packdata.blockchecks import TABLE, BlockChecks, block_table
 from packdata.checksum import EntryChecks
 from packdata.errors import ArgumentError, DatasetError
-from packdata.recordmeta import Keys, arrays_of
+from packdata.recordmeta import DTYPES, Keys, arrays_of, from_arrays
 
-FORMAT_VERSION = 2  # 2: XXH3-64 record checksums; 1 (CRC-32) is still read
-READABLE_VERSIONS = (1, 2)
+#: 3: checksums of the per-record arrays' blocks; 2: XXH3-64 record checksums; 1: CRC-32 ones
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 PER_RECORD = ("keys", "checksums")  # in the container as arrays, not in the JSON (version 2)
 #: the record arrays' entry holding the checksum of the manifest JSON (stored apart from it)
 HEADER_HASH = "manifest_hash"
 
 
-def header_hash(text: str | bytes) -> np.ndarray:
-    """The checksum of a manifest's JSON as stored: XXH3-64 of its bytes, one uint64."""
-    raw = text.encode() if isinstance(text, str) else bytes(text)
-    return np.array([xxhash.xxh3_64_intdigest(raw)], dtype="<u8")
+def header_hash(text: str | bytes, table: np.ndarray | None = None) -> np.ndarray:
+    """The checksum of a manifest's JSON as stored: XXH3-64 of its bytes, then (format 3) of
+    the table of the record arrays' block checksums (:mod:`packdata.blockchecks`); one uint64."""
+    h = xxhash.xxh3_64(text.encode() if isinstance(text, str) else bytes(text))
+    if table is not None:
+        h.update(np.ascontiguousarray(table, dtype="<u8").data)
+    return np.array([h.intdigest()], dtype="<u8")
 
 
 @dataclass(frozen=True)
@@ -123,6 +129,8 @@ class Manifest:
     #: the JSON this manifest was read from, as stored (None for one made in memory); not a
     #: dataclass field (unannotated), so never part of the JSON or of comparisons
     stored = None
+    #: the checks of its record arrays' blocks (format 3, once attached), likewise
+    checks = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.keys, Keys):  # given as a list: held as arrays all the same
@@ -137,29 +145,67 @@ class Manifest:
         d["fields"] = {k: f.to_dict() for k, f in self.fields.items()}
         return json.dumps({"packdata": d}, separators=(",", ":"), allow_nan=False)  # strict JSON
 
-    def record_arrays(self) -> dict[str, np.ndarray]:
+    def record_arrays(self, tables: Sequence[np.ndarray] = ()) -> dict[str, np.ndarray]:
         """The arrays a container stores beside this manifest's JSON: the record keys and
-        checksums, and the checksum of the JSON itself (:meth:`check_header`)."""
-        return {**arrays_of(self.keys, self.checksums), HEADER_HASH: header_hash(self.to_json())}
+        checksums, the checksums of their blocks and of the container's own per-record
+        ``tables`` (in the order its reader lists them: :meth:`attach_records`), and the
+        checksum of the JSON and of those (:meth:`check_header`)."""
+        arrays = arrays_of(self.keys, self.checksums)
+        if self.version < 3:
+            return {**arrays, HEADER_HASH: header_hash(self.to_json())}
+        table = block_table([*arrays.values(), *tables])
+        return {**arrays, TABLE: table, HEADER_HASH: header_hash(self.to_json(), table)}
 
-    def check_header(self, stored_hash: np.ndarray | None, where: str | Path) -> None:
+    def check_header(self, stored_hash: np.ndarray | None, where: str | Path,
+                     table: np.ndarray | None = None) -> None:
         """Refuse a manifest that is not the JSON written at conversion: its checksum, stored
-        apart from it with the record arrays, must match. A manifest edited by hand could
-        otherwise make the records read as other dtypes, shapes or fields without any error.
-        Datasets written before the checksum was stored (``stored_hash`` None) are read as
-        before (their facts are checked against the data where the readers can)."""
-        if stored_hash is None or self.stored is None:
+        apart from it with the record arrays, must match (from format 3 it covers the table of
+        the record arrays' block checksums too, ``table``). A manifest edited by hand could
+        otherwise make the records read as other dtypes, shapes or fields without any error,
+        and record arrays rewritten with their checksums could serve other keys. Only
+        version-1 datasets were written without it."""
+        if self.stored is None:  # made in memory, not read
             return
+        if stored_hash is None and self.version >= 2:
+            raise DatasetError(f"{where}: the manifest's checksum is missing (format "
+                               f"{self.version} stores it with the record arrays); the dataset "
+                               "is damaged: restore it or convert the dataset again")
+        if stored_hash is None:
+            return
+        if self.version >= 3 and (table is None or table.ndim != 1
+                                  or table.dtype != np.dtype("<u8")):
+            raise DatasetError(f"{where}: the checksums of the record arrays ('{TABLE}') are "
+                               "missing or damaged; the dataset is damaged (run `packdata "
+                               "verify`)")
         if stored_hash.shape != (1,) or stored_hash.dtype != np.dtype("<u8") or \
-                int(stored_hash[0]) != int(header_hash(self.stored)[0]):
+                int(stored_hash[0]) != int(header_hash(
+                    self.stored, table if self.version >= 3 else None)[0]):
+            covered = "" if self.version < 3 else \
+                ", which covers the checksums of the record arrays too"
             raise DatasetError(
-                f"{where}: the manifest does not match its checksum (it was edited, or the "
-                "dataset is damaged); packdata reads a manifest only as conversion wrote it: "
-                "restore the original manifest or convert the dataset again")
+                f"{where}: the manifest does not match its checksum{covered} (one was edited, "
+                "or the dataset is damaged); packdata reads a manifest only as conversion wrote "
+                "it: restore the original manifest or convert the dataset again")
 
     def attach(self, keys: Keys, checksums: np.ndarray) -> None:
         """The per-record arrays a container stores beside a version-2 manifest."""
         self.keys, self.checksums = keys, checksums
+
+    def attach_records(self, arrays: dict[str, np.ndarray], where: str | Path,
+                       tables: dict[str, tuple[np.ndarray, bool]] | None = None) -> None:
+        """Attach the record arrays stored beside this (version 2 or later) manifest, once
+        its checksum matched: ``arrays`` are the keys', checksums', the table of block
+        checksums and the manifest's checksum, by name; ``tables`` the container's own
+        per-record arrays (name → (array, whether row ``i`` is record ``i``'s)), in the order
+        its writer passed them to :meth:`record_arrays`."""
+        table = arrays.get(TABLE)
+        self.check_header(arrays.get(HEADER_HASH), where, table)
+        keys, checksums = from_arrays(arrays, self.count, where)
+        if self.version >= 3:
+            sections = {name: (arrays[name], name == "checksums") for name in DTYPES}
+            keys.checks = self.checks = BlockChecks(table, {**sections, **(tables or {})},
+                                                    self.count, where)
+        self.attach(keys, checksums)
 
     @staticmethod
     def is_packdata(text: str | bytes) -> bool:

@@ -26,6 +26,7 @@ from typing import Any, overload
 import numpy as np
 import xxhash
 
+from packdata.blockchecks import BlockChecks
 from packdata.checksum import xxh3_each
 from packdata.errors import ArgumentTypeError, DatasetError
 from packdata.kept import KeptByFiles
@@ -57,11 +58,19 @@ def key_hashes(encoded: Sequence[Any]) -> np.ndarray:
 
 class Keys(Sequence[str]):
     """Record keys over arrays (see the module docstring): ``keys[i]``, ``len``, iteration and
-    :meth:`index_of` touch only the bytes they need."""
+    :meth:`index_of` touch only the bytes they need.
+
+    Keys read from a dataset never serve an entry unchecked: with ``checks`` (format 3), each
+    block of the arrays a read touches is checked against its checksum first
+    (:class:`~packdata.blockchecks.BlockChecks`); without (format 2, ``where`` given), a key is
+    served only if its hash is found at its record in the sorted hashes. Damage is a
+    DatasetError naming the dataset (``where``), never another key."""
 
     def __init__(self, data: np.ndarray, offsets: np.ndarray, hashes: np.ndarray | None = None,
-                 order: np.ndarray | None = None) -> None:
+                 order: np.ndarray | None = None, checks: BlockChecks | None = None,
+                 where: str | Path | None = None) -> None:
         self.data, self.offsets, self.hashes, self.order = data, offsets, hashes, order
+        self.checks, self.where = checks, where
 
     @classmethod
     def from_list(cls, keys: Iterable[str]) -> Keys:
@@ -87,11 +96,49 @@ class Keys(Sequence[str]):
         if not -n <= i < n:
             raise IndexError(f"key {i} out of range for {n} records")
         i %= n
+        if self.checks is not None:
+            self.checks.bytes("key_offsets", 8 * i, 8 * i + 16)
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
-        return self.data[a:b].tobytes().decode(errors="replace")
+        if not 0 <= a <= b <= len(self.data):
+            raise self._damaged(f"key {i} lies outside the keys")
+        if self.checks is not None:
+            self.checks.bytes("keys", a, b)
+        raw = self.data[a:b].tobytes()
+        if self.checks is None and self.where is not None:
+            self._confirm(i, raw)
+        return raw.decode(errors="replace")
+
+    def _confirm(self, i: int, raw: bytes) -> None:
+        """Key ``i`` (``raw``) is found at record ``i`` in the sorted hashes (format 2, whose
+        arrays have no checksums of their own: a damaged byte of the keys or their offsets
+        gives a key whose hash is not there)."""
+        if self.hashes is None or self.order is None:
+            return
+        h = np.uint64(xxhash.xxh3_64_intdigest(raw))
+        lo, hi = np.searchsorted(self.hashes, h, "left"), np.searchsorted(self.hashes, h, "right")
+        if i not in self.order[lo:hi]:
+            raise self._damaged(f"key {i} is not in the key index")
+
+    def _damaged(self, what: str) -> DatasetError:
+        return DatasetError(f"{self.where or 'keys'}: {what}; the record keys are damaged "
+                            "(run `packdata verify`)")
+
+    def label(self, i: int) -> str:
+        """Key ``i`` for a message: the key, or what stops it from being read."""
+        try:
+            return repr(self[i])
+        except DatasetError:
+            return "its key damaged"
 
     def __iter__(self) -> Iterator[str]:
-        return (self[i] for i in range(len(self)))
+        for a in range(0, len(self), FLUSH):  # the blocks of a run of keys checked at once
+            b = min(a + FLUSH, len(self))
+            if self.checks is not None:
+                self.checks.bytes("key_offsets", 8 * a, 8 * b + 8)
+                lo, hi = int(self.offsets[a]), int(self.offsets[b])
+                if 0 <= lo <= hi <= len(self.data):
+                    self.checks.bytes("keys", lo, hi)
+            yield from (self[i] for i in range(a, b))
 
     def index_of(self, key: str) -> int:
         """The record whose key is ``key``; KeyError if none (TypeError for a key that is not
@@ -101,8 +148,18 @@ class Keys(Sequence[str]):
         if self.hashes is None or self.order is None:
             raise KeyError(key)
         h = np.uint64(key_hash(key))
+        n = len(self.hashes)
         lo, hi = np.searchsorted(self.hashes, h, "left"), np.searchsorted(self.hashes, h, "right")
+        if self.checks is not None:
+            # a binary search's answer holds once the entries beside it are checked: they are
+            # those it compared last, and the checked array is sorted
+            self.checks.rows("key_hashes", np.arange(max(lo - 1, 0), min(hi + 1, n)))
+            if (lo > 0 and self.hashes[lo - 1] >= h) or (hi < n and self.hashes[hi] <= h):
+                raise self._damaged("the key index is out of order")
+            self.checks.rows("key_order", np.arange(lo, hi))
         for i in self.order[lo:hi].tolist():
+            if not 0 <= i < len(self):
+                raise self._damaged(f"the key index names record {i} of {len(self)}")
             if self[i] == key:
                 return int(i)
         raise KeyError(key)
@@ -137,9 +194,11 @@ def arrays_of(keys: Keys, checksums: np.ndarray) -> dict[str, np.ndarray]:
     return {k: np.asarray(v).astype(DTYPES[k], copy=False) for k, v in arrays.items()}
 
 
-def from_arrays(arrays: dict[str, np.ndarray], count: int, where: Any) -> tuple[Keys, np.ndarray]:
+def from_arrays(arrays: dict[str, np.ndarray], count: int, where: Any,
+                checks: BlockChecks | None = None) -> tuple[Keys, np.ndarray]:
     """Keys and checksums from stored arrays, checked in O(1): sizes and dtypes, the offsets'
-    ends (a damaged offset inside gives a wrong key, never a read outside the array)."""
+    ends; each entry is checked when it is read (see :class:`Keys`), against ``checks`` where
+    the dataset has them."""
     for name, dtype in DTYPES.items():
         a = arrays.get(name)
         if a is None or a.ndim != 1 or a.dtype != np.dtype(dtype):
@@ -152,7 +211,7 @@ def from_arrays(arrays: dict[str, np.ndarray], count: int, where: Any) -> tuple[
     if bad or offsets[0] != 0 or offsets[-1] != len(data):
         raise DatasetError(f"{where}: the record metadata ({', '.join(bad) or 'key_offsets'}) "
                            f"does not describe {count} records; the dataset is damaged")
-    keys = Keys(data, offsets, arrays["key_hashes"], arrays["key_order"])
+    keys = Keys(data, offsets, arrays["key_hashes"], arrays["key_order"], checks, where)
     return keys, arrays["checksums"]
 
 

@@ -19,6 +19,8 @@ from packdata.containers.base import Batch, Reader
 from packdata.containers.integrity import read_checked
 from packdata.errors import InputWarning, PackdataError
 from packdata.manifest import Manifest
+from packdata.recordmeta import Keys, key_hashes
+from packdata.spooling import FLUSH
 from packdata.units import plural
 
 
@@ -94,10 +96,15 @@ def verify(path: str | Path, source: Any = None, deep: bool = False,
     report.container, report.count, report.version = m.container, m.count, m.version
     if m.count and not len(m.checksums):
         report.problems.append("the manifest holds no checksums: records checked for shape only")
+    where = m.checks.where if m.checks is not None else path
+    report.problems += [f"{where}: {found}" for found in (
+        m.checks.damaged() if m.checks is not None else [])]
+    if m.version >= 2:
+        report.problems += key_index_problems(m.keys, where)
     for idx in _chunks(m.count, batch_size):
         for i, record, error, mismatch in _records(reader, idx, path):
             report.checked += 1
-            key = m.keys[i]
+            key = _key(m, i)
             if error:
                 report.add_bad(i, key, error)
                 continue
@@ -119,6 +126,42 @@ def verify(path: str | Path, source: Any = None, deep: bool = False,
         _compare_source(reader, source, report, path)
     reader.close()
     return report
+
+
+def _key(m: Manifest, i: int) -> str:
+    """Record ``i``'s key, or what stops it from being read (a damaged key array: a problem
+    of its own in the report)."""
+    try:
+        return m.keys[i]
+    except PackdataError:
+        return f"(record {i}: its key is damaged)"
+
+
+def key_index_problems(keys: Keys, where: str | Path) -> list[str]:
+    """The key arrays checked whole against each other (format 2 and later): the offsets
+    ordered and within the keys, the hashes sorted, each the hash of the key of the record the
+    order names, the order a permutation of the records; what fails, in words."""
+    n, offsets, data = len(keys), keys.offsets, keys.data
+    if len(offsets) != n + 1 or (n and (offsets[0] != 0 or offsets[-1] != len(data)
+                                        or np.any(offsets[1:] < offsets[:-1]))):
+        return [f"{where}: the key offsets are out of order; the record keys are damaged"]
+    if keys.hashes is None or keys.order is None:
+        return []
+    hashes, order = keys.hashes, keys.order
+    if len(order) != n or len(hashes) != n or (n and (order.min() < 0 or order.max() >= n
+                                                      or np.any(hashes[1:] < hashes[:-1]))):
+        return [f"{where}: the key index is out of order; the record keys are damaged"]
+    if n and np.bincount(order, minlength=n).max() > 1:
+        return [f"{where}: the key index names a record twice; the record keys are damaged"]
+    computed = np.empty(n, dtype=np.uint64)
+    for a in range(0, n, FLUSH):  # each key's hash, a block of keys at a time
+        ends = offsets[a : min(a + FLUSH, n) + 1].tolist()
+        computed[a : a + len(ends) - 1] = key_hashes([data[s:e] for s, e in zip(ends, ends[1:])])
+    wrong = np.flatnonzero(computed[order] != hashes)
+    if len(wrong):
+        return [f"{where}: {len(wrong):,} keys do not match the key index (first: record "
+                f"{int(order[wrong[0]])}); the record keys are damaged"]
+    return []
 
 
 def _chunks(n: int, size: int) -> Iterator[np.ndarray]:
@@ -210,6 +253,9 @@ def _compare_source(reader: Reader, source: Any, report: VerifyReport, path: str
             except KeyError:
                 report.add_bad(None, key, f"input {item.path} is not in the dataset")
                 continue
+            except PackdataError as exc:  # damaged key arrays: reported once, above
+                report.add_bad(None, key, f"cannot be looked up ({exc})")
+                continue
             seen[i] = True
             stored = _read_alone(reader, i, path)
             if stored is None:
@@ -223,7 +269,7 @@ def _compare_source(reader: Reader, source: Any, report: VerifyReport, path: str
             if not _same(fresh, stored):
                 report.add_bad(i, key, f"differs from a fresh conversion of {item.path}")
     for i in np.flatnonzero(~seen).tolist():
-        report.add_bad(i, m.keys[i], "no input in the source makes this record")
+        report.add_bad(i, _key(m, i), "no input in the source makes this record")
 
 
 def _loaded(source: Any) -> Iterator[tuple[Any, Any]]:

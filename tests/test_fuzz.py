@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 from tests.conftest import load_script
 
 fuzz = load_script(Path(__file__).resolve().parents[1] / "bench" / "fuzz_readers.py", "fuzz_readers")
+# what fuzz_readers imports by name for --arrays (bench/ is on a script's path, not the tests')
+load_script(Path(__file__).resolve().parents[1] / "bench" / "mutate_arrays.py", "mutate_arrays")
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="forks with Linux rlimits")
 
@@ -47,6 +49,31 @@ def test_mutants_read_back_exactly_or_raise_a_named_error(tmp_path_factory, orig
     assert "named_error" in seen  # the mutations do reach the data
 
 
+@pytest.mark.parametrize("name", ["lmdb", "hdf5", "tar"])
+def test_mutants_of_the_record_arrays_serve_no_wrong_key_and_verify_names_each(
+        tmp_path_factory, originals, name):
+    """The per-record arrays mutated alone (bits flipped, an array zeroed, entries swapped, an
+    array deleted, the keys rewritten with their block checksums): every key read back is the
+    original, or a packdata error naming the dataset, never a raw exception, and `packdata
+    verify` names every mutant (each changes stored bytes)."""
+    import packdata
+
+    path, digests = originals[name]
+    keys = list(packdata.open(path).keys)
+    scratch = tmp_path_factory.mktemp(f"fuzz-arrays-{name}")
+
+    @settings(max_examples=15, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(st.randoms(use_true_random=False))
+    def check(rng: random.Random) -> None:
+        full, verified = fuzz.fuzz_one(path, digests, scratch, rng, ["full", "verify"],
+                                       keys=keys)
+        assert full["outcome"] in ("same", "named_error"), full
+        assert verified["outcome"] == "named_error", verified
+
+    check()
+
+
 def test_the_harness_sees_a_crash_and_a_silent_difference(tmp_path, originals, monkeypatch):
     """The harness itself: a child killed by a signal is a crash; changed records without an
     error, or a verify that passes them, are silent_wrong (so the test above can fail)."""
@@ -65,6 +92,10 @@ def test_the_harness_sees_a_crash_and_a_silent_difference(tmp_path, originals, m
     assert report.ok
     monkeypatch.setattr(fuzz, "verify", lambda path: report)  # a verify that misses damage
     assert fuzz.run_in_child(copy, wrong, "verify")["outcome"] == "silent_wrong"
+    keys = list(fuzz.containers.for_existing(copy).READER(copy).manifest.keys)
+    assert fuzz.run_in_child(copy, digests, "verify", keys)["outcome"] == "unnoticed"
+    assert fuzz.run_in_child(copy, digests, "full", keys)["outcome"] == "same"
+    assert fuzz.run_in_child(copy, digests, "full", keys[::-1])["outcome"] == "wrong_key"
 
     monkeypatch.setattr(fuzz, "child_read", segfault)
     assert fuzz.run_in_child(copy, digests, "off") == {"outcome": "crash", "error": "SIGSEGV"}

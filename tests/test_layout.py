@@ -13,7 +13,7 @@ FLOORS = [
     # what every layer needs: errors, names of things, the checksum, the atomic commit, what is
     # kept per file in the process
     ["_version", "errors", "urls", "units", "interrupts", "options", "checksum", "atomic",
-     "spooling", "kept", "recordmeta", "manifest"],
+     "spooling", "kept", "blockchecks", "recordmeta", "manifest"],
     # on-disk formats, object storage (tar shards read from a URL are a shard source of the
     # tar reader, chosen by the container table), and work on samples that needs nothing else:
     # conversion-time preparation, the batched image decode stages

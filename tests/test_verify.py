@@ -181,8 +181,8 @@ def edit_manifest(container, copy, edit) -> None:
 
 
 def without_header_hash(container, path) -> None:
-    """Remove the manifest's checksum from the record arrays, as datasets of format version 2
-    written before it was stored had none: their manifests' facts are checked against the data."""
+    """Remove the manifest's checksum from the record arrays (only version-1 datasets may lack
+    it: the dataset is then refused)."""
     if container == "hdf5":
         with h5py.File(path, "r+") as f:
             del f["__records__/manifest_hash"]
@@ -209,8 +209,9 @@ EDITS = {
 
 @pytest.mark.parametrize("edit", list(EDITS))
 def test_edited_manifest_is_refused_at_open(tmp_path, packed, container, edit):
-    """Refused by the manifest's checksum; and where there is none (datasets written before it
-    was stored), by the facts checked against the data."""
+    """Refused by the manifest's checksum, also with the checksum deleted (only version-1
+    datasets were written without one); and in a version-1 dataset, which has none, by the
+    facts checked against the data."""
     src = packed[container]
     copy = tmp_path / src.name
     (shutil.copytree if src.is_dir() else shutil.copy)(src, copy)
@@ -220,10 +221,20 @@ def test_edited_manifest_is_refused_at_open(tmp_path, packed, container, edit):
     if edit not in ("per-record lists added", "version 1 without its lists", "fields missing"):
         with pytest.raises(packdata.DatasetError, match="does not match its checksum"):
             packdata.open(copy, verify="off")
-    if edit != "version 1 without its lists":
-        without_header_hash(container, copy)
-        with pytest.raises(packdata.DatasetError, match=copy.name):
+    if edit == "version 1 without its lists":
+        return
+    without_header_hash(container, copy)
+    with pytest.raises(packdata.DatasetError, match=copy.name):
+        packdata.open(copy, verify="off")
+    if edit not in ("per-record lists added", "fields missing"):  # (refused as JSON first)
+        with pytest.raises(packdata.DatasetError, match="checksum is missing"):
             packdata.open(copy, verify="off")
+    old = tmp_path / f"old-{src.name}"
+    (shutil.copytree if src.is_dir() else shutil.copy)(src, old)
+    as_version_1(container, old, src)
+    edit_manifest(container, old, EDITS[edit])
+    with pytest.raises(packdata.DatasetError, match=old.name):
+        packdata.open(old, verify="off")
 
 
 def as_version_1(container, path, original) -> None:
@@ -264,7 +275,7 @@ def test_version_1_datasets_still_open_and_are_checked(tmp_path, packed, contain
     assert torch.equal(ds[[5, 6, 7]][0], new[[5, 6, 7]][0])
     result = runner.invoke(app, ["verify", str(old)])
     assert result.exit_code == 0 and "(format version 1)" in result.output, result.output
-    assert "(format version 2)" in runner.invoke(app, ["verify", str(src)]).output
+    assert "(format version 3)" in runner.invoke(app, ["verify", str(src)]).output
     with pytest.raises(packdata.DatasetError, match=r"record 3 .* does not match its checksum"):
         packdata.open(bad)[[2, 3]]
 
@@ -274,9 +285,11 @@ def test_tar_shard_name_outside_the_dataset_is_refused(tmp_path, packed):
     edit_manifest("tar", copy, lambda m: m["extra"]["shards"][0].update(name="../../x.tar"))
     with pytest.raises(packdata.DatasetError, match="does not match its checksum"):
         packdata.open(copy)
-    without_header_hash("tar", copy)
+    old = tmp_path / "old"
+    as_version_1("tar", shutil.copytree(packed["tar"], old), packed["tar"])
+    edit_manifest("tar", old, lambda m: m["extra"]["shards"][0].update(name="../../x.tar"))
     with pytest.raises(packdata.DatasetError, match="shard list is damaged"):
-        packdata.open(copy)
+        packdata.open(old)  # version 1 has no checksum of its manifest: checked against the data
 
 
 def test_unknown_verify_level(packed):

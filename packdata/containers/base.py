@@ -18,9 +18,9 @@ import numpy as np
 from packdata import checksum
 from packdata.containers.plan import BatchPlan, Select, selected_entries
 from packdata.errors import ArgumentError, DatasetError
-from packdata.manifest import HEADER_HASH, Field, Manifest
+from packdata.manifest import Field, Manifest
 from packdata.options import Option
-from packdata.recordmeta import from_arrays, map_npz
+from packdata.recordmeta import map_npz
 
 Batch = dict[str, "np.ndarray | list[np.ndarray]"]
 
@@ -326,17 +326,19 @@ def same_destination(dst: Path, options: dict[str, Any]) -> tuple[Path, dict[str
     return dst, options
 
 
-def attach_record_file(manifest: Manifest, where: Path) -> None:
-    """Attach the record keys and checksums a format-2 dataset keeps in the ``.npz`` at
-    ``where`` (mapped in place, never loaded) to its ``manifest``, once the manifest's JSON
-    matched the checksum stored there; a DatasetError naming the file if it cannot be read."""
+def attach_record_file(manifest: Manifest, where: Path,
+                       tables: dict[str, tuple[np.ndarray, bool]] | None = None) -> None:
+    """Attach the record keys and checksums a dataset of format 2 or later keeps in the
+    ``.npz`` at ``where`` (mapped in place, never loaded) to its ``manifest``, once the
+    manifest's JSON matched the checksum stored there (:meth:`Manifest.attach_records`, with
+    the container's own per-record ``tables``); a DatasetError naming the file if it cannot be
+    read."""
     try:
         arrays = map_npz(where, map_file(where))
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise DatasetError(f"{where}: the record keys and checksums cannot be read "
                            f"({type(exc).__name__}); the dataset is damaged") from None
-    manifest.check_header(arrays.get(HEADER_HASH), where)
-    manifest.attach(*from_arrays(arrays, manifest.count, where))
+    manifest.attach_records(arrays, where, tables)
 
 
 def disk_size(path: Path) -> int:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from packdata import checksum
+from packdata.blockchecks import TABLE
 from packdata.containers.base import (
     Batch,
     Reader,
@@ -51,7 +52,7 @@ from packdata.containers.plan import BatchPlan
 from packdata.containers.spool import BLOCK_BYTES, Spool
 from packdata.errors import DatasetError, PackdataError
 from packdata.manifest import HEADER_HASH, Field, Manifest, check_manifest
-from packdata.recordmeta import DTYPES, from_arrays
+from packdata.recordmeta import DTYPES
 from packdata.spooling import copy_blocks
 
 if TYPE_CHECKING:
@@ -207,11 +208,12 @@ class HDF5Writer(Writer):
             for spool in self.spools.values():
                 spool.remove()
             with plain_errors():
-                self._finish_file(manifest)
+                self._finish_file(manifest, list(self.offsets.values()))  # in field order
                 self._close()
             return
         import h5py
 
+        tables = []  # the variable fields' offsets: under the block checksums too
         with plain_errors():
             self.file = h5py.File(self.path, "w", track_order=True)
             for name, spool in self.spools.items():
@@ -219,6 +221,7 @@ class HDF5Writer(Writer):
                 if field.variable:  # offsets block by block from the spooled row counts
                     ends = self._dataset(offsets_name(name), shape=(self.count + 1,),
                                          dtype=np.int64)
+                    tables.append(ends)
                     ends[0], total, a = 0, 0, 0
                     for counts in copy_blocks(spool.row_counts(), BLOCK):
                         block = np.cumsum(counts) + total
@@ -235,7 +238,7 @@ class HDF5Writer(Writer):
                     ds[start : start + len(rows)] = rows
                     start += len(rows)
                 spool.remove()
-            self._finish_file(manifest)
+            self._finish_file(manifest, tables)
             self._close()
 
     def _dataset(self, name: str, **how: Any) -> h5py.Dataset:
@@ -246,9 +249,11 @@ class HDF5Writer(Writer):
         self.made.append(made)
         return made
 
-    def _finish_file(self, manifest: Manifest) -> None:
-        """The record keys and checksums, then the manifest: what makes the file a dataset."""
-        for name, array in manifest.record_arrays().items():
+    def _finish_file(self, manifest: Manifest, tables: list[h5py.Dataset]) -> None:
+        """The record keys and checksums (with the block checksums of those and of the
+        variable fields' offsets, ``tables``, read back), then the manifest: what makes the
+        file a dataset."""
+        for name, array in manifest.record_arrays(tables).items():
             ds = self._dataset(f"{RECORDS}/{name}", shape=array.shape, dtype=array.dtype)
             for a, part in zip(range(0, len(array), BLOCK), copy_blocks(array, BLOCK)):
                 ds[a : a + len(part)] = part  # block by block: memory stays flat
@@ -299,11 +304,14 @@ class HDF5Reader(Reader):
             raise DatasetError(f"{self.path}: HDF5 file has no packdata manifest")
         self.manifest = Manifest.from_json(raw, str(self.path))
         if self.manifest.version >= 2:
-            self.manifest.check_header(
-                mapped(layout, whole, self.path, f"{RECORDS}/{HEADER_HASH}"), self.path)
-            self.manifest.attach(*from_arrays(
-                {n: mapped(layout, whole, self.path, f"{RECORDS}/{n}") for n in DTYPES},
-                self.manifest.count, self.path))
+            arrays = {n: mapped(layout, whole, self.path, f"{RECORDS}/{n}")
+                      for n in (*DTYPES, TABLE, HEADER_HASH)}
+            # the variable fields' offsets, under their blocks' checksums (format 3)
+            offsets = {offsets_name(n): mapped(layout, whole, self.path, offsets_name(n))
+                       for n, f in self.manifest.fields.items() if f.variable}
+            self.manifest.attach_records(
+                {n: a for n, a in arrays.items() if a is not None}, self.path,
+                {n: (a, True) for n, a in offsets.items() if a is not None})
         check_manifest(self.manifest, self.path)
         for name, field in self.manifest.fields.items():
             if field.variable:

@@ -61,7 +61,7 @@ def bad_checksums(reader: Reader, idx: np.ndarray, batch: Batch) -> list[int]:
 
 def mismatch(where: str | Path, reader: Reader, index: int) -> DatasetError:
     """The error for record ``index`` failing its checksum: names the dataset and the record."""
-    return DatasetError(f"{where}: record {index} ('{reader.manifest.keys[index]}') does not "
+    return DatasetError(f"{where}: record {index} ({reader.manifest.keys.label(index)}) does not "
                         "match its checksum; the dataset is damaged (run `packdata verify`)")
 
 
@@ -166,6 +166,7 @@ class ChecksummedReader(Reader):
         if not self.remaining:
             return read_checked(self.inner, indices, self.where, select)
         idx = self.inner.check_indices(indices)
+        self._check_tables(idx)
         if self._gathers_records and not select:
             batch = self._gather_records(idx)
             if batch is not None:
@@ -183,6 +184,7 @@ class ChecksummedReader(Reader):
         if not self.remaining:
             return read_checked(self.inner, indices, self.where, out=out)
         idx = self.inner.check_indices(indices)
+        self._check_tables(idx)
         if self._gathers_records and set(out) == set(self.manifest.fields):
             batch = self._gather_records(idx, out)
             if batch is not None:
@@ -192,6 +194,14 @@ class ChecksummedReader(Reader):
         if unchecked.any():  # hashed where they were gathered (e.g. the slot they leave by)
             self._check(idx, unchecked, batch)
         return batch
+
+    def _check_tables(self, idx: np.ndarray) -> None:
+        """The blocks of the per-record arrays that say where records ``idx`` lie and what
+        they hold (their checksums, offsets, index entries), checked before the records are
+        read (format 3; each block once: after a first epoch, a read checks none)."""
+        checks = self.manifest.checks
+        if checks is not None and checks.records_left:
+            checks.records(idx)
 
     def _gather_records(self, idx: np.ndarray, out: dict[str, np.ndarray] | None = None
                         ) -> Batch | None:
@@ -275,6 +285,8 @@ class ChecksummedReader(Reader):
         return batch
 
     def lengths(self, name: str) -> np.ndarray:
+        if self.manifest.checks is not None:  # every record's: all their tables' blocks
+            self.manifest.checks.all_records()
         return self.inner.lengths(name)
 
     def prefetch(self, starts: Sequence[int]) -> None:

@@ -130,15 +130,21 @@ class LMDBWriter(Writer):
         if self.count:  # room for the offsets (zeros from calloc: no pages of ours touched),
             # written once no record moves any more
             self.txn.put(OFFSETS_KEY, memoryview(np.zeros(self.count, "<i8")).cast("B"))
-        for n, rows in self.rows.items():
-            self.txn.put(lengths_key(n), memoryview(rows.finish()).cast("B"))  # mapped, no copy
-            rows.remove()
-        save_npz(self.path / RECORDS, manifest.record_arrays())
+        lengths = [rows.finish() for rows in self.rows.values()]  # mapped, no copy
+        for n, rows in zip(self.rows, lengths):
+            self.txn.put(lengths_key(n), memoryview(rows).cast("B"))
         self.txn.put(MANIFEST_KEY, manifest.to_json().encode())
         self.txn.commit()
-        if self.count and not write_offsets(self.path, self.env, self.count):
+        offsets = write_offsets(self.path, self.env, self.count) if self.count else None
+        if self.count and offsets is None:
             with self.env.begin(write=True) as txn:
                 txn.delete(OFFSETS_KEY)
+        # the record arrays and the checksums of their blocks, and of the offsets and length
+        # tables as stored (in the order the reader lists them: LMDBReader.tables)
+        tables = ([] if offsets is None else [offsets]) + lengths
+        save_npz(self.path / RECORDS, manifest.record_arrays(tables))
+        for rows in self.rows.values():
+            rows.remove()
         self.env.sync(True)
         self.env.close()
 
@@ -161,7 +167,7 @@ class LMDBReader(Reader):
             raise DatasetError(f"{self.path}: LMDB has no packdata manifest")
         m = self.manifest = Manifest.from_json(raw.tobytes(), str(self.path))
         if m.version >= 2:
-            attach_record_file(m, self.path / RECORDS)  # checks the header
+            attach_record_file(m, self.path / RECORDS, self.tables(tree))  # checks the header
         check_manifest(m, self.path)
         self._lengths = {n: _lengths(tree, self.path, n, m.count) for n in m.variable_fields}
         self._sane_lengths: set[str] = set()
@@ -180,6 +186,15 @@ class LMDBReader(Reader):
         self._record_map: RecordMap | bool = False
         self._record_map_pid = -1
         self._plan: BatchPlan | None = None
+
+    def tables(self, tree: Tree) -> dict[str, tuple[np.ndarray, bool]]:
+        """The per-record tables LMDB keeps (the offsets, where stored; the length tables), in
+        the order of their blocks' checksums (format 3), each a view of data.mdb."""
+        found = {"__offsets__": tree.get(OFFSETS_KEY),
+                 **{lengths_key(n).decode(): tree.get(lengths_key(n))
+                    for n in self.manifest.variable_fields}}
+        return {name: (raw.view("<i8") if len(raw) % 8 == 0 else raw, True)
+                for name, raw in found.items() if raw is not None}
 
     def _size(self, i: int) -> int:
         """Bytes of record ``i``'s value, from its fields and length tables."""

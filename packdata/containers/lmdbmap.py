@@ -168,10 +168,10 @@ def byte_rows(whole: np.ndarray, start: int, end: int) -> np.ndarray:
         writeable=False)
 
 
-def write_offsets(path: Path, env: lmdb.Environment, count: int) -> bool:
+def write_offsets(path: Path, env: lmdb.Environment, count: int) -> np.ndarray | None:
     """Write each record's offset into the ``__offsets__`` value committed (``8 * count``
     bytes, in place in data.mdb: storing them through LMDB would copy the last leaf page, and
-    move the records it holds); False where the offsets cannot be found.
+    move the records it holds); the offsets written, or None where they cannot be found.
 
     Records that are small enough to sit in leaf pages move whenever a later write touches
     their page (copy on write): the keys after them (the length tables, manifest, offsets) are
@@ -180,15 +180,15 @@ def write_offsets(path: Path, env: lmdb.Environment, count: int) -> bool:
     size = os.stat(path / "data.mdb").st_size // count  # the records' mean size, about
     offsets = record_offsets(path, env, count, max(size, 1))
     if offsets is None:
-        return False
+        return None
     info = env.info()
     found = Tree(path, info["last_pgno"], info["last_txnid"]).locate(OFFSETS_KEY)
     if found is None or found[1] != 8 * count:
-        return False
+        return None
     with open(path / "data.mdb", "r+b") as f:
         os.pwrite(f.fileno(), offsets, found[0])  # the array's own buffer, not a copy
         os.fsync(f.fileno())
-    return True
+    return offsets
 
 
 def record_offsets(path: Path, env: lmdb.Environment, count: int, size: int

@@ -256,9 +256,10 @@ def _join_tar(work: Path, paths: list[Path], manifest: Manifest,
     manifest.extra = {k: v for k, v in manifest.extra.items() if k != "parts"}
     manifest.extra["shards"] = shards
     # after the manifest's last change: the arrays hold its JSON's checksum
-    records = {f"{RECORDS}.{k}": v for k, v in manifest.record_arrays().items()}
-    save_npz(work / tar.INDEX, {**{k: spool.finish() for k, spool in spools.items()},
-                                **records})
+    columns = {k: spool.finish() for k, spool in spools.items()}
+    records = {f"{RECORDS}.{k}": v for k, v in manifest.record_arrays(
+        [columns[k] for k in sorted(columns)]).items()}  # in the order the reader lists them
+    save_npz(work / tar.INDEX, {**columns, **records})
     for spool in spools.values():
         spool.remove()
     write_wids_index(work, shards)

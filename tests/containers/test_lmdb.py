@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from unittest import mock
 
 import lmdb
 import numpy as np
@@ -44,9 +45,10 @@ class TestLMDB(ContainerSuite):
         the records a whole read gives, sliced; an entry past K is an IndexError."""
         records = make_records(VARIANTS, 40)
         path = self.write(tmp_path, VARIANTS, records)
-        copy = shutil.copytree(path, tmp_path / "old.lmdb")
-        with lmdb.open(str(copy), subdir=True) as env, env.begin(write=True) as txn:
-            txn.delete(b"__offsets__")  # as datasets written before offsets were stored
+        # as where offsets cannot be found (no /proc/self/maps): written without them
+        (tmp_path / "old").mkdir()
+        with mock.patch("packdata.containers.lmdb.write_offsets", return_value=None):
+            copy = self.write(tmp_path / "old", VARIANTS, records)
         idx, rows = np.array([39, 0, 17, 17, 5]), np.array([2, 0, 1, 2, 2])
         for where, stored in ((path, True), (copy, False)):
             reader = self.reader(where)
@@ -123,9 +125,10 @@ def _poke(path: Path, at: int, value: int) -> None:
 def test_a_damaged_offset_or_length_of_a_variable_record_is_a_named_error(
         tmp_path, packed_text, damage):
     """Text records are read at their stored offsets from packdata's own map of data.mdb: a
-    damaged offset or length table entry is a DatasetError naming the dataset at the read
-    (every offset and length is bounded by the file's size, the row counts in the record
-    against the length table, the bytes against the record's checksum), never a signal."""
+    damaged offset or length table entry is a DatasetError naming the dataset at the read,
+    never a signal. Read unchecked, every offset and length is bounded by the file's size, the
+    row counts in the record against the length table; checked (the default), the table's
+    block is checked against its checksum before any record it locates is read."""
     import packdata
 
     copy = shutil.copytree(packed_text["lmdb"], tmp_path / "d.lmdb")
@@ -140,10 +143,14 @@ def test_a_damaged_offset_or_length_of_a_variable_record_is_a_named_error(
     if value is None:
         value = int.from_bytes((copy / "data.mdb").read_bytes()[at : at + 8], "little") + 1
     _poke(copy, at, value)
-    ds = packdata.open(copy)  # opening reads neither table whole
+    ds = packdata.open(copy, verify="off")  # opening reads neither table whole
     assert len(ds[0]) and len(ds[3])  # the records next to the damaged one read
     with pytest.raises(packdata.DatasetError, match=f"{copy}.*damaged"):
         ds[1]
+    table = "__offsets__" if damage.startswith("offset") else "__lengths__/tokens"
+    with pytest.raises(packdata.DatasetError, match=f"{copy}.*'{table}' does not match its "
+                       "checksum.*damaged"):
+        packdata.open(copy)[0]  # the block holding record 0's entries holds record 1's
 
 
 @pytest.mark.parametrize("verify", ["off", "full"])
@@ -151,13 +158,19 @@ def test_a_damaged_offset_or_length_of_a_variable_record_is_a_named_error(
 def test_a_damaged_offset_of_a_fixed_record_is_a_named_error(tmp_path, packed, verify, offset):
     """Fixed-size records are gathered at their stored offsets (by the batch plan, where no
     checksum is checked first): an offset outside data.mdb is a DatasetError naming the dataset,
-    the other records read."""
+    the other records read. Checked, the offsets' block is checked first, and named."""
     import packdata
 
     copy = shutil.copytree(packed["lmdb"], tmp_path / "d.lmdb")
     offsets, _ = _tree_value(copy, b"__offsets__")
     _poke(copy, offsets + 8, offset)
     ds = packdata.open(copy, verify=verify)
+    if verify == "full":
+        for read in (lambda: ds[0], lambda: ds.get_batch([0, 1, 2])):
+            with pytest.raises(packdata.DatasetError,
+                               match=f"{copy}.*'__offsets__' does not match its checksum"):
+                read()
+        return
     assert len(ds[0]) and len(ds[2])
     with pytest.raises(packdata.DatasetError, match=f"{copy}.*outside data.mdb.*damaged"):
         ds[1]
@@ -189,7 +202,7 @@ def test_a_reopened_dataset_finds_its_keys_without_walking_the_tree_again(packed
 
 def test_opening_a_dataset_with_stored_offsets_does_not_walk_the_tree(tmp_path, monkeypatch):
     """Opening costs O(depth) pages, not O(records): the whole-tree check runs only for
-    datasets read through LMDB's lookups (here: one whose offsets were deleted)."""
+    datasets read through LMDB's lookups (here: one written where offsets were not found)."""
     import packdata
     from packdata.containers import lmdb as container
     from packdata.containers import lmdbenv
@@ -207,9 +220,8 @@ def test_opening_a_dataset_with_stored_offsets_does_not_walk_the_tree(tmp_path, 
     idx = np.arange(30)[::-1]
     a, b = reader.read(idx), reader._lookup(idx)
     assert all(np.array_equal(a[k], b[k]) for k in a)
-    copy = shutil.copytree(dst, tmp_path / "old.lmdb")
-    with lmdb.open(str(copy), subdir=True) as env, env.begin(write=True) as txn:
-        txn.delete(b"__offsets__")  # as datasets written before offsets were stored
+    monkeypatch.setattr(container, "write_offsets", lambda *args: None)
+    copy = packdata.convert(packdata.open_source(src), tmp_path / "old.lmdb", workers=1).path
     old = packdata.open(copy)
     assert walked == [copy] and container.LMDBReader(copy)._stored is None
     assert np.array_equal(np.asarray(old[29][0]), np.asarray(last[0]))

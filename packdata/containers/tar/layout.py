@@ -21,8 +21,8 @@ import numpy as np
 
 from packdata.containers.joined import map_kept
 from packdata.errors import DatasetError
-from packdata.manifest import HEADER_HASH, Field, Manifest
-from packdata.recordmeta import from_arrays, map_npz
+from packdata.manifest import Field, Manifest
+from packdata.recordmeta import map_npz
 
 MANIFEST = "manifest.json"
 INDEX = "index.npz"
@@ -65,9 +65,10 @@ def load_index(path: Path, manifest: Manifest) -> dict[str, np.ndarray]:
               for part in ("shard", "offset", "nbytes")]
     if manifest.version >= 2:
         prefix = f"{RECORDS}."
-        manifest.check_header(index.get(prefix + HEADER_HASH), path)
-        manifest.attach(*from_arrays({k[len(prefix):]: v for k, v in index.items()
-                                      if k.startswith(prefix)}, manifest.count, path))
+        # the index's columns, each under its blocks' checksums (format 3), by name
+        tables = {k: (v, True) for k, v in sorted(index.items()) if not k.startswith(prefix)}
+        manifest.attach_records({k[len(prefix):]: v for k, v in index.items()
+                                 if k.startswith(prefix)}, path, tables)
     for key in wanted:
         if key not in index:
             raise DatasetError(f"{path}: the record index has no '{key}'; the dataset is damaged")

@@ -180,7 +180,8 @@ class TarWriter(Writer):
         self._check_member_names(manifest.keys)
         arrays = {key: spool.finish() for key, spool in self.spools.items()}
         manifest.extra["shards"] = self.shards  # first: the arrays hold the JSON's checksum
-        for name, values in manifest.record_arrays().items():
+        columns = [arrays[key] for key in sorted(arrays)]  # as the reader lists them
+        for name, values in manifest.record_arrays(columns).items():
             arrays[f"{RECORDS}.{name}"] = values
         save_npz(self.path / INDEX, arrays)  # spooled arrays block by block
         for spool in self.spools.values():
