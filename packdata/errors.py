@@ -28,6 +28,11 @@ class DatasetError(PackdataError, ValueError):
     """A path is not a valid packdata dataset, or a request does not fit its manifest."""
 
 
+class UnreadableDataset(DatasetError):
+    """A packdata dataset, by its files, that cannot be read: its manifest damaged or missing,
+    or a part of it missing (``convert --overwrite`` may replace it)."""
+
+
 class TokenizerError(PackdataError, ValueError):
     """A tokeniser cannot be loaded (missing or invalid file) or does not fit the data."""
 

@@ -144,7 +144,7 @@ class Keys(Sequence[str]):
         """The record whose key is ``key``; KeyError if none (TypeError for a key that is not
         a string)."""
         if not isinstance(key, str):
-            raise ArgumentTypeError(f"keys are strings (each sample's path without suffix), got {key!r:.60}")
+            raise ArgumentTypeError(f"keys are strings (each sample's path), got {key!r:.60}")
         if self.hashes is None or self.order is None:
             raise KeyError(key)
         h = np.uint64(key_hash(key))

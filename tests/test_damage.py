@@ -131,3 +131,53 @@ def test_a_lidar_manifest_edited_without_its_checksum_is_a_named_error(tmp_path,
     without_header_hash("lmdb", copy)
     with pytest.raises(packdata.DatasetError, match=f"{copy}.*checksum is missing"):
         packdata.open(copy)
+
+
+def damage_manifest(container: str, path: Path) -> None:
+    """Overwrite the first bytes of the manifest's JSON as stored (a flipped page, a bad
+    copy), through no library: it is no JSON any more."""
+    if container == "tar":
+        data = bytearray((path / "manifest.json").read_bytes())
+        data[:4] = b"\0\0\0\0"
+        (path / "manifest.json").write_bytes(bytes(data))
+        return
+    if container == "hdf5":
+        from packdata.containers.hdf5layout import layout_of
+
+        file, at = path, layout_of(path).datasets["manifest"].offset
+    else:
+        from packdata.containers.lmdb import shared_tree
+
+        file, at = path / "data.mdb", shared_tree(path).locate(b"__manifest__")[0]
+    with open(file, "r+b") as f:
+        f.seek(at)
+        f.write(b"\0\0\0\0")
+
+
+@pytest.mark.parametrize("container", ["lmdb", "hdf5", "tar"])
+def test_a_damaged_manifest_is_named_and_overwrite_replaces_the_dataset(tmp_path, packed,
+                                                                         png_folder, container):
+    """A manifest that is no JSON any more, in files that are packdata's (the record arrays
+    are there): named as a damaged packdata dataset, with what failed (once "not a packdata
+    dataset", which made `convert --overwrite` refuse to replace the dataset it wrote); verify
+    says the same; `convert --overwrite` replaces it, and only with --overwrite."""
+    from typer.testing import CliRunner
+
+    from packdata.cli import app
+    from packdata.errors import OutputExistsError, UnreadableDataset
+    from packdata.verification import verify
+
+    src = packed[container]
+    copy = tmp_path / src.name
+    (shutil.copytree if src.is_dir() else shutil.copy)(src, copy)
+    damage_manifest(container, copy)
+    said = f"{copy}: the manifest is not packdata JSON .*its manifest is damaged"
+    with pytest.raises(UnreadableDataset, match=said):
+        packdata.open(copy)
+    report = verify(copy)
+    assert not report.ok and "its manifest is damaged" in report.problems[0]
+    with pytest.raises(OutputExistsError, match="--overwrite"):
+        packdata.convert(packdata.open_source(png_folder), copy)
+    result = CliRunner().invoke(app, ["convert", str(png_folder), str(copy), "--overwrite"])
+    assert result.exit_code == 0, result.output
+    assert len(packdata.open(copy)) == len(packdata.open(src))

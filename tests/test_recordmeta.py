@@ -48,3 +48,39 @@ def test_keys_are_looked_up_as_a_list_and_a_dict_are(tmp_path):
     with pytest.raises(KeyError):
         keys.index_of("docs/part-0/nope")
     assert 5 not in keys and "docs/part-0/nope" not in keys and KEYS[7] in keys
+
+
+def test_keys_are_as_documented_for_every_kind(tmp_path, png_folder):
+    """What Dataset.keys says of each kind: images and point clouds keep their path without
+    suffix, text keeps its suffix, ``:LINE`` for a line and ``#N`` for a chunk."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    import packdata
+
+    def keys(src, **options):
+        out = tmp_path / f"k{len(list(tmp_path.iterdir()))}.h5"
+        return list(packdata.open(packdata.convert(packdata.open_source(src, **options), out,
+                                                   workers=1).path).keys)
+
+    images = keys(png_folder)
+    assert images == sorted(p.stem for p in png_folder.glob("*.png"))
+    clouds = tmp_path / "clouds" / "sub"
+    clouds.mkdir(parents=True)
+    lidar = Path(__file__).parent / "fixtures" / "lidar"
+    for f in sorted(lidar.glob("ahn_*.la[sz]"))[:2]:
+        shutil.copy(f, clouds / f.name)
+    assert keys(clouds.parent, points=64) == sorted(
+        f"sub/{p.stem}" for p in clouds.glob("*.la[sz]"))
+    docs = tmp_path / "docs"
+    (docs / "d").mkdir(parents=True)
+    (docs / "d" / "a.txt").write_text("one\n\ntwo\n")
+    assert keys(docs, kind="text") == ["d/a.txt"]
+    assert keys(docs, kind="text", per_line=True) == ["d/a.txt:1", "d/a.txt:3"]
+    assert keys(docs, kind="text", max_length=2, split=True) == \
+        [f"d/a.txt#{j}" for j in range(5)]  # 9 bytes, 2 ids a chunk
+    lines = tmp_path / "lines"
+    lines.mkdir()
+    (lines / "b.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in "xy"))
+    assert keys(lines, kind="text") == ["b.jsonl:1", "b.jsonl:2"]

@@ -2,10 +2,11 @@
 
 A container module declares ``NAME``, ``SUFFIXES`` (recognised in a destination), ``NEW_SUFFIX``
 (what a new dataset's name ends in: ``""`` for a folder of shards), ``WRITER`` and ``READER`` (see
-:mod:`packdata.containers.base`), ``detect(path)`` (whether a complete dataset of it is there)
-and ``destination(dst, options)`` (the path really written and the writer options it implies,
-e.g. tar's ``out/cifar-%04d.tar``). Modules are imported only when used, so a missing backend
-costs nothing until it is asked for.
+:mod:`packdata.containers.base`), ``detect(path)`` (whether a complete dataset of it is there),
+``damaged(path)`` (why a dataset of it, by its files, cannot be read: its manifest damaged or
+missing; None if there is none) and ``destination(dst, options)`` (the path really written and
+the writer options it implies, e.g. tar's ``out/cifar-%04d.tar``). Modules are imported only
+when used, so a missing backend costs nothing until it is asked for.
 
 Datasets are opened here too (:func:`open_reader`), at a path (the container whose ``detect``
 finds it) or a URL (object storage holds one container's datasets, :data:`AT_URL`, whose module
@@ -19,7 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from packdata.errors import DatasetError
+from packdata.errors import DatasetError, UnreadableDataset
 from packdata.options import Option
 from packdata.units import plural
 from packdata.urls import is_url
@@ -128,9 +129,13 @@ def for_existing(path: str | Path) -> ModuleType:
         module = get(key)
         if module.detect(p):
             return module
+    for key in CONTAINERS:  # packdata's files, which cannot be read
+        why = get(key).damaged(p)
+        if why:
+            raise UnreadableDataset(why)
     missing = _missing_part(p)
     if missing:
-        raise DatasetError(missing)
+        raise UnreadableDataset(missing)
     inside = next((d for d in p.parents[:2] if any(get(k).detect(d) for k in CONTAINERS)), None)
     if inside is not None:  # e.g. cifar.lmdb/data.mdb: the dataset is the folder
         raise DatasetError(f"{p}: a file inside the packdata dataset {inside}; open {inside}")

@@ -341,6 +341,31 @@ def attach_record_file(manifest: Manifest, where: Path,
     manifest.attach_records(arrays, where, tables)
 
 
+def unreadable(raw: bytes | str | None, where: Path) -> str:
+    """Why a dataset whose files are packdata's cannot be read, given its manifest as stored
+    (``raw``; None where it is missing), in a sentence naming ``where``."""
+    if raw is None:
+        return (f"{where}: a packdata dataset without its manifest; the dataset is damaged: "
+                "convert it again (--overwrite replaces it)")
+    try:
+        Manifest.from_json(raw, str(where))
+    except DatasetError as exc:
+        return (f"{exc}; the files are a packdata dataset's, its manifest is damaged: convert "
+                "it again (--overwrite replaces it)")
+    return f"{where}: a packdata dataset that cannot be read; the dataset is damaged"
+
+
+def holds_record_arrays(npz: Path, prefix: str = "") -> bool:
+    """Whether ``npz`` is an archive holding packdata's record arrays (their members' names
+    prefixed with ``prefix``): what marks a dataset whose manifest is damaged as packdata's."""
+    try:
+        with zipfile.ZipFile(npz) as z:
+            names = set(z.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+    return {f"{prefix}keys.npy", f"{prefix}checksums.npy"} <= names
+
+
 def disk_size(path: Path) -> int:
     """Bytes on disk of a file or of everything under a directory."""
     if path.is_file():

@@ -23,6 +23,7 @@ import numpy as np
 
 from packdata import checksum
 from packdata.blockchecks import TABLE
+from packdata.containers import hdf5layout
 from packdata.containers.base import (
     Batch,
     Reader,
@@ -396,3 +397,4 @@ WRITER = HDF5Writer
 READER = HDF5Reader
 detect = HDF5Reader.detect
 destination = same_destination
+damaged = hdf5layout.damaged

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from packdata.containers.base import unreadable
+from packdata.containers.joined import map_kept
 from packdata.errors import DatasetError
 from packdata.kept import KeptByFiles
 from packdata.manifest import Field
@@ -149,3 +151,17 @@ def record_offsets(layout: Layout, whole: np.ndarray, path: Path, name: str, row
         raise DatasetError(f"{path}: '{offsets_name(name)}' does not mark records within the "
                            f"{rows} rows of '{name}'; the dataset is damaged")
     return offsets.astype(np.int64, copy=False)
+
+
+def damaged(path: Path) -> str | None:
+    """Why the HDF5 file at ``path``, a packdata dataset by its contents (the record arrays),
+    cannot be read; None where nothing says it is one."""
+    if not path.is_file():
+        return None
+    try:
+        layout = layout_of(path)
+    except Exception:  # h5py cannot read it: nothing says it is packdata's
+        return None
+    if layout is None or not {f"{RECORDS}/keys", f"{RECORDS}/checksums"} <= set(layout.datasets):
+        return None
+    return unreadable(layout.manifest(map_kept(path)), path)

@@ -29,6 +29,7 @@ import lmdb
 import numpy as np
 
 from packdata import checksum
+from packdata.containers import lmdbenv
 from packdata.containers.base import (
     Batch,
     Reader,
@@ -42,7 +43,7 @@ from packdata.containers.base import (
     selected_entries,
 )
 from packdata.containers.lmdbcheck import Tree
-from packdata.containers.lmdbenv import checked_env, shared_env, shared_tree
+from packdata.containers.lmdbenv import MANIFEST_KEY, RECORDS, checked_env, shared_env, shared_tree
 from packdata.containers.lmdbmap import (
     OFFSETS_KEY,
     RecordMap,
@@ -58,7 +59,6 @@ from packdata.spooling import ColumnSpool, save_npz
 NAME = "lmdb"
 NEW_SUFFIX = ".lmdb"
 SUFFIXES = (".lmdb",)
-MANIFEST_KEY = b"__manifest__"
 MAP_SIZE = 1 << 40  # address space only; the file grows with the data
 COMMIT_BYTES = 64 << 20
 #: records per write transaction at most: LMDB holds a transaction's pages in memory, and small
@@ -69,8 +69,6 @@ COMMIT_RECORDS = 1 << 15
 def lengths_key(name: str) -> bytes:
     return b"__lengths__/" + name.encode()
 
-
-RECORDS = "records.npz"
 
 
 class LMDBWriter(Writer):
@@ -387,6 +385,8 @@ WRITER = LMDBWriter
 READER = LMDBReader
 detect = LMDBReader.detect
 destination = same_destination
+damaged = lmdbenv.damaged
+
 
 
 def _lengths(tree: Tree, where: Path, name: str, count: int) -> np.ndarray:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import lmdb
 
+from packdata.containers.base import holds_record_arrays, unreadable
 from packdata.containers.lmdbcheck import Tree, check_tree
 from packdata.errors import DatasetError
 
@@ -18,6 +19,8 @@ from packdata.errors import DatasetError
 # inode number back: its size and modification time tell it apart). Entries for files no
 # longer at their path (deleted, replaced) are closed before another environment opens: LMDB
 # also refuses files whose device and inode numbers an open environment's deleted files had.
+MANIFEST_KEY = b"__manifest__"
+RECORDS = "records.npz"  # beside data.mdb: the record arrays (format 2 and later)
 _envs: dict[tuple[int, int], tuple[int, tuple[int, int], lmdb.Environment, str, Tree]] = {}
 
 
@@ -90,3 +93,15 @@ def _shared(path: Path) -> tuple[int, tuple[int, int], lmdb.Environment, str, Tr
         raise
     _envs[key] = entry = (pid, version, env, str(path), tree)
     return entry
+
+
+def damaged(path: Path) -> str | None:
+    """Why the LMDB at ``path``, a packdata dataset by its files (``records.npz`` holding the
+    record arrays), cannot be read; None where nothing says it is one."""
+    if not ((path / "data.mdb").is_file() and holds_record_arrays(path / RECORDS)):
+        return None
+    try:
+        raw = shared_tree(path).get(MANIFEST_KEY)
+    except DatasetError as exc:
+        return str(exc)
+    return unreadable(None if raw is None else raw.tobytes(), path)

@@ -15,7 +15,7 @@ import numpy as np
 
 from packdata import containers
 from packdata.conversion.costs import Costs
-from packdata.errors import DatasetError, OutputExistsError, PackdataError
+from packdata.errors import DatasetError, OutputExistsError, PackdataError, UnreadableDataset
 from packdata.manifest import Manifest
 from packdata.recordmeta import key_hashes
 from packdata.sources.base import Item, Source, keys_of
@@ -171,6 +171,8 @@ def _check_destination(dst: Path, src: Path, overwrite: bool) -> None:
         raise OutputExistsError(f"{dst} exists; pass --overwrite to replace it")
     try:
         containers.for_existing(dst)
+    except UnreadableDataset:
+        return  # a packdata dataset, damaged or incomplete: replaced as asked
     except DatasetError:
         raise OutputExistsError(
             f"{dst} exists and is not a packdata dataset; refusing to delete it even with "

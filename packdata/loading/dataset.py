@@ -156,8 +156,11 @@ class PackedDataset(Dataset):
 
     @property
     def keys(self) -> Keys:
-        """Each sample's key: its source file's path without suffix. A sequence over arrays
-        (``keys[i]``, ``len``, iteration, ``keys.index_of(key)``), not a list in memory."""
+        """Each sample's key: for images and point clouds its source file's path under the
+        source folder without suffix (``cats/cat_0001``); for text the file's path with its
+        suffix (``docs/a.txt``), then ``:LINE`` for a line of it (``--per-line``, JSONL) and
+        ``#N`` for a chunk (``--split``). A sequence over arrays (``keys[i]``, ``len``,
+        iteration, ``keys.index_of(key)``), not a list in memory."""
         return self.manifest.keys
 
     def lengths(self, field: str | None = None) -> np.ndarray:

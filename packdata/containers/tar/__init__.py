@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from packdata.containers.tar.layout import INDEX, MANIFEST, read_manifest, shard_paths
+from packdata.containers.base import holds_record_arrays, unreadable
+from packdata.containers.tar.layout import INDEX, MANIFEST, RECORDS, read_manifest, shard_paths
 from packdata.containers.tar.members import image_suffix, member_suffix
 from packdata.containers.tar.reader import TarReader
 from packdata.containers.tar.writer import TarWriter
@@ -25,7 +26,7 @@ WRITER = TarWriter
 READER = TarReader
 
 __all__ = ["INDEX", "MANIFEST", "NAME", "NEW_SUFFIX", "READER", "SUFFIXES", "WRITER", "TarReader",
-           "TarWriter", "destination", "detect", "image_suffix", "member_suffix", "open_url",
+           "TarWriter", "damaged", "destination", "detect", "image_suffix", "member_suffix", "open_url",
            "read_manifest", "shard_paths"]
 
 
@@ -42,6 +43,15 @@ def open_url(url: str, storage: Any = None) -> TarReader:
 
     shards = shards_at(url, storage)
     return TarReader(shards.root, shards)
+
+
+def damaged(path: Path) -> str | None:
+    """Why the folder at ``path``, a packdata tar dataset by its files (a manifest, and a record
+    index holding the record arrays), cannot be read; None where nothing says it is one (or it
+    lacks a part: :func:`packdata.containers.for_existing` says which)."""
+    if not ((path / MANIFEST).is_file() and holds_record_arrays(path / INDEX, f"{RECORDS}.")):
+        return None
+    return unreadable((path / MANIFEST).read_bytes(), path)
 
 
 def destination(dst: Path, options: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
