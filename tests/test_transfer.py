@@ -121,16 +121,17 @@ print("LEFT", *[n for n in names if os.path.exists("/dev/shm/" + n)])
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="/dev/shm and /proc are Linux's")
-@pytest.mark.parametrize("wait", [0.0, 0.5])
-def test_a_killed_worker_leaves_nothing_in_dev_shm(packed, wait):
+@pytest.mark.parametrize(("container", "wait"), [("hdf5", 0.0), ("hdf5", 0.5), ("tar", 0.5)])
+def test_a_killed_worker_leaves_nothing_in_dev_shm(packed, wait, container):
     """A stock DataLoader's worker SIGKILLed with batches in its slots: the loader fails naming
     it, and none of the worker's segments is left in /dev/shm, neither once the loader is gone
-    (the training process still running) nor after the training process exits."""
+    (the training process still running) nor after the training process exits. Over an HDF5
+    dataset, and a tar dataset (whose records are read from their shards' map)."""
     # the kill must find a segment of the worker still on disk for the case to test anything:
     # with no wait, every segment it had mapped was already unlinked once (in a CI run), so a run
     # without one is made again, up to three times
     for _attempt in range(3):
-        run = subprocess.run([sys.executable, "-c", KILL_A_WORKER, str(packed["hdf5"]),
+        run = subprocess.run([sys.executable, "-c", KILL_A_WORKER, str(packed[container]),
                               str(wait)], capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stderr
         lines = {line.split(" ", 1)[0]: line.split()[1:] for line in run.stdout.splitlines()
