@@ -18,6 +18,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from types import FrameType
+from typing import Any
 
 PR_SET_PDEATHSIG = 1
 
@@ -33,8 +34,25 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
 
 
 def install() -> None:
-    """Handle SIGINT from now on (main thread only: signal handlers live there)."""
+    """Handle SIGINT from now on (main thread only: signal handlers live there), and keep
+    quiet what finalisers raise once the command was interrupted (:func:`_quiet_after`)."""
+    global _previous_hook
     signal.signal(signal.SIGINT, _on_sigint)
+    if sys.unraisablehook is not _quiet_after:
+        _previous_hook, sys.unraisablehook = sys.unraisablehook, _quiet_after
+
+
+_previous_hook = sys.__unraisablehook__
+
+
+def _quiet_after(unraisable: Any) -> None:
+    """Report an exception a finaliser raised as Python does, unless the command was
+    interrupted and it is not the interrupt itself: then it is the interrupt's doing (library
+    code cut short mid-way, its object freed half made), and the command's one line says what
+    happened (the interrupt, and that nothing was written)."""
+    if received() and not isinstance(unraisable.exc_value, KeyboardInterrupt):
+        return
+    _previous_hook(unraisable)
 
 
 def received() -> bool:

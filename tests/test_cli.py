@@ -322,3 +322,29 @@ def test_no_command_takes_keyword_arguments_as_typer_reads_it():
             "print([n for n, k in kinds.items() if 'VAR_KEYWORD' in k], len(kinds))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["[]", "7"], out.stdout + out.stderr  # 7 commands, none
+
+
+def test_what_finalisers_raise_after_an_interrupt_is_not_shown():
+    """An interrupt cuts library code short anywhere (a ZipFile half made, at a SIGTERM during
+    a tar index's writing); what its finaliser then raises is the interrupt's doing and is not
+    shown after the command's one line. Before an interrupt it is reported as Python does."""
+    script = (
+        "import gc, os, signal\n"
+        "from packdata import interrupts\n"
+        "interrupts.install()\n"
+        "class HalfMade:\n"
+        "    def __del__(self):\n"
+        "        raise AttributeError('before')\n"
+        "HalfMade(); gc.collect()\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "except KeyboardInterrupt:\n"
+        "    pass\n"
+        "HalfMade.__del__ = lambda self: (_ for _ in ()).throw(AttributeError('after'))\n"
+        "HalfMade(); gc.collect()\n"
+        "print('done')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, cwd=Path(__file__).parents[1])
+    assert "done" in done.stdout
+    assert "AttributeError: before" in done.stderr and "after" not in done.stderr

@@ -12,6 +12,7 @@ import gc
 import itertools
 import multiprocessing as mp
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -92,10 +93,10 @@ class WorkerPool:
             for p in procs:
                 p.join(timeout=0.05)
         if manager is not None:  # it joins the workers and closes the queues; all gone now
-            manager.join(timeout=WORKER_DEATH_GRACE_S)
+            _join(manager, WORKER_DEATH_GRACE_S)
             if manager.is_alive():
                 self._kill(procs, results)
-                manager.join()
+                _join(manager, None)
 
     @staticmethod
     def _kill(procs: list, results: Any) -> None:
@@ -179,3 +180,15 @@ class WorkerPool:
         if time.monotonic() - self._died_at > WORKER_DEATH_GRACE_S:
             self._kill(procs, getattr(self._pool, "_result_queue", None))
             raise BrokenProcessPool("a worker died and the pool did not notice")
+
+
+def _join(thread: threading.Thread, timeout: float | None) -> None:
+    """``thread.join(timeout)``, for the pool's manager thread: one an interrupt reached while
+    the pool's first submit was starting it is given the moment it needs to be started (a
+    join before that raises), and one never started is not waited for."""
+    for _ in range(100):
+        try:
+            thread.join(timeout)
+            return
+        except RuntimeError:  # "cannot join thread before it is started"
+            time.sleep(0.02)
