@@ -8,8 +8,9 @@ import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import numpy as np
 import pytest
@@ -82,6 +83,61 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def needs_native_rows() -> None:
+    """Skip where packdata._rowhash was not built (a user's install without a C compiler).
+    CI builds it, and tools/check_skips.py fails the run on this skip there."""
+    from packdata import checksum
+
+    if not checksum.NATIVE_ROWS:
+        pytest.skip("packdata._rowhash was not built (an install without a C compiler)")
+
+
+class FakeClock:
+    """``time.perf_counter`` that moves only when a test says time was spent: known costs, so
+    that timings are exact hand counts on any machine, however busy."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+#: the modules that time the bench's measurements
+TIMED = ("packdata.bench.runner", "packdata.bench.timer", "packdata.bench.sweep",
+         "packdata.bench.suite")
+
+
+@pytest.fixture
+def fake_clock(monkeypatch) -> FakeClock:
+    """The fake clock as the bench's timing modules' ``time.perf_counter`` (nothing else's:
+    conversions, pools and pytest keep the real one)."""
+    clock = FakeClock()
+    fake_time = SimpleNamespace(**{**vars(time), "perf_counter": clock})
+    for name in TIMED:
+        monkeypatch.setattr(importlib.import_module(name), "time", fake_time)
+    return clock
+
+
+class ClockedTrainer:
+    """A bench trainer's real step that also spends ``seconds`` on a fake clock (set between
+    runs to give each its own known cost)."""
+
+    def __init__(self, trainer, clock: FakeClock, seconds: float) -> None:
+        self.trainer, self.clock, self.seconds = trainer, clock, seconds
+        self.device = trainer.device
+
+    def __call__(self, batch) -> None:
+        self.trainer(batch)
+        self.clock.now += self.seconds
+
+    def state(self) -> dict:
+        return self.trainer.state()
+
+    def restore(self, state: dict) -> None:
+        self.trainer.restore(state)
 
 
 @pytest.fixture(scope="session")

@@ -39,7 +39,7 @@ def test_a_training_step_counts_forward_and_backward():
     x, y = torch.randn(b, i), torch.randint(0, o, (b,))
     linear = count_flops(lambda: Trainer(nn.Linear(i, o), CPU)((x, y)), b)
     assert linear.per_step == 2 * (2 * b * i * o) and linear.reason is None
-    assert linear.per_sample == linear.per_step / b
+    assert linear.per_sample == 2 * (2 * i * o)  # per sample: the step over its 8 samples
     b, cin, cout, k = 4, 3, 8, 3
     conv_net = nn.Sequential(nn.Conv2d(cin, cout, k), nn.Flatten())
     images = torch.randn(b, cin, 10, 10)

@@ -1,4 +1,5 @@
-"""--profile: a trace TensorBoard/Chrome can open, and a breakdown that adds up to the step."""
+"""--profile: a trace TensorBoard/Chrome can open, and a breakdown that finds known costs where
+they were spent."""
 
 from __future__ import annotations
 
@@ -27,13 +28,15 @@ def event(name, start, end, device=DeviceType.CPU):
                            device_type=device)
 
 
-def test_profile_writes_trace_and_breakdown_sums_to_step(packed, tmp_path):
+def test_profile_writes_trace_and_a_breakdown_within_the_wall_clock(packed, tmp_path):
     inp = open_input(packed["lmdb"])
     settings = BenchSettings(batch_size=32, steps=3, warmup=1)
     batch = first_batch(inp, settings, CPU)
     trainer = Trainer(build_model("small-cnn", "image", batch, 10)[1], CPU)
+    start = time.perf_counter()
     result = profile_loop(inp, trainer, settings, LoaderOptions(), tmp_path / "prof",
                           wait=1, warmup=1, active=3, augment=cifar_recipe(seed=0))
+    wall_ms = (time.perf_counter() - start) * 1e3
     assert result["steps"] == 3
     assert result["trace_files"], "no trace written"
     trace = json.loads((tmp_path / "prof" / result["trace_files"][0]).read_text())
@@ -41,9 +44,10 @@ def test_profile_writes_trace_and_breakdown_sums_to_step(packed, tmp_path):
     assert {"packdata.load", "packdata.to_device", "packdata.augment", "packdata.train"} <= names
     parts = result["parts_ms"]
     assert set(parts) == set(PARTS) and all(v >= 0 for v in parts.values())
-    assert sum(parts.values()) == pytest.approx(result["step_ms"], rel=0.05)
+    # the profiler's clock against this one: 5 steps ran (1 wait, 1 warm-up, 3 active) inside
+    # the call, so the 3 active steps took less than all of it
+    assert 3 * result["step_ms"] < wall_ms
     assert parts["compute"] > parts["data_loading"]  # a CNN step costs more than an LMDB read
-    assert result["data_loading_share"] == pytest.approx(parts["data_loading"] / result["step_ms"])
 
 
 class SleepingTrainer:
@@ -59,30 +63,31 @@ class SleepingTrainer:
 
 
 def test_breakdown_matches_known_sleeps_in_loading_and_training(packed, tmp_path):
-    """Against an independent clock: reading each batch sleeps 40 ms (a batch_transform, so
-    the time is spent inside packdata.loader's read) and each training step 20 ms. The parts
-    must find those times where they were spent, and the step must last as long as the wall
-    clock says the profiled steps took."""
-    load_s, train_s, steps = 0.040, 0.020, 4
+    """Against known costs: reading each batch sleeps 200 ms (a batch_transform, so the time is
+    spent inside packdata.loader's read) and each training step 20 ms, an order of magnitude
+    apart. A sleep lasts at least its length, however busy the machine, so each part holds at
+    least its sleep; the bounds above are the other sleep (a part that took in the other's
+    time, or a range the breakdown missed, would cross them), never a few ms of slack."""
+    load_ms, train_ms, steps = 200, 20, 2
 
     def slow_read(images):
-        time.sleep(load_s)
+        time.sleep(load_ms / 1e3)
         return images
 
     ds = packdata.open(packed["lmdb"], batch_transform=slow_read)
     inp = BenchInput("lmdb", packed["lmdb"], "lmdb", "image", ds, 10)
     settings = BenchSettings(batch_size=16, steps=steps, warmup=0)
     start = time.perf_counter()
-    result = profile_loop(inp, SleepingTrainer(train_s), settings, LoaderOptions(),
+    result = profile_loop(inp, SleepingTrainer(train_ms / 1e3), settings, LoaderOptions(),
                           tmp_path / "prof", wait=1, warmup=1, active=steps)
     wall_per_step_ms = (time.perf_counter() - start) / (2 + steps) * 1e3
     parts, step = result["parts_ms"], result["step_ms"]
-    slack = 15  # ms: a read of 16 CIFAR records and the profiler's own cost, on a busy machine
-    assert load_s * 1e3 <= parts["data_loading"] < load_s * 1e3 + slack
-    assert train_s * 1e3 <= parts["compute"] < train_s * 1e3 + slack
-    assert parts["other"] < slack and parts["host_to_device"] < slack
-    assert (load_s + train_s) * 1e3 <= step <= wall_per_step_ms
-    assert result["data_loading_share"] == pytest.approx(load_s / (load_s + train_s), abs=0.1)
+    assert load_ms <= parts["data_loading"] and train_ms <= parts["compute"] < load_ms
+    assert parts["other"] + parts["host_to_device"] + parts["augmentation"] < load_ms
+    # the labelled ranges do not overlap: their parts together fit in the step
+    assert sum(parts[p] for p in PARTS if p != "other") <= step * (1 + 1e-9)
+    assert load_ms + train_ms <= step <= wall_per_step_ms
+    assert result["data_loading_share"] > 0.5  # 200 of at least 220 ms, nearer 0.9
 
 
 def test_breakdown_from_fixed_events():
@@ -99,17 +104,18 @@ def test_breakdown_from_fixed_events():
     assert r["parts_ms"] == pytest.approx({"data_loading": 0.2, "host_to_device": 0.025,
                                            "augmentation": 0.025, "compute": 0.725,
                                            "other": 0.025})
-    assert r["sum_ratio"] == pytest.approx(1.0)
     assert r["data_loading_share"] == pytest.approx(0.2)
 
 
-def test_overlapping_ranges_show_in_the_sum_and_gpu_kernels_are_counted():
+def test_overlapping_ranges_count_in_each_part_and_gpu_kernels_are_counted():
     events = [event("ProfilerStep*", 0, 100), event("packdata.load", 0, 60),
-              event("packdata.train", 40, 100),  # overlaps load: counted twice
+              event("packdata.train", 40, 100),  # overlaps load: counted in both
               event("void gemm_kernel", 50, 80, DeviceType.CUDA),
               event("Memcpy HtoD", 10, 20, DeviceType.CUDA)]
     r = breakdown(events, cuda=True)
-    assert r["sum_ratio"] == pytest.approx(1.2)
+    assert r["parts_ms"]["data_loading"] == pytest.approx(0.060)
+    assert r["parts_ms"]["compute"] == pytest.approx(0.060)
+    assert r["parts_ms"]["other"] == pytest.approx(0.0)
     assert r["gpu_kernels_ms"] == pytest.approx(0.030)  # copies are not compute
 
 

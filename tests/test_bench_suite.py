@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 
+from packdata.bench import runner
 from packdata.bench.settings import BenchSettings
 from packdata.bench.suite import run_bench
 from packdata.errors import BenchError, DatasetError
@@ -15,7 +16,26 @@ from packdata.errors import BenchError, DatasetError
 TINY = BenchSettings(batch_size=20, steps=2, warmup=1, max_seconds=30, device="cpu")
 
 
-def test_compare_measures_the_folder_and_every_container(png_folder):
+@pytest.fixture
+def known_costs(fake_clock, monkeypatch):
+    """Real batches and real training steps, on a clock that moves by known costs: 50 ms to
+    bring each batch to the device (loading), 10 ms each training step. I/O alone then runs at
+    20 / 0.050 = 400 samples/s and training alone at 20 / 0.010 = 2,000."""
+    to_device, step = runner.to_device, runner.Trainer.__call__
+
+    def loaded(*args, **kwargs):
+        fake_clock.now += 0.050
+        return to_device(*args, **kwargs)
+
+    def trained(self, batch):
+        step(self, batch)
+        fake_clock.now += 0.010
+
+    monkeypatch.setattr(runner, "to_device", loaded)
+    monkeypatch.setattr(runner.Trainer, "__call__", trained)
+
+
+def test_compare_measures_the_folder_and_every_container(png_folder, known_costs):
     log: list[str] = []
     result = run_bench(png_folder, TINY, compare=True, log=log.append)
     names = [run["input"]["name"] for run in result["runs"]]
@@ -25,9 +45,10 @@ def test_compare_measures_the_folder_and_every_container(png_folder):
     # training alone never touches storage: measured once, shared by every input
     assert len({id(run["train"]) for run in result["runs"]}) == 1
     for run in result["runs"]:
-        assert run["io"]["samples_per_s"] > 0 and run["loop"]["steps"] == 2
-        assert run["io_over_train"] == pytest.approx(
-            run["io"]["samples_per_s"] / run["train"]["samples_per_s"])
+        assert run["io"]["samples_per_s"] == pytest.approx(400) and run["loop"]["steps"] == 2
+        assert run["train"]["samples_per_s"] == pytest.approx(2000)
+        assert run["loop"]["samples_per_s"] == pytest.approx(20 / 0.060)
+        assert run["io_over_train"] == pytest.approx(0.2)
         assert run["verdict"]
     assert result["settings"]["model"] == "small-cnn" and result["settings"]["device"] == "cpu"
 
@@ -72,7 +93,7 @@ def test_augmentation_runs_on_the_io_side(packed):
         assert "this I/O rate includes the augmentation" in " ".join(run["advice"])
 
 
-def test_cifar_augmentation_by_name_and_the_target_estimate(packed):
+def test_cifar_augmentation_by_name_and_the_target_estimate(packed, known_costs):
     result = run_bench(packed["tar"], TINY, augment="cifar", target_gpu="A100", mfu=0.5)
     assert result["settings"]["augment"] == "cifar"
     assert result["settings"]["target"] == {"name": "A100", "peak_flops": 19.5e12,
@@ -81,10 +102,9 @@ def test_cifar_augmentation_by_name_and_the_target_estimate(packed):
     assert run["io"]["samples"] == 40
     estimate = run["target"]
     assert estimate["gpu_samples_per_s"] == pytest.approx(0.5 * 19.5e12 / flops["per_sample"])
-    assert estimate["io_samples_per_s"] == run["io"]["samples_per_s"]
+    assert estimate["io_samples_per_s"] == pytest.approx(400)
     assert estimate["text"] in run["verdict"] and run["verdict"].count("An A100 at 50% MFU") == 1
-    assert flops["achieved_per_s"] == pytest.approx(
-        flops["per_sample"] * run["train"]["samples_per_s"])
+    assert flops["achieved_per_s"] == pytest.approx(flops["per_sample"] * 2000)
     with pytest.raises(BenchError, match="--augment 'autoaugment': known: cifar"):
         run_bench(packed["hdf5"], TINY, augment="autoaugment")
 

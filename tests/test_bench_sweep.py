@@ -22,6 +22,7 @@ from packdata.bench.sweep import (
     worker_counts,
 )
 from packdata.errors import BenchError
+from tests.conftest import ClockedTrainer
 
 CPU = torch.device("cpu")
 
@@ -44,25 +45,52 @@ def test_grid_drops_settings_that_cannot_matter():
     assert len(set(cuda)) == len(cuda)
 
 
-def test_sweep_repeats_every_configuration_within_its_budget(packed):
+def test_sweep_repeats_every_configuration_within_its_budget(packed, fake_clock):
+    """Real loops on a clock that moves by known costs: each batch's augmentation (loading)
+    10 ms, each training step a cost set per run (10, 30, 40 and 90 ms, in the order the runs
+    are made). Each run times 3 steps, after one of warm-up: 32, 32 and 24 samples (120
+    records in batches of 32), so its rate, the median, the spread and the medians of the parts
+    are hand counts."""
     inp = open_input(packed["lmdb"])
     settings = BenchSettings(batch_size=32, steps=3, warmup=1)
     batch = first_batch(inp, settings, CPU)
     trainer = Trainer(build_model("small-cnn", "image", batch, 10)[1], CPU)
+    costs = iter([0.010, 0.030, 0.040, 0.090])
+    train = ClockedTrainer(trainer, fake_clock, next(costs))
+
+    def load(images):
+        fake_clock.now += 0.010
+        return images
+
+    lines = []
+
+    def log(line):
+        lines.append(line)
+        train.seconds = next(costs, 0.0)
+
     asked = grid([0, 1], prefetch_factor=(2,), persistent_workers=(True,))
     assert len(asked) == 2
-    lines = []
-    result = run_sweep(inp, trainer, settings, asked, seconds=100.0, log=lines.append, repeats=2)
+    result = run_sweep(inp, train, settings, asked, seconds=100.0, log=log, repeats=2,
+                       augment=load)
     assert [LoaderOptions(**{k: r[k] for k in LoaderOptions().to_dict()})
             for r in result["rows"]] == asked
-    for row in result["rows"]:
-        assert len(row["rates"]) == 2 and row["samples_per_s"] == statistics.median(row["rates"])
-        assert 2 <= row["steps"] <= 2 * 3  # each run: at least one timed step, at most --steps
-        assert row["spread"] == (max(row["rates"]) - min(row["rates"])) / row["samples_per_s"]
+    # runs in order: workers 0 (train 10 ms), 1 (30), 0 (40), 1 (90); steps of 10 ms + train
+    first, second = result["rows"]
+    assert first["rates"] == pytest.approx([88 / 0.060, 88 / 0.150])  # 1,466.7 and 586.7
+    assert second["rates"] == pytest.approx([88 / 0.120, 88 / 0.300])  # 733.3 and 293.3
+    assert first["samples_per_s"] == pytest.approx(1026.67, abs=0.01)
+    assert first["spread"] == pytest.approx(880 / 1026.67, abs=1e-5)
+    assert second["samples_per_s"] == pytest.approx(513.33, abs=0.01)
+    assert second["spread"] == pytest.approx(440 / 513.33, abs=1e-5)
+    assert first["train_ms"] == pytest.approx(25) and first["load_ms"] == pytest.approx(10)
+    assert second["load_share"] == pytest.approx((10 / 40 + 10 / 100) / 2)
+    assert first["steps"] == second["steps"] == 6 and first["samples"] == 176
+    # workers 0's slowest run (586.7) does not beat workers 1's fastest (733.3): a tie, the
+    # cheapest of the tied is picked
+    assert result["best"] is None and result["tied"] == [0, 1] and result["pick"] == 0
     assert result["repeats"] == 2 and len(lines) == 4
     # rounds are interleaved: each configuration once, then each again
     assert [line.split(": ")[1] for line in lines] == [describe(c) for c in asked] * 2
-    assert result["pick"] in result["tied"] or result["pick"] == result["best"]
     assert describe(result["rows"][1]) == \
         "num_workers=1, prefetch_factor=2, persistent_workers=True"
     with pytest.raises(BenchError, match="repeats must be ≥ 2"):

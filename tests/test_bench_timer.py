@@ -9,26 +9,16 @@ import pytest
 import torch
 
 import packdata
-from packdata.bench import timer as timer_module
 from packdata.bench.timer import StepTimer, batch_size_of
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.conftest import FakeClock
 
 
 @pytest.fixture
-def clock(monkeypatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr(timer_module.time, "perf_counter", c)
-    return c
+def clock(fake_clock) -> FakeClock:
+    return fake_clock
 
 
-def batches(clock: Clock, load_s: list[float], size: int = 8):
+def batches(clock: FakeClock, load_s: list[float], size: int = 8):
     for s in load_s:
         clock.now += s
         yield torch.zeros(size, 3)

@@ -22,6 +22,7 @@ from packdata.containers.integrity import ChecksummedReader
 from packdata.errors import DatasetError
 from packdata.manifest import Field, Manifest, check_manifest
 from packdata.verification import verify
+from tests.conftest import needs_native_rows
 
 K = 3
 FIELDS = {
@@ -133,8 +134,7 @@ LIMITS = [{"stream_above": 1 << 40}, {"stream_above": 0}, {}]
 def rowhash():
     """The routine's digests of ``n`` records of ``columns``, one list per way of hashing a
     record of several columns (copied, streamed, as by default)."""
-    if not checksum.NATIVE_ROWS:  # .ci/run fails when the extension did not build
-        pytest.skip("packdata._rowhash was not built (an install without a C compiler)")
+    needs_native_rows()
 
     def digests(columns, n):
         outs = [np.empty(n, np.uint64) for _ in LIMITS]
@@ -295,8 +295,8 @@ def test_many_keys_hash_as_one_key_at_a_time(monkeypatch, native):
     """recordmeta.key_hashes (a block of keys, one call) gives each key's key_hash."""
     from packdata.recordmeta import key_hash, key_hashes, packed
 
-    if native and not checksum.NATIVE_ROWS:
-        pytest.skip("packdata._rowhash was not built (an install without a C compiler)")
+    if native:
+        needs_native_rows()
     if not native:
         monkeypatch.setattr(checksum, "NATIVE_ROWS", False)
     keys = ["", "a", "airplane_0001", "ünïcode/ключ", "k" * 300]

@@ -11,12 +11,12 @@ import xxhash
 
 from packdata import checksum
 from packdata.containers.lmdbmap import byte_rows
+from tests.conftest import needs_native_rows
 
 
 @pytest.fixture(autouse=True)
 def native():
-    if not checksum.NATIVE_ROWS:  # .ci/run fails when the extension did not build
-        pytest.skip("packdata._rowhash was not built (an install without a C compiler)")
+    needs_native_rows()
 
 
 def a_file(records: int = 500, image: int = 3072, seed: int = 0):

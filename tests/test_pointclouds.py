@@ -25,6 +25,7 @@ from packdata.manifest import Field
 from packdata.prep.pointsample import coverage_radius
 from packdata.sources import pointfiles
 from packdata.verification import verify
+from tests.conftest import needs_native_rows
 
 FIXTURES = Path(__file__).parent / "fixtures" / "lidar"
 FILTERED = sorted(FIXTURES.glob("ahn_filtered_*.las"))  # 4,040 and 3,317 points
@@ -171,8 +172,8 @@ def test_a_variant_read_is_checked_by_that_variant_alone(tmp_path, twelve_trees,
     whenever it is served (by any path), and packdata verify names the record. Where packdata's
     C extension was built, each variant is checked as it is gathered (no hashing after the
     read); without it, after."""
-    if native and not checksum.NATIVE_ROWS:
-        pytest.skip("packdata._rowhash was not built (an install without a C compiler)")
+    if native:
+        needs_native_rows()
     monkeypatch.setattr(checksum, "NATIVE_ROWS", native)
     path = convert(twelve_trees, tmp_path / target).path
     fields = packdata.open(path, verify="off").manifest.fields

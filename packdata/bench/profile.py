@@ -85,11 +85,9 @@ def _union_length(intervals: list[tuple[float, float]]) -> float:
 
 def breakdown(events: list[Any], cuda: bool = False) -> dict[str, Any]:
     """Mean time per step of each part (ms) from profiler events (anything with ``name``,
-    ``time_range.start/end`` in µs and ``device_type``).
-
-    Parts are summed independently of the step's length, so ``sum_ratio`` (parts over step)
-    checks that they neither overlap nor miss time: 1.0 when they tile the step.
-    """
+    ``time_range.start/end`` in µs and ``device_type``). ``other`` is the step's time no
+    labelled range covers, so the parts account for the whole step by construction (a range
+    that overlaps another is counted in both)."""
     steps = [e for e in events if e.name.startswith("ProfilerStep")]
     if not steps:
         raise BenchError("no ProfilerStep events: the profiler recorded no active step")
@@ -122,7 +120,6 @@ def breakdown(events: list[Any], cuda: bool = False) -> dict[str, Any]:
         "step_ms": step_ms,
         "parts_ms": parts_ms,
         "data_loading_share": parts_ms["data_loading"] / step_ms if step_ms else float("nan"),
-        "sum_ratio": sum(parts_ms.values()) / step_ms if step_ms else float("nan"),
     }
     if cuda:
         out["gpu_kernels_ms"] = kernels / n / 1e3

@@ -10,6 +10,7 @@ from tests.containers.suite import ContainerSuite
 class TestHDF5(ContainerSuite):
     name = "hdf5"
     target = "d.h5"
+    gathered = True
 
     def plain_read(self, path, fields, index):
         with h5py.File(path, "r") as f:

@@ -16,6 +16,7 @@ from tests.containers.suite import VARIANTS, ContainerSuite, make_records
 class TestLMDB(ContainerSuite):
     name = "lmdb"
     target = "d.lmdb"
+    gathered = True
 
     def value(self, path: Path, index: int) -> bytes:
         with lmdb.open(str(path), readonly=True, lock=False) as env, env.begin() as txn:

@@ -10,12 +10,14 @@ import tarfile
 import numpy as np
 import pytest
 
+from tests.conftest import needs_native_rows
 from tests.containers.suite import ContainerSuite
 
 
 class TestTar(ContainerSuite):
     name = "tar"
     target = "d-tar"
+    gathered = True
 
     @pytest.mark.xfail(strict=True, raises=IndexError, reason="TarReader.read of no indices "
                        "on a dataset of no shards indexes shard 0 (read() path, left to its owner)")
@@ -60,12 +62,10 @@ class TestTar(ContainerSuite):
         """The batch plan gathers at the addresses found as records' entries are checked: it is
         there once every record's are (blocks of ENTRY_BLOCK records at a time), dropped by
         ``close()`` with the maps, and there again once every record is checked again."""
-        from packdata import checksum
         from packdata.containers.tar import reader as tar_reader
         from tests.containers.suite import FIXED, make_records
 
-        if not checksum.NATIVE_ROWS:
-            pytest.skip("the batch plan needs packdata's C extension")
+        needs_native_rows()
         monkeypatch.setattr(tar_reader, "ENTRY_BLOCK", 4)
         records = make_records(FIXED, 23)
         reader = self.reader(self.write(tmp_path, FIXED, records, self.options(5)))
