@@ -1,18 +1,15 @@
-"""Every table of figures in README.md, docs/*.md and examples/README.md says where its figures
-come from, and they are there.
+"""Every figure in README.md, docs/*.md and examples/README.md is written from its results.
 
-A table with numbers carries an HTML comment just above it: ``<!-- figures: bench/results/X.json
-… -->`` names the results files it was written from (a command shown within the 40 lines above
-it writes each of them), ``<!-- figures: none: REASON -->`` says it holds no measurement
-(options, layouts, arithmetic). Each number of a table of figures, first column aside, must be a
-figure of its files as shown (rounded as printed; a share may be printed as a percentage, bytes
-as MiB, rates in M): a value, a key, a number inside a string, or the mean, median, minimum or
-maximum of a list; a ratio (``N×``) may also be the quotient of two figures of its row or
-column, and a totals row (first cell ``**all**``) the sum of its column over the rows above
-that share its other labels. Targets (``≤ 5 %``) are not figures.
+A table of figures (indented or not), or a paragraph, follows a marker ``<!-- figures: ID -->``
+and is exactly what its binding ``bench/figures/ID.md`` renders from the results files it names
+(tools/figures.py: each figure an expression over the JSON, with its format). So changing one
+printed number, or a result behind one, fails :func:`test_each_bound_block_is_its_rendering`;
+``python tools/figures.py --write`` rewrites the blocks after a bench is re-run. A table with
+numbers and no figures (options, layouts) says so: ``<!-- figures: none: REASON -->``. The
+binding is found by its ID, so a table moves between files with its marker.
 
-A few figures in prose, which the issue tracker found contradicting their JSON, are checked
-one by one at the end.
+The mutation test edits one printed figure at a time, in every bound block, and runs the
+checker on the edited document: every edit must fail.
 """
 
 from __future__ import annotations
@@ -20,205 +17,190 @@ from __future__ import annotations
 import json
 import re
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import figures  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "examples" / "README.md"]
-MARKER = re.compile(r"^<!--\s*figures:\s*(.+?)\s*-->$")
-#: a number as the docs print it: 1,234.5 with an optional unit that scales it
-NUMBER = re.compile(r"(?<![\w.\-])([≤≥<>]\s*)?([−-])?(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?"
-                    r"(\s*%|×| M\b| MiB\b| ms\b)?")
+DOCS = figures.doc_files(ROOT)
+#: a figure as the docs print it: 1,234.5 or −7.3 (the number itself, for the mutation test)
+FIGURE = re.compile(r"(?<![\w.])[−-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w])")
 
 
-def tables(doc: Path) -> list[tuple[int, str | None, list[list[str]]]]:
-    """(line number, marker text or None, body rows as cells) of each markdown table."""
+def all_blocks() -> list[figures.Block]:
+    return [block for doc in DOCS for block in figures.blocks(doc)]
+
+
+def bound_blocks():
+    return [pytest.param(b, id=b.where) for b in all_blocks() if figures.bound(b)]
+
+
+def problem(block: figures.Block, rendered: str | None = None) -> str | None:
+    """What the checker says of ``block``: None when it is its rendering."""
+    try:
+        if rendered is None:
+            rendered = figures.load_binding(block.marker).render()
+    except figures.BindingError as e:
+        return f"{block.where}: {e}"
+    return figures.mismatch(block, rendered)
+
+
+@pytest.mark.parametrize("block", bound_blocks())
+def test_each_bound_block_is_its_rendering(block):
+    found = problem(block)
+    assert found is None, f"{found}\n(after re-running a bench: python tools/figures.py --write)"
+
+
+@pytest.mark.parametrize("block", bound_blocks())
+def test_the_document_shows_the_command_that_writes_each_results_file(block):
+    """A bench script that names the file, or the command the file records, is in the same
+    document as a table (a table moved to another file takes its command along); a paragraph
+    may cite figures whose command another document shows."""
+    text = block.doc.read_text() if block.table else "\n".join(d.read_text() for d in DOCS)
+    flat = " ".join(text.split())
+    scripts = {f"bench/{s}.py" for s in re.findall(r"(?<![\w/])bench/(\w+)\.py", text)}
+    scripts |= {f"tools/{s}" for s in re.findall(r"(?<![\w/])tools/([\w-]+\.sh)", text)}
+    scripts = {s for s in scripts if (ROOT / s).is_file()}
+    for path in figures.load_binding(block.marker).results:
+        data = json.loads((ROOT / path).read_text())
+        recorded = data.get("command", "") if isinstance(data, dict) else ""
+        shows = [s for s in scripts if Path(path).name in (ROOT / s).read_text()]
+        shows += [path] if f"--json {path}" in flat else []  # a command that names it
+        assert shows or (recorded and all(part.strip() in flat for part in recorded.split("&&"))), (
+            f"{block.where}: the document shows no command that writes {path}")
+
+
+def tables(doc: Path) -> list[tuple[int, list[str]]]:
+    """(line number, rows) of every markdown table of ``doc``, indented ones included."""
     lines = doc.read_text().splitlines()
-    found = []
-    i = 0
+    found, i = [], 0
     while i < len(lines) - 1:
-        if lines[i].startswith("|") and re.match(r"^\|\s*:?-", lines[i + 1]):
+        if lines[i].lstrip().startswith("|") and re.match(r"^\s*\|\s*:?-", lines[i + 1]):
             j = i + 2
-            while j < len(lines) and lines[j].startswith("|"):
+            while j < len(lines) and lines[j].lstrip().startswith("|"):
                 j += 1
-            marker = MARKER.match(lines[i - 1].strip()) if i else None
-            rows = [[c.strip() for c in row.strip().strip("|").split("|")] for row in lines[i + 2:j]]
-            found.append((i + 1, marker.group(1) if marker else None, rows))
+            found.append((i + 1, lines[i + 2:j]))
             i = j
         else:
             i += 1
     return found
 
 
-def figures_of(value) -> list[float]:
-    """Every figure a results file offers (see the module docstring)."""
-    out: list[float] = []
-    if isinstance(value, bool):
-        return out
-    if isinstance(value, (int, float)):
-        out.append(float(value))
-    elif isinstance(value, str):
-        out += [float(n) for n in re.findall(r"\d+(?:\.\d+)?", value)]
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            out += figures_of(k) + figures_of(v)
-        out += sibling_sums(list(value.values()))
-    elif isinstance(value, list):
-        out += sibling_sums(value)
-        numbers = [float(v) for v in value if isinstance(v, (int, float)) and not isinstance(v, bool)]
-        if numbers:
-            out += [statistics.mean(numbers), statistics.median(numbers), min(numbers), max(numbers)]
-        for v in value:
-            out += figures_of(v)
-    return out
-
-
-def _flat(value, prefix: tuple = ()) -> dict[tuple, float]:
-    if isinstance(value, dict):
-        return {k: v for key, item in value.items() for k, v in _flat(item, (*prefix, key)).items()}
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return {prefix: float(value)}
-    return {}
-
-
-def sibling_sums(items: list) -> list[float]:
-    """Totals over records of one kind (datasets, containers): for each numeric path the
-    records share, its sum over them."""
-    flats = [_flat(item) for item in items if isinstance(item, dict)]
-    if len(flats) < 2:
-        return []
-    paths = set().union(*flats)
-    return [sum(f.get(path, 0.0) for f in flats) for path in paths]
-
-
-def numbers_in(cell: str) -> list[tuple[float, int, str]]:
-    """(value, decimals shown, unit) of each figure printed in ``cell`` (targets left out)."""
-    out = []
-    for target, sign, whole, frac, unit in NUMBER.findall(cell):
-        if not target:
-            value = float(whole.replace(",", "") + ("." + frac if frac else ""))
-            out.append((-value if sign else value, len(frac), unit.strip()))
-    return out
-
-
-def shown(value: float, unit: str) -> list[float]:
-    """What a figure of the JSON may be printed as, with ``unit``."""
-    if unit == "%":
-        return [value, 100 * value]
-    if unit == "M":
-        return [value / 1e6]
-    if unit == "MiB":
-        return [value, value / 2**20]
-    if unit == "ms":
-        return [value, 1000 * value]
-    return [value]
-
-
-def agrees(number: tuple[float, int, str], candidates: list[float]) -> bool:
-    x, decimals, unit = number
-    half = 0.5 * 10 ** -decimals + 1e-9
-    return any(abs(c - x) <= half for v in candidates for c in shown(v, unit))
-
-
-def marked_tables():
+def test_every_table_of_figures_is_bound():
+    """A table with a number outside its first column has a marker on the line above it: a
+    binding, or ``none: REASON``."""
+    markers = {(b.doc, b.line): b for b in all_blocks()}
     for doc in DOCS:
-        for line, marker, rows in tables(doc):
-            yield pytest.param(doc, line, marker, rows,
-                               id=f"{doc.relative_to(ROOT).as_posix()}:{line}")
+        for line, rows in tables(doc):
+            where = f"{doc.relative_to(ROOT)}:{line}"
+            block = markers.get((doc, line - 1))
+            cells = [c for row in rows for c in row.strip().strip("|").split("|")[1:]]
+            if block is None:
+                assert not any(FIGURE.search(c) for c in cells), (
+                    f"{where}: a table with numbers needs <!-- figures: ID --> (its binding "
+                    "bench/figures/ID.md) or <!-- figures: none: why --> on the line above")
+            elif not figures.bound(block):
+                assert re.match(r"none: \S", block.marker), f"{where}: say why it holds no figures"
 
 
-@pytest.mark.parametrize("doc,line,marker,rows", list(marked_tables()))
-def test_each_table_of_figures_matches_its_results(doc, line, marker, rows):
-    where = f"{doc.relative_to(ROOT)}:{line}"
-    has_numbers = any(numbers_in(cell) for row in rows for cell in row[1:])
-    if marker is None:
-        assert not has_numbers, (f"{where}: a table with numbers needs <!-- figures: "
-                                 "bench/results/X.json --> or <!-- figures: none: why --> above it")
-        return
-    if marker.startswith("none"):
-        assert re.match(r"none: \S", marker), f"{where}: say why the table holds no figures"
-        return
-    paths = marker.split()
-    text = doc.read_text()
-    scripts = {f"bench/{s}.py" for s in re.findall(r"(?<![\w/])bench/(\w+)\.py", text)}
-    scripts |= {f"tools/{s}" for s in re.findall(r"(?<![\w/])tools/([\w-]+\.sh)", text)}
-    scripts = {s for s in scripts if (ROOT / s).is_file()}
-    candidates: list[float] = []
-    for path in paths:
-        assert path.startswith("bench/results/") and (ROOT / path).is_file(), f"{where}: {path}"
-        data = json.loads((ROOT / path).read_text())
-        candidates += figures_of(data)
-        # the document shows the command that writes it: a bench script that names the file,
-        # or the command recorded in it
-        recorded = data.get("command", "") if isinstance(data, dict) else ""
-        shows = [s for s in scripts if Path(path).name in (ROOT / s).read_text()]
-        assert shows or (recorded and all(part.strip() in " ".join(text.split())
-                                          for part in recorded.split("&&"))), (
-            f"{where}: the document shows no command that writes {path}")
-    header = rows_header(doc, line)
-    for r, row in enumerate(rows):
-        for c, cell in enumerate(row[1:], start=1):
-            for number in with_units(numbers_in(cell), header[c] if c < len(header) else ""):
-                if agrees(number, candidates):
-                    continue
-                if number[2] == "×" and agrees(number, ratios(rows, r, c)):
-                    continue
-                if "**all**" in row[0] and agrees(number, [column_sum(rows, r, c, number)]):
-                    continue
-                pytest.fail(f"{where}: {number[0]:g} in row {row[0]!r} is not a figure of "
-                            f"{' '.join(paths)}")
+def test_bindings_write_every_figure_of_a_table_from_the_results():
+    """Outside a table's label columns every number is an expression over the results
+    (targets such as ≥ 0.8× aside, and figures marked fact(…) with their source)."""
+    for path in sorted(figures.BINDINGS.glob("*.md")):
+        binding = figures.load_binding(path.stem)
+        assert binding.literal_figures() == [], f"{path.relative_to(ROOT)}: written as text"
 
 
-def rows_header(doc: Path, line: int) -> list[str]:
-    return [c.strip() for c in doc.read_text().splitlines()[line - 1].strip().strip("|").split("|")]
+def test_every_binding_is_used_by_one_block():
+    used = [b.marker for b in all_blocks() if figures.bound(b)]
+    assert sorted(set(used)) == sorted(used), "a binding used twice"
+    assert sorted(used) == sorted(p.stem for p in figures.BINDINGS.glob("*.md"))
 
 
-def with_units(numbers, header: str):
-    """A cell's numbers with the unit any of them (or else the column's header) shows."""
-    units = {u for _, _, u in numbers if u and u != "×"}
-    unit = units.pop() if len(units) == 1 else next(
-        (u for u in ("MiB", "%") if u in header), "")
-    return [(x, d, u or unit) for x, d, u in numbers]
+def edits(number: str) -> list[str]:
+    """Single-figure edits of a printed number: its last digit changed, and its value moved by
+    one unit of its last place and by 0.10 (formatted as printed)."""
+    digits = [i for i, ch in enumerate(number) if ch.isdigit()]
+    last = digits[-1]
+    out = [number[:last] + str((int(number[last]) + 1) % 10) + number[last + 1:]]
+    negative = number[0] in "−-"
+    value = float(number.lstrip("−-").replace(",", "")) * (-1 if negative else 1)
+    decimals = len(number.split(".")[1]) if "." in number else 0
+    for step in (10 ** -decimals, 0.10):
+        moved = value + step
+        text = f"{abs(moved):,.{decimals}f}" if "," in number else f"{abs(moved):.{decimals}f}"
+        out.append(("−" if moved < 0 else "") + text)
+    return [e for e in dict.fromkeys(out) if e != number]
 
 
-def _first(cell: str) -> float | None:
-    n = numbers_in(cell)
-    return n[0][0] if n else None
+def mutants(block: figures.Block):
+    """(description, the document with one figure of ``block`` edited) for every figure."""
+    text = block.doc.read_text()
+    lines = text.splitlines(keepends=True)
+    for k in range(block.start, block.end):
+        for m in FIGURE.finditer(lines[k]):
+            for edit in edits(m.group(0)):
+                changed = lines[k][:m.start()] + edit + lines[k][m.end():]
+                yield (f"line {k + 1}: {m.group(0)} → {edit}",
+                       "".join(lines[:k]) + changed + "".join(lines[k + 1:]))
 
 
-def ratios(rows: list[list[str]], r: int, c: int) -> list[float]:
-    """Quotients of two figures of row ``r`` or of column ``c``."""
-    row = [_first(cell) for cell in rows[r][1:]]
-    column = [_first(other[c]) for other in rows if c < len(other)]
-    out = []
-    for group in (row, column):
-        values = [v for v in group if v]
-        out += [a / b for a in values for b in values if a is not b]
-    return out
+def mutation_run(blocks: list[figures.Block], every: int = 1) -> tuple[int, list[str]]:
+    """Edit each figure of ``blocks`` (every ``every``-th edit), run the checker on the edited
+    document; (edits made, edits the checker passed)."""
+    made, passed = 0, []
+    for block in blocks:
+        rendered = figures.load_binding(block.marker).render()
+        for n, (what, text) in enumerate(mutants(block)):
+            if n % every:
+                continue
+            made += 1
+            [edited] = [b for b in figures.blocks(block.doc, text) if b.line == block.line]
+            if problem(edited, rendered) is None:
+                passed.append(f"{block.where}: {what}")
+    return made, passed
 
 
-def column_sum(rows: list[list[str]], r: int, c: int, number) -> float:
-    labels = [cell for cell in rows[r][1:] if not numbers_in(cell)]
-    same = [row for row in rows[:r] if [cell for cell in row[1:] if not numbers_in(cell)] == labels]
-    return sum(sum(n[0] for n in numbers_in(row[c])) for row in same)
+def test_every_single_figure_edit_fails():
+    """The mutation run over every bound block (a third of the edits, in turn; ``python
+    tests/test_figures.py`` runs them all): none passes the checker."""
+    made, passed = mutation_run([b for b in all_blocks() if figures.bound(b)], every=3)
+    assert made > 400 and passed == []
 
 
-def test_the_checker_refuses_a_figure_its_json_lacks(tmp_path):
-    """The matcher itself: a changed digit is caught; rounding, units and ratios are not."""
-    data = {"rows": [{"rate": 75135.25, "share": 0.0561}, {"rate": 20794.4, "share": 0.2}],
-            "rounds": [1.0, 3.0, 8.0]}
-    candidates = figures_of(data)
-    assert agrees((75135, 0, ""), candidates) and agrees((5.6, 1, "%"), candidates)
-    assert agrees((3.0, 1, ""), candidates)  # median of a list
-    assert not agrees((75136, 0, ""), candidates) and not agrees((5.7, 1, "%"), candidates)
-    rows = [["a", "75,135", ""], ["b", "20,794", "3.61×"]]
-    assert agrees(numbers_in("3.61×")[0], ratios(rows, 1, 2) + ratios(rows, 0, 1))
-    assert numbers_in("≤ 5 % and 2.8 %") == [(2.8, 1, "%")]
-    assert numbers_in("40.8 / −11.2 / -7.3 µs, 0.57–0.64") == [
-        (40.8, 1, ""), (-11.2, 1, ""), (-7.3, 1, ""), (0.57, 2, ""), (0.64, 2, "")]
-    assert not agrees(numbers_in("−11.2")[0], [11.2]) and agrees(numbers_in("−11.2")[0], [-11.2])
+def test_a_table_moves_with_its_binding(tmp_path):
+    """A block copied with its marker into another document is still its binding's rendering."""
+    [block] = [b for b in all_blocks() if b.marker == "kill-workers"]  # an indented table
+    moved = tmp_path / "moved.md"
+    moved.write_text(f"# Moved\n\n<!-- figures: {block.marker} -->\n{block.text}\n")
+    [again] = figures.blocks(moved)
+    assert again.marker == block.marker and again.text == block.text
+    assert figures.mismatch(again, figures.load_binding(again.marker).render()) is None
+
+
+def test_the_renderer_evaluates_only_results_and_its_helpers():
+    names = {"r": figures.wrap({"rows": [{"name": "a b", "x": 0.4349}, {"name": "c", "x": -2.5}],
+                                "runs": [0.43, 0.471]}, "r.json")}
+    assert figures.evaluate('r["rows", "name=a b", "x"]', names, "t") == 0.4349
+    assert format(figures.evaluate('span(0.434, 0.471)', names, "t"), ".2f") == "0.43–0.47"
+    assert format(figures.evaluate('span(0.521, 0.524)', names, "t"), ".2f") == "0.52"
+    assert figures.number(-2.5, ".1f") == "−2.5"
+    assert figures.held("≥ 0.8", lmdb=figures.span(0.79, 0.82), hdf5=0.8,
+                        tar=figures.span(0.7, 0.89)) == "hdf5 (lmdb and tar in one run)"
+    assert figures.held("≤ 1.2", a=1.0, b=1.1) == "yes"
+    assert figures.held("≥ 0.5", a=0.4, b=figures.span(0.4, 0.6)) == "no (b in one run)"
+    for bad, why in (('r.__class__', "Attribute is not allowed"),
+                     ('open("x")', "only the helpers can be called"),
+                     ('r["rows", "name=z"]', "0 records match"),
+                     ('r["nope"]', "no such key")):
+        with pytest.raises(figures.BindingError, match=re.escape(why)):
+            figures.evaluate(bad, names, "t")
 
 
 # -- figures in prose ------------------------------------------------------------------------
@@ -287,8 +269,9 @@ def test_bench_md_gpu_table_is_the_table_the_code_uses():
     from packdata.bench.flops import GPUS
 
     doc = ROOT / "docs" / "bench.md"
-    [(line, _, rows)] = [t for t in tables(doc) if t[1] and "flops.GPUS" in t[1]]
-    header = rows_header(doc, line)
+    [block] = [b for b in figures.blocks(doc) if "flops.GPUS" in b.marker]
+    header, _, *rows = [[c.strip() for c in line.strip().strip("|").split("|")]
+                        for line in block.text.splitlines()]
     shown = {row[0]: {h: (None if cell == "–" else float(cell))
                       for h, cell in zip(header[1:5], row[1:5])} for row in rows}
     assert set(shown) == set(GPUS)
@@ -303,3 +286,12 @@ def test_results_name_no_machine_paths():
     found = {p.name: m.group(0) for p in sorted((ROOT / "bench" / "results").glob("*.json"))
              if (m := machine.search(p.read_text()))}
     assert found == {}
+
+
+if __name__ == "__main__":  # the full mutation run
+    blocks = [b for b in all_blocks() if figures.bound(b)]
+    made, passed = mutation_run(blocks)
+    print(f"{len(blocks)} bound blocks, {made} single-figure edits, {len(passed)} passed the checker")
+    for line in passed:
+        print(" ", line)
+    sys.exit(1 if passed else 0)
