@@ -65,7 +65,8 @@ def test_bench_on_token_ids_counts_documents(peps_dir, gpt2_json, tmp_path):
                                                    split=True), tmp_path / "c.h5").path
     out = tmp_path / "t.json"
     result = runner.invoke(app, ["bench", str(chunks), "--steps", "3", "--warmup", "1",
-                                 "--batch-size", "4", "--json", str(out)])
+                                 "--batch-size", "4", "--max-seconds", "600",  # counts, not time
+                                 "--json", str(out)])
     assert result.exit_code == 0, result.output
     run = json.loads(out.read_text())["runs"][0]
     assert run["input"]["kind"] == "text"

@@ -241,20 +241,30 @@ def test_an_interrupt_python_swallowed_still_counts():
     assert done.returncode != 0 and done.stderr.rstrip().endswith("KeyboardInterrupt")
 
 
-def _help(*args: str) -> str:
-    """``packdata ARGS --help`` as a CI log shows it: 80 columns, no terminal."""
-    return subprocess.run([sys.executable, "-m", "packdata", *args, "--help"],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "COLUMNS": "80"}, check=True,
-                          cwd=Path(__file__).parents[1]).stdout
+HELPED = ["convert", "inspect", "verify", "bench", "demo", "check-resume", "index"]
+#: every command's --help in one fresh interpreter, each after a line naming it
+HELPS = ("import sys\nfrom packdata.__main__ import main\n"
+         "for command in sys.argv[1:]:\n"
+         "    print(f'=== {command}', flush=True)\n"
+         "    sys.argv = ['packdata', command, '--help']\n"
+         "    try:\n        main()\n    except SystemExit:\n        pass\n")
 
 
-@pytest.mark.parametrize("command", ["convert", "inspect", "verify", "bench", "demo",
-                                     "check-resume", "index"])
-def test_help_at_80_columns_is_whole(command):
+@pytest.fixture(scope="module")
+def helps() -> dict[str, str]:
+    """``packdata COMMAND --help`` as a CI log shows it: 80 columns, no terminal."""
+    out = subprocess.run([sys.executable, "-c", HELPS, *HELPED], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "COLUMNS": "80"}, check=True,
+                         cwd=Path(__file__).parents[1]).stdout
+    parts = out.split("=== ")[1:]
+    return {part.split("\n", 1)[0]: part.split("\n", 1)[1] for part in parts}
+
+
+@pytest.mark.parametrize("command", HELPED)
+def test_help_at_80_columns_is_whole(command, helps):
     """No help text is cut (Rich puts … where a word does not fit), the usage line names the
     arguments as the help does, and Rich markup in help texts is not eaten."""
-    text = _help(command)
+    text = helps[command]
     assert "…" not in text
     usage = next(line for line in text.splitlines() if "Usage:" in line).split()
     assert "{" not in " ".join(usage)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -17,6 +18,10 @@ from packdata.errors import PackdataError
 from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import doc_snippets  # noqa: E402
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 CIFAR = ROOT / "packdata" / "demo_data" / "cifar10"
 
@@ -25,19 +30,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def example(name: str):
     return load_script(ROOT / "examples" / f"{name}.py", f"example_{name}")
-
-
-@pytest.fixture(scope="module")
-def tiny_cifar(tmp_path_factory) -> Path:
-    """40 real CIFAR-10 PNGs (4 per class) with their labels.json."""
-    meta = json.loads((CIFAR / "labels.json").read_text())
-    names = [n for n in sorted(meta["labels"]) if int(n.rsplit("_", 1)[1][:4]) < 4]
-    out = tmp_path_factory.mktemp("cifar")
-    for n in names:
-        shutil.copyfile(CIFAR / n, out / n)
-    (out / "labels.json").write_text(json.dumps(
-        {"classes": meta["classes"], "labels": {n: meta["labels"][n] for n in names}}))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -54,36 +46,88 @@ def one_pep(tmp_path_factory) -> Path:
     return out
 
 
-def check_run(doc: dict, json_path: Path, out: str) -> None:
+def check_run(doc: dict, json_path: Path | None, out: str, learns: bool = True) -> None:
+    """Both loaders ran every epoch (and, where ``learns``, the loss fell); the table and the
+    JSON were written."""
     assert set(doc["epochs"]) == {"baseline", "packdata"}
     for name, rows in doc["epochs"].items():
-        assert rows[-1]["loss"] < rows[0]["loss"], (name, [r["loss"] for r in rows])
+        assert not learns or rows[-1]["loss"] < rows[0]["loss"], (name, [r["loss"] for r in rows])
         for row in rows:
             assert 0 <= row["load_share"] <= 1 and row["seconds"] > 0 and row["steps"] > 0
-    written = json.loads(json_path.read_text())
-    assert written["epochs"]["packdata"][0]["steps"] == doc["epochs"]["packdata"][0]["steps"]
+    if json_path is not None:
+        written = json.loads(json_path.read_text())
+        assert written["epochs"]["packdata"][0]["steps"] == doc["epochs"]["packdata"][0]["steps"]
     assert "| epoch | baseline s | baseline loading | baseline loss" in out
     assert "packdata loading" in out and "[packdata] epoch 0:" in out
 
 
-def test_cifar_example_trains_on_both_paths(tiny_cifar, tmp_path, capsys):
+# -- the commands examples/README.md documents, each run once ----------------------------------
+# The docs test skips them (their skip-line markers name this file): each trains here, in this
+# process, on the docs' workspace, and what it trained is checked, not only its exit status.
+
+README = ROOT / "examples" / "README.md"
+BY_THIS_FILE = "tests/test_examples.py runs it"
+
+
+def documented(prefix: str) -> list[list[str]]:
+    """The command lines of examples/README.md starting with ``prefix`` that the docs test
+    leaves to this file, as argument lists (the script's path first)."""
+    return [shlex.split(command)[1:] for snippet in doc_snippets.extract(README)
+            if not snippet.skip for command, reason in doc_snippets.commands(snippet)
+            if command.startswith(prefix) and reason and BY_THIS_FILE in reason]
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    """The docs' workspace: the inputs examples/README.md names (tools/doc_snippets.py)."""
+    return doc_snippets.make_workspace(tmp_path_factory.mktemp("examples-docs"))
+
+
+@pytest.mark.parametrize("argv", documented("python examples/"), ids=lambda a: " ".join(a[:3]))
+def test_each_documented_example_command_trains_on_both_paths(argv, workspace, monkeypatch,
+                                                              capsys):
+    """As documented: on the workspace's 40 CIFAR PNGs an epoch is one batch of the default 64
+    (the loss need not fall in 3 of them: test_cifar_example_learns trains longer); the LiDAR
+    pieces' 10 epochs learn."""
+    monkeypatch.chdir(workspace)
+    name = Path(argv[0]).stem
+    doc = example(name).main(argv[1:])
+    json_path = Path(argv[argv.index("--json") + 1]) if "--json" in argv else None
+    check_run(doc, json_path, capsys.readouterr().out, learns=name != "cifar10_cnn")
+    if name == "cifar10_cnn":  # 40 PNGs: every 10th held out
+        assert doc["train_samples"] == 36 and doc["test_samples"] == 4
+        assert doc["epochs"]["baseline"][0]["samples"] == doc["epochs"]["packdata"][0]["samples"]
+        assert all(0 <= r["test_accuracy"] <= 1 for r in doc["epochs"]["packdata"])
+    else:
+        assert doc["classes"] == ["airborne_tree", "mobile_stem", "survey"]
+
+
+def test_documented_parity_commands_write_their_results(workspace, monkeypatch, capsys):
+    """bench/bench_parity.py as examples/README.md runs it (the workspace's copy, so that its
+    results land in the workspace): every part it names writes parity-PART.json with the
+    summary its table is written from."""
+    commands = documented("python bench/bench_parity.py")
+    assert len(commands) == 2
+    monkeypatch.chdir(workspace)
+    parity = load_script(workspace / "bench" / "bench_parity.py", "bench_parity_documented")
+    for argv in commands:
+        monkeypatch.setattr(sys, "argv", argv)
+        parity.main()
+        for part in [argv[i + 1] for i, word in enumerate(argv) if word == "--only"]:
+            doc = json.loads((workspace / "bench" / "results" / f"parity-{part}.json").read_text())
+            assert doc["command"] == "python " + " ".join(argv) and doc["runs"], part
+            assert set(doc["summary"]) >= {"load_share"} | ({"speedup", "loss_gap"}
+                                                            if part == "text" else set())
+    assert "== cifar:" in capsys.readouterr().out
+
+
+def test_cifar_example_learns(workspace, tmp_path, capsys):
+    """The small CNN in batches of 8: the loss falls on both paths over 3 epochs."""
     doc = example("cifar10_cnn").main([
-        "--data", str(tiny_cifar), "--epochs", "3", "--batch-size", "8", "--device", "cpu",
-        "--model", "small-cnn", "--json", str(tmp_path / "cifar.json")])
+        "--data", str(workspace / "cifar10" / "test-png"), "--labels",
+        str(workspace / "cifar10" / "labels.json"), "--epochs", "3", "--batch-size", "8",
+        "--device", "cpu", "--model", "small-cnn", "--json", str(tmp_path / "cifar.json")])
     check_run(doc, tmp_path / "cifar.json", capsys.readouterr().out)
-    assert doc["train_samples"] == 36 and doc["test_samples"] == 4
-    assert doc["epochs"]["baseline"][0]["samples"] == doc["epochs"]["packdata"][0]["samples"] == 36
-    assert all(0 <= r["test_accuracy"] <= 1 for r in doc["epochs"]["packdata"])
-
-
-def test_lidar_example_trains_on_both_paths(tmp_path, capsys):
-    pytest.importorskip("laspy")
-    doc = example("lidar_pointnet").main([
-        "--data", str(FIXTURES / "lidar-pieces"), "--epochs", "3", "--batch-size", "8",
-        "--points", "128", "--variants", "2", "--device", "cpu", "--lr", "3e-3",
-        "--json", str(tmp_path / "lidar.json")])
-    check_run(doc, tmp_path / "lidar.json", capsys.readouterr().out)
-    assert doc["classes"] == ["airborne_tree", "mobile_stem", "survey"]
 
 
 def test_text_example_trains_on_both_paths(one_pep, tmp_path, capsys):
