@@ -54,7 +54,8 @@ def problem(block: figures.Block, rendered: str | None = None) -> str | None:
 @pytest.mark.parametrize("block", bound_blocks())
 def test_each_bound_block_is_its_rendering(block):
     found = problem(block)
-    assert found is None, f"{found}\n(after re-running a bench: python tools/figures.py --write)"
+    assert found is None, (f"{found}\n(after re-running a bench: python tools/figures.py --write; to "
+                           f"change the block's words, edit them in bench/figures/{block.marker}.md)")
 
 
 @pytest.mark.parametrize("block", bound_blocks())
