@@ -22,6 +22,33 @@ SAMPLE = Path(packdata.__file__).parent / "demo_data" / "cifar10"
 CONTAINERS = {"lmdb": "data.lmdb", "hdf5": "data.h5", "tar": "data-tar"}
 
 
+def _cpu_seconds() -> float:
+    """CPU time of this process and of the children it has waited for (subprocesses, pool
+    workers): what a test costs whatever else the machine runs."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), \
+        resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item) -> None:
+    item.stash[_CPU_START] = _cpu_seconds()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Each test's CPU seconds (setup to teardown) as a property of its junit report, which
+    tools/test_durations.py reads: on a shared machine the wall time stretches with the load."""
+    yield
+    if _CPU_START in item.stash:
+        item.user_properties.append(("cpu_s", round(_cpu_seconds() - item.stash[_CPU_START], 3)))
+
+
+_CPU_START = pytest.StashKey[float]()
+
+
 def pillow_pixels(path: Path) -> np.ndarray:
     with Image.open(path) as im:
         return np.asarray(im.convert("RGB"))
