@@ -356,6 +356,9 @@ class Binding:
 
 def load_binding(binding_id: str, root: Path = ROOT) -> Binding:
     path = root / "bench" / "figures" / f"{binding_id}.md"
+    if "/" in binding_id:
+        raise BindingError(f"the marker names results files ({binding_id}): write their figures' "
+                           "binding, bench/figures/ID.md, and mark the block <!-- figures: ID -->")
     if not ID.match(binding_id) or not path.is_file():
         raise BindingError(f"no binding bench/figures/{binding_id}.md")
     lines = path.read_text().splitlines()
