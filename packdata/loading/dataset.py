@@ -213,8 +213,7 @@ class PackedDataset(Dataset):
 
     def _read(self, indices: np.ndarray, apart: bool = False) -> tuple:
         """The batch of ``indices`` as the kind's tensors; with ``apart`` (for a per-sample
-        transform), samples that cannot stack (images of different sizes, no decode stage) as
-        one tensor each, as ``ds[i]`` serves them."""
+        transform), samples that cannot stack as one tensor each, as ``ds[i]`` serves them."""
         kind = self._kind
         try:  # select: e.g. one of K stored variants per record
             select = kind.select(self.manifest, indices, self.epoch) if kind.select else None
