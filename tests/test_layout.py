@@ -1,14 +1,16 @@
 """The house: packdata's modules import only downwards (no circles), and none grows too long.
 
-Floors, lowest first; a module may import its own floor and those below. The README's Layout
-describes the same tree."""
+Floors, lowest first; a module may import its own floor and those below. docs/layout.md describes
+the same tree, and names every module of the package's top level (checked below)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).parents[1] / "packdata"
+LAYOUT_DOC = PACKAGE.parent / "docs" / "layout.md"
 FLOORS = [
     # what every layer needs: errors, names of things, the checksum, the atomic commit, what is
     # kept per file in the process
@@ -208,3 +210,41 @@ def test_the_private_name_check_sees_a_reach(tmp_path):
     reacher.write_text("def read(reader):\n    reader._maps.clear()\n    return reader._map(0)\n")
     found = _private_reaches({"packdata.owner": owner, "packdata.reacher": reacher})
     assert found == ["packdata.reacher:2 ._maps", "packdata.reacher:3 ._map"]
+
+
+def _layout_tree() -> dict[str, set[str]]:
+    """The names docs/layout.md's tree lists in its left column, by the folder they lie in
+    (``packdata``, ``packdata/loading``, ``.`` for the repository's root): ``name.py`` and
+    ``name/``, each at the indent of its folder's entries."""
+    text = LAYOUT_DOC.read_text()
+    tree = re.search(r"```\n(packdata/\n.*?)```", text, re.S)
+    assert tree, "docs/layout.md: no tree starting with packdata/"
+    listed: dict[str, set[str]] = {}
+    folders: list[str] = []  # the folder open at each indent (two spaces a level)
+    for line in tree.group(1).splitlines():
+        indent = (len(line) - len(line.lstrip())) // 2
+        if not line.strip() or len(line) - len(line.lstrip()) >= 20:  # a description's next line
+            continue
+        left = line.strip().split("  ")[0]  # the name column, before the description
+        folders = folders[:indent]
+        where = "/".join(folders) or "."
+        for name in re.findall(r"[\w.]+/|[\w.]+\.py", left):
+            listed.setdefault(where, set()).add(name)
+        if left.endswith("/") and " " not in left:
+            folders.append(left.rstrip("/"))
+    return listed
+
+
+def test_docs_layout_lists_every_module_of_the_top_level():
+    listed = _layout_tree()["packdata"]
+    tops = {name.split(".")[1] for name in _modules() if name != "packdata"}
+    named = {n.removesuffix(".py").rstrip("/") for n in listed}
+    assert sorted(tops - named) == [], "modules docs/layout.md does not list"
+
+
+def test_everything_docs_layout_lists_exists():
+    root = PACKAGE.parent
+    missing = [f"{where}/{name}" for where, names in _layout_tree().items() for name in names
+               if not (root / where / name.rstrip("/")).exists()]
+    assert missing == [], "docs/layout.md lists what the tree does not hold"
+    assert {"packdata", ".", "packdata/loading"} <= set(_layout_tree())
