@@ -1,4 +1,4 @@
-"""Conversion memory does not grow with the data (README, Speed): the peak resident memory of a
+"""Conversion memory does not grow with the data (docs/speed.md): the peak resident memory of a
 fresh converting process, and of its largest worker, for N and 4N records differs by far less
 than the 4N − N records' bytes. The long measurement is bench/bench_convert.py."""
 
@@ -60,7 +60,7 @@ def test_peak_memory_does_not_grow_with_the_records(tmp_path_factory, target):
             tile_image_folder(CIFAR, folder, n)
     out = tmp_path_factory.mktemp("memory")
     more_data = (large - small) * RECORD
-    # what the README allows: per-record metadata (keys, checksums: ~0.5 KB a record) and, for
+    # what docs/speed.md allows: per-record metadata (keys, checksums: ~0.5 KB a record) and, for
     # LMDB, one 64 MB write transaction; plus 20 MiB for a busy machine's noise
     allowed = {"main": (large - small) * 512 + (64 << 20 if target.endswith("lmdb") else 0)
                + (20 << 20), "worker": 20 << 20}

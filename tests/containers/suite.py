@@ -48,7 +48,7 @@ class ContainerSuite:
     target: ClassVar[str]  # the destination's name, e.g. "d.lmdb"
     #: whether the container's reader gathers batches by rows and, with packdata's C extension,
     #: reads them through a batch plan once it knows where every record lies: the read path
-    #: behind the README's Speed figures. Said here, not asked of the reader, so that a reader
+    #: behind the Speed figures (docs/speed.md). Said here, not asked of the reader, so that a reader
     #: that lost it fails its tests instead of skipping them.
     gathered: ClassVar[bool]
 
