@@ -77,8 +77,12 @@ def test_loop_that_waits_despite_fast_io_is_called_out():
     f = Facts(io_rate=5000, train_rate=1000, loop_rate=800, load_share=0.2)
     assert "20% of each step spent taking the next batch" in verdict(f)
     assert any("not overlapped" in t for t in advice(f))
-    fed = Facts(io_rate=5000, train_rate=1000, loop_rate=800, load_share=0.2, feeder=True)
+    fed = Facts(io_rate=5000, train_rate=1000, loop_rate=800, load_share=0.2, feeder=True,
+                device="cuda")
     assert any("feeder process" in t and "pin_memory=True" in t for t in advice(fed))
+    pinned = Facts(**{**vars(fed), "pin_memory": True})  # the H200 run advised what it had
+    said = [t for t in advice(pinned) if "feeder process" in t]
+    assert said and not any("pin_memory" in t for t in advice(pinned))
     quiet = Facts(io_rate=5000, train_rate=1000, loop_rate=990, load_share=0.01)
     assert not any("not overlapped" in t for t in advice(quiet))
 

@@ -121,11 +121,13 @@ def advice(f: Facts) -> list[str]:
     loses = f.loop_rate is not None and f.loop_rate < LOOP_MARGIN * f.train_rate
     if loses or (f.load_share is not None and f.load_share > STALL_SHARE):
         if f.feeder:
+            pin = ("" if f.pin_memory or f.device != "cuda" else
+                   "pin memory (pin_memory=True) so copies are DMA, and ")
             tips.append("I/O alone is fast enough, yet the real loop loses time to data: the "
                         "loader reads in its feeder process, so what is left on the training "
                         "thread is taking each batch, its copy to the device and the "
-                        "augmentation's launches; pin memory (pin_memory=True) so copies are "
-                        "DMA, and keep the augmentation to few batched operations.")
+                        f"augmentation's launches; {pin}keep the augmentation to few batched "
+                        "operations.")
         else:
             tips.append("I/O alone is fast enough, yet the real loop waits for data: loading is "
                         "not overlapped with training. Read off the training thread: "
