@@ -151,10 +151,17 @@ def _mosaic_block(task: tuple[Path, list[Path], int, int]) -> None:
                                        quality=90)
 
 
+def checkout_env(root: Path) -> dict[str, str]:
+    """The environment with the checkout first on the path, before whatever the environment
+    already adds (packages installed with pip's --target, say)."""
+    paths = [str(root), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+
+
 def run_child(folder: Path, dst: Path, workers: int, options: dict, root: Path) -> dict:
     out = subprocess.run([sys.executable, __file__, "--child", str(folder), str(dst), str(workers),
                           json.dumps(options)], check=True, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(root)}).stdout
+                         env=checkout_env(root)).stdout
     row = json.loads(out.strip().splitlines()[-1])
     row["bytes_written"] = size_of(dst)
     return row
@@ -173,7 +180,7 @@ def startup(png: Path, tmp: Path, root: Path) -> dict:
     small.mkdir()
     for p in sorted(png.glob("*.png"))[:200]:
         os.link(p, small / p.name)
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    env = checkout_env(root)
     commands = {"python": [sys.executable, "-c", "pass"],
                 "help": [sys.executable, "-m", "packdata", "--help"],
                 "convert_200": [sys.executable, "-m", "packdata", "convert", str(small),
@@ -205,7 +212,7 @@ def header_reads(folder: Path, root: Path) -> dict:
             f"items = open_source({str(folder)!r}).items(); t = time.process_time(); "
             "sizes_differ(items); print(json.dumps(time.process_time() - t))")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                         text=True, env={**os.environ, "PYTHONPATH": str(root)}).stdout
+                         text=True, env=checkout_env(root)).stdout
     return {"cpu": json.loads(out), "files": sum(1 for _ in folder.glob("*.png"))}
 
 
