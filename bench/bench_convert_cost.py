@@ -19,14 +19,18 @@ by that tool where scikit-image and scikit-learn are installed; else photo-sized
 CIFAR images (each JSON row says which).
 
 Each conversion reports (packdata.conversion.costs) its parent's wall and CPU seconds per phase
-(listing with header reads, key check, hand-over of results, writing, hashing, metadata,
-finish, commit; or, with one worker, loading done by the parent itself), its workers' CPU
-seconds per phase (load, pack, hashing), the bytes handed over, read and written. The PNGs'
-header reads are also timed apart. From them:
+(listing, key check, waiting for the header survey, the probe, hand-over of results, writing,
+hashing, metadata, finish, commit; or, with one worker, the survey and loading done by the
+parent itself), its workers' CPU seconds per phase (survey, load, pack, hashing, place), the
+bytes handed over, read and written. The PNGs' header reads are also timed apart. From them:
 
-- ``serial_share``: the parent's CPU seconds in the phases no worker takes (all but loading)
-  over the conversion's CPU seconds (parent and workers, start-up aside), per worker count (a
-  loaded machine inflates wall time, not CPU); with one worker, also over its wall time;
+- ``serial_share``: the parent's CPU seconds in the phases no worker takes (all but loading
+  and the header survey) over the conversion's CPU seconds (parent and workers, start-up
+  aside), per worker count (a loaded machine inflates wall time, not CPU); with one worker,
+  also over its wall time;
+- ``serial_over_one``: the parent's serial CPU seconds with each worker count over the CPU
+  seconds of the conversion with one worker (what the workers cannot take, against the whole
+  job);
 - ``amdahl_16``: 1 / (s + (1 - s) / 16), the speed-up 16 workers would give over one if only
   that share stayed serial, with ``s`` the 2-worker runs' share — and, where the machine has
   the cores, ``speedup`` says what 16 gave.
@@ -205,12 +209,13 @@ def children_cpu() -> float:
 
 
 def header_reads(folder: Path, root: Path) -> dict:
-    """CPU seconds of the listing's header reads alone (what chooses the PNGs' layout), in a
-    fresh process: the parent's phase "listing" includes them."""
+    """CPU seconds of the header reads alone (the survey, which chooses the PNGs' layout), in
+    one fresh process: a conversion's workers share them (phase "survey")."""
     code = ("import json, time; from packdata.sources import open_source; "
-            "from packdata.sources.images import sizes_differ; "
-            f"items = open_source({str(folder)!r}).items(); t = time.process_time(); "
-            "sizes_differ(items); print(json.dumps(time.process_time() - t))")
+            "from packdata.conversion.survey import survey; "
+            f"source = open_source({str(folder)!r}); items = source.items(); "
+            "t = time.process_time(); survey(source, items, workers=1); "
+            "print(json.dumps(time.process_time() - t))")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                          text=True, env=checkout_env(root)).stdout
     return {"cpu": json.loads(out), "files": sum(1 for _ in folder.glob("*.png"))}
@@ -243,6 +248,9 @@ def summary(rows: list[dict]) -> dict:
         share = {w: statistics.median(r["costs"]["serial_cpu"] / conversion_cpu(r) for r in rs)
                  for w, rs in runs.items()}
         entry["serial_share"] = share
+        one = statistics.median(conversion_cpu(r) for r in runs[1])
+        entry["serial_over_one"] = {w: statistics.median(r["costs"]["serial_cpu"] for r in rs)
+                                    / one for w, rs in runs.items()}
         entry["serial_share_of_wall"] = statistics.median(
             r["costs"]["serial_cpu"] / r["wall"] for r in runs[1])
         if 2 in share:

@@ -16,7 +16,7 @@ timed from the folder's name to the closed output:
   final size, written 1,024 samples at a time; tarfile an ``.image`` and a ``.cls`` member per
   sample in one tar file;
 - ``packdata lmdb`` / ``hdf5`` / ``tar``: ``packdata.convert(packdata.open_source(folder), DST,
-  workers=2)``: kind detection, listing, labels, the header scan, per-record checks and
+  workers=2)``: kind detection, listing, labels, the header survey, per-record checks and
   checksums, the manifest and the atomic commit included.
 
 Each row also records its CPU seconds, of the timing process and its workers together: on a
@@ -51,6 +51,7 @@ from PIL import Image
 
 import packdata
 import packdata.containers.lmdb
+import packdata.conversion.job
 import packdata.conversion.local
 import packdata.conversion.pool
 import packdata.recordmeta
@@ -126,8 +127,8 @@ def ours(folder: Path, dst: Path) -> None:
 
 #: (stage, object, attribute) of the converting process's stages timed in the profiled run
 STAGES = [
-    ("listing, labels, header scan", packdata.sources.images.ImageSource, "items"),
-    ("  of which the header scan", packdata.sources.images, "sizes_differ"),
+    ("listing, labels", packdata.sources.images.ImageSource, "items"),
+    ("header survey (read by the workers)", packdata.conversion.job, "survey"),
     ("waiting for the workers' blocks", packdata.conversion.pool.WorkerPool, "_result"),
     ("storing blocks (writer, keys, checksums)", packdata.conversion.local._Records, "add_block"),
     ("  writer.append_rows", packdata.containers.lmdb.LMDBWriter, "append_rows"),

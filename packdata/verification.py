@@ -277,10 +277,12 @@ def _loaded(source: Any) -> Iterator[tuple[Any, Any]]:
     input may make several records, e.g. a text split into chunks; in a worker process where the
     source declares it, so a decoder that aborts is a reported problem, not the end of verify)."""
     from packdata.conversion.local import load_blocks
+    from packdata.conversion.survey import survey
 
     with warnings.catch_warnings():  # advice for converting (no labels, precision): not news
         warnings.simplefilter("ignore", InputWarning)
         items = source.items()
+    survey(source, items, workers=1)  # what the headers decide, as conversion settles it
     for block, loaded in load_blocks(source, source.blocks(items), workers=1, packed=False):
         yield from zip(block, loaded)
 

@@ -155,12 +155,14 @@ def _stored(path: Path) -> dict[str, np.ndarray]:
 def test_hdf5_lays_variable_rows_out_from_the_headers_and_writes_them_in_place(
         tmp_path, png_folder, monkeypatch, options):
     """Images of any size (their pixel rows counted from the headers) and kept files (their
-    bytes from their sizes) go straight into datasets made at their final size; the file holds
-    what the spooled path (no rows known ahead) writes, byte for byte."""
+    bytes from their sizes) go straight into datasets made at their final size, by the
+    converting process (one worker) or by the workers that load them (two); the file holds what
+    the spooled path (no rows known ahead) writes, byte for byte."""
     from packdata.containers import hdf5
+    from packdata.sources.base import Survey
     from packdata.sources.images import ImageSource
 
-    monkeypatch.setattr(ImageSource, "expected_rows", lambda self, items: None)
+    monkeypatch.setattr(ImageSource, "survey", lambda self, items: Survey(None, []))
     spooled = packdata.convert(packdata.open_source(png_folder, **options), tmp_path / "s.h5",
                                workers=2)
     monkeypatch.undo()
@@ -169,12 +171,17 @@ def test_hdf5_lays_variable_rows_out_from_the_headers_and_writes_them_in_place(
         raise AssertionError("moved to spools although every record fit")
 
     monkeypatch.setattr(hdf5.HDF5Writer, "_to_spools", never)
-    placed = packdata.convert(packdata.open_source(png_folder, **options), tmp_path / "p.h5",
-                              workers=2)
-    assert np.array_equal(placed.manifest.checksums, spooled.manifest.checksums)
-    a, b = _stored(placed.path), _stored(spooled.path)
-    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
-    assert packdata.verify(placed.path).ok
+    b = _stored(spooled.path)
+    for workers in (1, 2):
+        placed = packdata.convert(packdata.open_source(png_folder, **options),
+                                  tmp_path / f"p{workers}.h5", workers=workers)
+        assert np.array_equal(placed.manifest.checksums, spooled.manifest.checksums)
+        a = _stored(placed.path)
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+        assert packdata.verify(placed.path).ok
+        # two workers wrote every record themselves: only the checksums crossed
+        assert ("place" in placed.costs.workers) == (workers == 2)
+    assert placed.costs.bytes["handed_over"] == 8 * placed.manifest.count
 
 
 def test_hdf5_moves_rows_laid_out_in_place_to_spools_when_an_input_is_skipped(tmp_path,

@@ -10,12 +10,14 @@ from packdata.conversion.costs import SPREAD, Costs
 
 
 def test_a_conversion_in_workers_reports_its_phases_and_bytes(png_folder, tmp_path):
-    result = packdata.convert(packdata.open_source(png_folder), tmp_path / "d.h5", workers=2)
+    result = packdata.convert(packdata.open_source(png_folder), tmp_path / "d.lmdb", workers=2)
     costs, m = result.costs, result.manifest
-    assert {"listing", "keys", "hand-over", "writing", "metadata", "finish", "commit"} <= set(
-        costs.parent)
-    assert "load" not in costs.parent  # the workers loaded every input
-    assert costs.workers["load"] > 0 and "hashing" in costs.workers
+    assert {"listing", "keys", "surveying", "hand-over", "writing", "metadata", "finish",
+            "commit"} <= set(costs.parent)
+    # the workers read every header and loaded every input
+    assert "load" not in costs.parent and "survey" not in costs.parent
+    assert costs.workers["survey"] > 0 and costs.workers["load"] > 0
+    assert "hashing" in costs.workers
     record = sum(f.nbytes for f in m.fields.values())
     # every record's bytes and checksum crossed from the workers, once
     assert costs.bytes["handed_over"] == m.count * (record + 8)
@@ -29,7 +31,7 @@ def test_a_conversion_in_one_process_loads_in_the_parent(png_folder, tmp_path):
     result = packdata.convert(packdata.open_source(png_folder), tmp_path / "d.lmdb", workers=1)
     after = resource.getrusage(resource.RUSAGE_SELF)
     costs = result.costs
-    assert costs.workers == {} and costs.parent["load"][1] > 0
+    assert costs.workers == {} and costs.parent["load"][1] > 0 and costs.parent["survey"][1] > 0
     spent = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     assert sum(c for _, c in costs.parent.values()) <= spent + 0.01
     assert costs.serial_cpu() == sum(c for n, (_, c) in costs.parent.items() if n not in SPREAD)

@@ -16,6 +16,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
+from packdata.conversion.survey import survey
 from packdata.sources.images import SUFFIXES, ImageSource
 from packdata.sources.labels import load_labels
 from packdata.sources.pixels import named_warnings, prepared
@@ -40,6 +41,7 @@ class PerFileImageDataset(Dataset):
         (``labels.*`` inside the folder, or class sub-folders); unlabelled samples get -1."""
         source = ImageSource(folder)
         items = source.items()
+        survey(source, items, workers=1)  # the headers' sizes: one or several
         ds = cls.__new__(cls)
         ds.mixed_sizes = source.mixed_sizes
         ds.folder = Path(folder) if Path(folder).is_dir() else Path(folder).parent

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from packdata import checksum
+from packdata.containers.placement import Placement, Slot
 from packdata.containers.plan import BatchPlan, Select, selected_entries
 from packdata.errors import ArgumentError, DatasetError
 from packdata.manifest import Field, Manifest
@@ -65,6 +66,24 @@ class Writer(ABC):
         field will hold in all; hints (skipped inputs, or inputs that make several records, make
         them wrong). A writer may lay out its storage for them; whatever arrives is stored all
         the same."""
+
+    #: whether :meth:`place` lays the output out for worker processes to write records into
+    #: (see :mod:`packdata.containers.placement`)
+    PLACES_ROWS: ClassVar[bool] = False
+    #: the layout :meth:`place` made, while records still go there (None once given up)
+    placement: Placement | None = None
+
+    def place(self, count: int, rows: dict[str, int] | None = None) -> Placement | None:
+        """Before the first record: lay the output out for ``count`` records (and ``rows`` of
+        each variable-length field in all), and say where each goes (None where it cannot).
+        Blocks written there are announced with :meth:`placed`, in order; records appended
+        otherwise (an input skipped, a record that does not fit its slot) give the layout up
+        (:attr:`placement` None): blocks written there afterwards are read back."""
+        raise NotImplementedError(f"{type(self).__name__} does not declare PLACES_ROWS")
+
+    def placed(self, slot: Slot) -> None:
+        """The records of ``slot`` were written where :meth:`place` said: they are the next."""
+        raise NotImplementedError(f"{type(self).__name__} does not declare PLACES_ROWS")
 
     def append_rows(self, keys: Sequence[str], rows: np.ndarray) -> None:
         """Store records ``keys`` given as the rows of one uint8 table, row ``j`` record

@@ -48,6 +48,7 @@ from packdata.containers.hdf5layout import (
     record_offsets,
     view_of,
 )
+from packdata.containers.hdf5place import HDF5Placing
 from packdata.containers.joined import map_kept
 from packdata.containers.plan import BatchPlan
 from packdata.containers.spool import BLOCK_BYTES, Spool
@@ -68,22 +69,18 @@ SUFFIXES = (".h5", ".hdf5")
 BLOCK = 1 << 18  # array entries written at a time (2 MiB of int64)
 
 
-class HDF5Writer(Writer):
+class HDF5Writer(HDF5Placing, Writer):
     """Fields spooled to files and copied into the HDF5 file at the end; or, given the record
-    count to expect (:meth:`expect`) and, for variable-length fields, the rows they will hold,
-    written straight into datasets made at that size, as long as the records fit them."""
+    count (:meth:`expect`) and the rows of variable-length fields, written into datasets made at
+    that size while the records fit them, here or by the workers that load them (:meth:`place`)."""
 
     LAYS_OUT_ROWS = True
 
-    def __init__(
-        self, path: Path, fields: dict[str, Field], options: dict[str, Any],
-        on_shard_closed: ShardClosed | None = None,
-    ) -> None:
+    def __init__(self, path: Path, fields: dict[str, Field], options: dict[str, Any],
+                 on_shard_closed: ShardClosed | None = None) -> None:
         super().__init__(path, fields, options, on_shard_closed)
-        self.spools = {
-            name: Spool(path.with_name(f"{path.name}.{name}.spool"), field)
-            for name, field in fields.items()
-        }
+        self.spools = {name: Spool(path.with_name(f"{path.name}.{name}.spool"), field)
+                       for name, field in fields.items()}
         self.file: h5py.File | None = None  # while records go straight into it
         self.datasets: dict[str, h5py.Dataset] = {}
         self.expected = 0
@@ -123,7 +120,8 @@ class HDF5Writer(Writer):
     def _in_place(self, n: int, record: dict[str, np.ndarray] | None = None) -> bool:
         """Whether ``n`` more records (``record``, for variable fields) fit the datasets made by
         :meth:`expect`; if they would overflow them, what was written moves to the spools,
-        which take everything from then on."""
+        which take everything from then on (so do records of a placed layout: :meth:`place`)."""
+        self.give_up_placement()
         if self.file is None:
             return False
         if self.count + n <= self.expected and all(
@@ -201,6 +199,7 @@ class HDF5Writer(Writer):
             self.flushed = self.count
 
     def finish(self, manifest: Manifest) -> None:
+        self.let_go()
         if self.file is not None and (self.count != self.expected or any(
                 rows != len(self.datasets[name]) for name, rows in self.rows.items())):
             self._to_spools()  # fewer records than expected (inputs skipped): datasets too long
@@ -272,6 +271,7 @@ class HDF5Writer(Writer):
         self.file, self.datasets, self.made = None, {}, []
 
     def abort(self) -> None:
+        self.let_go()
         if self.file is not None:
             abandon(self.file)  # before any of its objects is freed
             self.file, self.datasets, self.made = None, {}, []

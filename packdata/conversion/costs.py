@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: the parent's phases, in the order a conversion runs them
-PARENT = ("listing", "keys", "load", "hand-over", "headers", "writing", "hashing", "metadata",
-          "finish", "commit")
-#: the workers' phases (CPU seconds); in a one-process conversion the parent runs them itself,
-#: under its own phase "load"
-WORKER = ("load", "pack", "hashing")
+PARENT = ("listing", "keys", "survey", "surveying", "probe", "load", "hand-over", "writing",
+          "hashing", "metadata", "finish", "commit")
+#: the workers' phases (CPU seconds): reading the inputs' headers (survey), loading, packing,
+#: hashing and writing records where the output lays them out (place); in a one-process
+#: conversion the parent runs them itself, under its own phases "survey" and "load"
+WORKER = ("survey", "load", "pack", "hashing", "place")
 #: phases of the parent that spread with the workers: what it does only where no worker does it
-SPREAD = ("load",)
+SPREAD = ("survey", "load")
 
 
 @dataclass

@@ -62,7 +62,7 @@ def convert(
         in_parts.check_destination(target, dst)  # before any input is listed
     costs = Costs()
     with staged(target, Storage(storage_options or {}), overwrite) as (here, on_shard_closed):
-        job = settle(source, here, on_error, overwrite, costs)
+        job = settle(source, here, on_error, overwrite, costs, workers)
         if in_parts is not None:
             result = write_parts(job, in_parts, workers=workers, progress=progress)
             result.costs.parent.update(costs.parent)

@@ -15,6 +15,7 @@ import numpy as np
 
 from packdata import containers
 from packdata.conversion.costs import Costs
+from packdata.conversion.survey import survey
 from packdata.errors import DatasetError, OutputExistsError, PackdataError, UnreadableDataset
 from packdata.manifest import Manifest
 from packdata.recordmeta import key_hashes
@@ -69,15 +70,21 @@ class Job:
     options: dict[str, Any]  # the writer's
     items: Sequence[Item]  # a list, or a source's compact table (sources.lines.DocTable)
     on_error: str = "fail"
+    #: each input's rows of each variable-length field, from the survey of their headers
+    #: (:mod:`.survey`); None where the inputs did not tell
+    rows: dict[str, np.ndarray] | None = None
 
     @property
     def container(self) -> ModuleType:
         """The container module (see :mod:`packdata.containers`)."""
         return containers.get(self.container_name)
 
-    def part(self, items: Sequence[Item], dst: Path) -> Job:
-        """The same conversion of some of the items into another destination (a part)."""
-        return dataclasses.replace(self, items=items, dst=dst)
+    def part(self, items: Sequence[Item], start: int, dst: Path) -> Job:
+        """The same conversion of ``items``, the inputs from ``start`` on, into another
+        destination (a part)."""
+        rows = None if self.rows is None else {
+            name: counts[start : start + len(items)] for name, counts in self.rows.items()}
+        return dataclasses.replace(self, items=items, dst=dst, rows=rows)
 
 
 @dataclass
@@ -111,12 +118,12 @@ class ConvertResult:
 
 
 def settle(source: Source, target: Destination, on_error: str, overwrite: bool,
-           costs: Costs | None = None) -> Job:
+           costs: Costs | None = None, workers: int | None = None) -> Job:
     """The :class:`Job` for converting ``source`` into ``target``: the inputs (at least one, no
     two with one key). A local destination is refused when it is a link, lies inside the
     source (or holds it), or exists (unless ``overwrite`` and it is a dataset); one staged for a
-    URL is a fresh folder. Listing the inputs (for images with their headers) and checking their
-    keys are counted in ``costs``."""
+    URL is a fresh folder. The inputs' headers are surveyed by ``workers`` processes
+    (:mod:`.survey`). Listing, checking keys and the survey are counted in ``costs``."""
     costs = costs if costs is not None else Costs()
     if on_error not in ON_ERROR:
         raise PackdataError(f"on_error '{on_error}': expected one of {', '.join(ON_ERROR)}")
@@ -129,7 +136,8 @@ def settle(source: Source, target: Destination, on_error: str, overwrite: bool,
     if not source.unique_keys:
         with costs.phase("keys"):
             _check_unique_keys(items)
-    return Job(source, target.container, target.path, target.options, items, on_error)
+    rows = survey(source, items, workers, costs)
+    return Job(source, target.container, target.path, target.options, items, on_error, rows)
 
 
 #: keys made as strings at a time while hashing them (the rest of the check is 16 bytes a key)

@@ -19,8 +19,11 @@ from pathlib import Path
 from packdata import atomic, interrupts
 from packdata.checksum import record_checksum
 from packdata.containers.base import ShardClosed, Writer
+from packdata.containers.placement import Placement
+from packdata.conversion import placing
 from packdata.conversion.costs import Costs, WorkerClock
 from packdata.conversion.job import ConvertResult, Job
+from packdata.conversion.placing import Placed
 from packdata.conversion.pool import WorkerPool
 from packdata.conversion.rows import Hashed, Rows, handed_over, pack
 from packdata.errors import PackdataError, SampleError, SkippedSample, WorkerDied
@@ -53,9 +56,11 @@ def write(job: Job, *, workers: int | None = None, progress: Progress | None = N
     workers = max(1, min(workers or available_cores(), len(blocks)))
     with atomic.committing(job.dst) as partial:
         records = _Records(job, partial.path, on_shard_closed, costs)
-        loading = load_blocks(job.source, blocks, workers, costs=costs)
+        loading = None
         try:
             done = 0
+            loading = load_blocks(job.source, blocks, workers, costs=costs,
+                                  places=records.place(workers))
             for block, loaded in loading:
                 records.add_block(block, loaded)
                 done += len(block)
@@ -66,7 +71,8 @@ def write(job: Job, *, workers: int | None = None, progress: Progress | None = N
                 manifest = records.finish()
             committed = costs.mark()
         except BaseException as exc:
-            loading.close()  # its workers stopped now, not when the traceback is freed
+            if loading is not None:
+                loading.close()  # its workers stopped now, not when the traceback is freed
             records.abort()
             if _is_write_error(exc):
                 reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
@@ -93,10 +99,36 @@ class _Records:
         self.meta: MetaSpool | None = None  # made with the writer: files beside the output
         self.skipped: list[dict[str, str]] = []
 
-    def add_block(self, block: list[Item], loaded: Rows | Hashed | list[Loaded]) -> None:
-        """What the items of ``block`` loaded: rows checked in the worker (see
-        :mod:`.rows`) stored as one table where they are records of this conversion's fields;
-        anything else item by item."""
+    def place(self, workers: int) -> Callable[[list[Item]], placing.Placing | None] | None:
+        """Where the writer lays the output out for the workers to write their records into
+        (see :mod:`.placing`), each block's place; None where the records come here."""
+        source, container = self.job.source, self.job.container
+        if (workers <= 1 or not container.WRITER.PLACES_ROWS or source.OBSERVES
+                or source.ISOLATE_LOADING):  # a probe here would be a crash here
+            return None
+        probed = placing.probe(self.job, self.costs)
+        if probed is None:
+            return None
+        fields, first = probed
+        if any(f.variable for f in fields.values()) and self.job.rows is None:
+            return None
+        if self._start(fields, first, place=True) is None:
+            return None
+        return placing.slots(self.job, self.writer)  # type: ignore[arg-type]
+
+    def add_block(self, block: list[Item], loaded: Rows | Hashed | list[Loaded] | Placed
+                  ) -> None:
+        """What the items of ``block`` loaded: written in place by a worker (only the
+        checksums came), rows checked in the worker (see :mod:`.rows`) stored as one table
+        where they are records of this conversion's fields; anything else item by item."""
+        if isinstance(loaded, Placed):
+            with self.costs.phase("metadata"):
+                keys = keys_of(block)
+            with self.costs.phase("writing"):
+                self.writer.placed(loaded.slot)  # type: ignore[union-attr]
+            with self.costs.phase("metadata"):
+                self.meta.append_block(keys, loaded.checksums)  # type: ignore[union-attr]
+            return
         if isinstance(loaded, Rows):
             if self.writer is None:
                 self._start(loaded.fields, block[0])
@@ -121,18 +153,26 @@ class _Records:
         for item, one in zip(block, loaded):
             self.add(item, one)
 
-    def _start(self, fields: dict[str, Field], first: Item) -> None:
-        """The writer, made for ``fields`` (those of the first record, from ``first``)."""
+    def _start(self, fields: dict[str, Field], first: Item, place: bool = False
+               ) -> Placement | None:
+        """The writer, made for ``fields`` (those of the first record, from ``first``), told
+        the inputs and the rows the survey counted, or (``place``) laying the output out for
+        the workers (its placement, or None where it cannot)."""
         self.fields, self.first = fields, first
         self.writer = self.job.container.WRITER(self.path, self.fields, self.job.options,
                                                 self.on_shard_closed)
-        rows = None
-        if self.writer.LAYS_OUT_ROWS and any(f.variable for f in fields.values()):
-            with self.costs.phase("headers"):  # while the workers decode the next blocks
-                rows = self.job.source.expected_rows(self.job.items)
-        self.writer.expect(len(self.job.items), rows)
         # keys and checksums stream to files: memory stays flat in the record count
         self.meta = MetaSpool(self.path.with_name(f"{self.path.name}.records"))
+        surveyed = self.job.rows or {}
+        rows = {name: int(surveyed[name].sum()) for name, f in fields.items()
+                if f.variable and name in surveyed}
+        with self.costs.phase("writing"):
+            if place:
+                placement = self.writer.place(len(self.job.items), rows)
+                if placement is not None:
+                    return placement
+            self.writer.expect(len(self.job.items), rows if self.writer.LAYS_OUT_ROWS else None)
+        return None
 
     def add(self, item: Item, loaded: Loaded, checksums: list[int] | None = None,
             names: list[str] | None = None) -> None:
@@ -241,13 +281,17 @@ def _set_worker_source(source: Source) -> None:
 
 
 def load_blocks(source: Source, blocks: Iterable[list[Item]], workers: int, packed: bool = True,
-                costs: Costs | None = None) -> Iterator[tuple[list[Item], Rows | Hashed | list[Loaded]]]:
+                costs: Costs | None = None,
+                places: Callable[[list[Item]], placing.Placing | None] | None = None
+                ) -> Iterator[tuple[list[Item], Rows | Hashed | list[Loaded] | Placed]]:
     """Every block with what its items loaded, in order: :func:`.rows.pack`ed for writing, or
     each item's record (or its SampleError) with ``packed=False`` (``packdata verify --source``).
     At most ``2 × workers`` blocks in flight; a source that declares ``ISOLATE_LOADING`` loads
     in a worker process even with ``workers=1``, so a decoder that kills its process is an error
     naming the input, not the end of packdata. With ``costs``, the time spent waiting for and
-    receiving each block (or, without workers, loading it here) is counted there."""
+    receiving each block (or, without workers, loading it here) is counted there. With
+    ``places`` (workers only), each block's place in the output, asked as its task is made:
+    the worker writes the block's records there where they fit it (:mod:`.placing`)."""
     costs = costs if costs is not None else Costs()
     # a daemonic process (a Dask worker) can start no child: it is the isolation itself, a
     # crash in it is a dead worker its engine names
@@ -262,41 +306,48 @@ def load_blocks(source: Source, blocks: Iterable[list[Item]], workers: int, pack
     workers = max(workers, 1)
     try:
         with WorkerPool(workers, _set_worker_source, (source,)) as pool:
-            results = pool.ordered(functools.partial(_load_block, packed=packed), blocks,
+            tasks = ((block, places(block) if places else None) for block in blocks)
+            results = pool.ordered(functools.partial(_load_block, packed=packed), tasks,
                                    2 * workers)
             while True:
                 with costs.phase("hand-over"):  # waiting for the block, and receiving it
-                    block, (loaded, spent, notes) = next(results, (None, (None, None, None)))
-                if block is None:
+                    task, (loaded, spent, notes) = next(results, (None, (None, None, None)))
+                if task is None:
                     return
+                block = task[0]
                 costs.add_workers(spent)
-                costs.count("handed_over", handed_over(loaded))
+                costs.count("handed_over", loaded.checksums.nbytes if isinstance(loaded, Placed)
+                            else handed_over(loaded))
                 source.add_notes(notes)  # the worker's counts, gathered where conversion runs
                 yield block, loaded
     except WorkerDied as died:  # the culprit is in this block or one queued after it
         raise PackdataError("a conversion worker stopped unexpectedly (killed, out of memory, or "
-                            f"crashed in a decoder) while loading inputs from {died.task[0].path} "
+                            f"crashed in a decoder) while loading inputs from {died.task[0][0].path} "
                             "on") from None
 
 
-def _load_block(items: list[Item], packed: bool = True
-                ) -> tuple[Rows | Hashed | list[Loaded], dict[str, float],
+def _load_block(task: tuple[list[Item], placing.Placing | None], packed: bool = True
+                ) -> tuple[Rows | Hashed | list[Loaded] | Placed, dict[str, float],
                            dict[str, tuple[int, list[str]]]]:
     """The worker's task: the block loaded and, for writing, packed (the rows' checks and
-    checksums are computed here, in parallel, not in the process that writes), with the CPU
-    seconds each phase took (:class:`.costs.WorkerClock`) and the notes the source took while
-    loading it (:meth:`Source.take_notes`). What it raises
+    checksums are computed here, in parallel, not in the process that writes), and written in
+    its place where it travels with one, with the CPU seconds each phase took
+    (:class:`.costs.WorkerClock`) and the notes the source took while loading it
+    (:meth:`Source.take_notes`). What it raises
     travels back pickled: an error that cannot be (a library's own exception class) is replaced
     by a PackdataError keeping its type and message, and nothing is chained to it (where
     exceptions pickle their chain, as with tblib's support installed, a chained library
     exception would not pickle either)."""
     clock = WorkerClock()
+    items, place = task
     try:
         with clock.phase("load"):
             loaded = _load_block_with(_worker_source, items)  # type: ignore[arg-type]
         if packed:
             with clock.phase("pack"):
                 loaded = pack(_worker_source, loaded, clock)  # type: ignore[arg-type]
+        if place is not None:
+            loaded = placing.put(loaded, place, clock)
         return loaded, clock.spent, _worker_source.take_notes()  # type: ignore[union-attr]
     except BaseException as exc:
         failure = exc

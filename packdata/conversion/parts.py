@@ -157,7 +157,7 @@ def write(job: Job, parts: Parts, *, workers: int | None = None, progress: Any =
     paths = [work / sharded.part_name(job.container.NAME, n) for n in range(len(slices))]
     manifests = _finished_parts(job, paths, parts.resume)
     todo = [n for n in range(len(slices)) if n not in manifests]
-    tasks = [job.part(slices[n], paths[n]) for n in todo]
+    tasks = [job.part(slices[n], n * size, paths[n]) for n in todo]
     done = sum(len(slices[n]) for n in manifests)
     with term_as_interrupt():  # `kill` stops the workers as Ctrl-C does
         for number, text in engines.run(convert_part, tasks, engine=parts.engine,

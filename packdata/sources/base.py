@@ -39,6 +39,17 @@ Record = dict[str, np.ndarray]
 Loaded = Record | list[tuple[str, Record]] | SampleError
 
 
+@dataclass
+class Survey:
+    """What the headers of one block of inputs tell, read without decoding them (in a worker
+    process: :meth:`Source.survey`): each input's rows of each variable-length field its record
+    will hold (None where some header of the block did not tell), and facts of the source's own
+    that :meth:`Source.surveyed` settles (e.g. the images' sizes)."""
+
+    rows: dict[str, np.ndarray] | None
+    facts: Any = None
+
+
 @dataclass(frozen=True)
 class Item:
     """One input sample: its key (kept in the manifest), its file, and its label if known."""
@@ -178,11 +189,20 @@ class Source(ABC):
         size = max(MIN_BLOCK, min(BLOCK, -(-len(items) // TASKS)))
         return [items[i : i + size] for i in range(0, len(items), size)]
 
-    def expected_rows(self, items: Sequence[Item]) -> dict[str, int] | None:
-        """The rows each variable-length field of the records of ``items`` will hold in all,
-        where the inputs tell without being loaded (their headers, their sizes); None where they
-        do not. A writer lays the output out for them (see ``Writer.LAYS_OUT_ROWS``)."""
-        return None
+    @property
+    def surveying(self) -> bool:
+        """Whether conversion surveys the inputs (:meth:`survey`, block by block in its worker
+        processes) after listing them and before loading any."""
+        return False
+
+    def survey(self, items: Sequence[Item]) -> Survey:
+        """What the headers of ``items`` (one block) tell without a decode: run in a worker
+        process, where :attr:`surveying`."""
+        raise NotImplementedError(f"{type(self).__name__} does not survey its inputs")
+
+    def surveyed(self, surveys: Sequence[Survey]) -> None:  # noqa: B027 - optional hook
+        """Settle what the surveys of every block (in order, in the converting process) decide,
+        before any input is loaded (e.g. whether images of several sizes are stored as rows)."""
 
     @abstractmethod
     def fields(self, record: dict[str, np.ndarray]) -> dict[str, Field]:

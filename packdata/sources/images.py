@@ -37,7 +37,7 @@ from packdata.options import Option, resolve
 from packdata.remote.files import RemotePath
 from packdata.sources import labels as labelling
 from packdata.sources import pixels
-from packdata.sources.base import BLOCK, FileTable, Item, Source, paths_of
+from packdata.sources.base import BLOCK, FileTable, Item, Source, Survey, paths_of
 
 KIND = "image"
 select = None  # every record serves all of itself
@@ -117,7 +117,7 @@ class ImageSource(Source):
         if self.labels_path and not self.labels_path.is_file():
             raise PackdataError(f"{self.labels_path}: labels file not found")
         #: raw pixels of differing sizes: stored as variable-size rows, unscaled (decided by
-        #: :meth:`items` from the images' headers, before anything is converted)
+        #: :meth:`surveyed` from the images' headers, before anything is converted)
         self.mixed_sizes = False
 
     def _files(self) -> list[str]:
@@ -135,10 +135,7 @@ class ImageSource(Source):
         self.ignore(f"entries of {self.labels_path} naming no input file", unused)
         if files and labelling.layout(files, self.labels_path) == "unlabelled":
             labelling.warn_unlabelled(self.root, "an image", files)
-        items = FileTable.of(root, files, labels)
-        if self.encoding == "raw" and not self.resize and not self.max_size:
-            self.mixed_sizes = sizes_differ(items, oriented=self.exif_orientation)
-        return items
+        return FileTable.of(root, files, labels)
 
     def load(self, item: Item) -> dict[str, np.ndarray]:
         if item.label == labelling.MISSING:
@@ -196,28 +193,48 @@ class ImageSource(Source):
             fields["label"] = Field("int64", ())
         return fields
 
-    def expected_rows(self, items: Sequence[Item]) -> dict[str, int] | None:
-        """Pixel rows of images of any size, from their headers (H×W, as scaled by
-        ``max_size``); the files' bytes where they are kept. None if a header cannot be read
-        (that input's load names it) or a kept file is not local."""
+    @property
+    def surveying(self) -> bool:
+        """Every image's header is read before any is converted (:meth:`survey`), unless all
+        are resized to one size: its size decides how raw pixels are stored (one size: fixed
+        C×H×W; several: rows) and the rows a writer lays out."""
+        return not self.resize
+
+    def survey(self, items: Sequence[Item]) -> Survey:
+        """Each image's pixel rows from its header (H×W, as ``max_size`` scales them), or, kept,
+        its file's bytes; and the block's sizes (two at most, turned as their EXIF orientation
+        says where ``exif_orientation`` asks: whether they differ is what :meth:`surveyed`
+        asks). Rows are None where a header cannot be read (that input's load
+        names it) or a kept file is not local."""
         if self.encoding == "keep":
             paths = paths_of(items)
             if paths and isinstance(paths[0], RemotePath):
-                return None
+                return Survey(None)
             try:
-                return {"image": sum(os.stat(path).st_size for path in paths)}
+                sizes = np.array([os.stat(path).st_size for path in paths], dtype=np.int64)
             except OSError:
-                return None
-        if not self.variable:
-            return None
-        total = 0
-        for size in _header_sizes(items):
+                return Survey(None)
+            return Survey({"image": sizes})
+        seen: list[tuple[int, int]] = []
+        rows = np.empty(len(items), dtype=np.int64)
+        known = True
+        oriented = _oriented_size_or_none if self.exif_orientation else None
+        for i, size in enumerate(_header_sizes(items, oriented)):
             if size is None:
-                return None
+                known = False
+                continue
+            if len(seen) < 2 and size not in seen:
+                seen.append(size)
             if self.max_size and min(size) > self.max_size:
                 size = limited_size(size, self.max_size)
-            total += size[0] * size[1]
-        return {"image": total}
+            rows[i] = size[0] * size[1]
+        return Survey({"image": rows} if known else None, seen)
+
+    def surveyed(self, surveys: Sequence[Survey]) -> None:
+        """Raw pixels of several sizes (neither resized nor limited): stored as rows."""
+        if self.encoding == "raw" and not self.max_size:
+            sizes = {size for survey in surveys for size in survey.facts}
+            self.mixed_sizes = len(sizes) > 1
 
     @property
     def variable(self) -> bool:
@@ -237,22 +254,6 @@ class ImageSource(Source):
                        "mixed_sizes": self.mixed_sizes},
             "options": self.options(),
         }
-
-
-def sizes_differ(items: Sequence[Item], oriented: bool = False) -> bool:
-    """Whether the images of ``items`` differ in size, read from their headers alone (no pixel
-    is decoded); ``oriented``: as their EXIF orientation turns them. Stops at the first size
-    that differs; a file whose header cannot be read is left to :meth:`ImageSource.load`, which
-    names it."""
-    first = None
-    for size in _header_sizes(items, _oriented_size_or_none if oriented else _size_or_none):
-        if size is None:
-            continue
-        if first is None:
-            first = size
-        elif size != first:
-            return True
-    return False
 
 
 def _header_sizes(items: Sequence[Item],

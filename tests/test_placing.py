@@ -1,0 +1,130 @@
+"""Workers that write their records straight into the output (packdata.conversion.placing, the
+HDF5 writer's layout, packdata.containers.placement): the same file as the converting process
+writes, only checksums handed over; a block that does not fit its place (a skipped input, a
+record larger than its header said) gives the layout up, and what workers wrote after that is
+read back, so the output is still exactly the records in order."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+import packdata
+from packdata.containers import hdf5
+from packdata.containers.placement import FilePlacement
+from packdata.sources.base import Survey
+from packdata.sources.images import ImageSource
+
+
+def stored(path) -> dict[str, np.ndarray]:
+    with h5py.File(path, "r") as f:
+        return {name: f[name][()] for name in f if name not in ("manifest", "__records__")}
+
+
+def same_file_contents(a, b) -> bool:
+    x, y = stored(a), stored(b)
+    return x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
+
+
+@pytest.fixture
+def spied(monkeypatch) -> dict[str, int]:
+    """How often the layout was given up, and blocks were read back from it."""
+    calls = {"given_up": 0, "read_back": 0}
+    give_up, read = hdf5.HDF5Writer.give_up_placement, FilePlacement.read
+
+    def counted_give_up(self):
+        calls["given_up"] += self.placement is not None
+        give_up(self)
+
+    def counted_read(self, fd, slot):
+        calls["read_back"] += 1
+        return read(self, fd, slot)
+
+    monkeypatch.setattr(hdf5.HDF5Writer, "give_up_placement", counted_give_up)
+    monkeypatch.setattr(FilePlacement, "read", counted_read)
+    return calls
+
+
+@pytest.mark.parametrize("options", [{}, {"max_size": 20}], ids=["fixed", "rows"])
+def test_workers_write_the_records_the_converting_process_would(tmp_path, png_folder, spied,
+                                                                 options):
+    here = packdata.convert(packdata.open_source(png_folder, **options), tmp_path / "1.h5",
+                            workers=1)
+    placed = packdata.convert(packdata.open_source(png_folder, **options), tmp_path / "2.h5",
+                              workers=2)
+    assert placed.costs.workers["place"] > 0 and spied == {"given_up": 0, "read_back": 0}
+    assert placed.costs.bytes["handed_over"] == 8 * placed.manifest.count  # checksums only
+    assert np.array_equal(placed.manifest.checksums, here.manifest.checksums)
+    assert same_file_contents(placed.path, here.path)
+    assert packdata.verify(placed.path).ok
+
+
+@pytest.fixture
+def slow_second_block(monkeypatch) -> None:
+    """Input 20 (``bird_0000``, in the second block of 16) loads a second late: the other worker
+    places the blocks after it meanwhile, which are then read back."""
+    load = ImageSource.load
+
+    def slow(self, item):
+        if item.key == "bird_0000":
+            time.sleep(1.0)
+        return load(self, item)
+
+    monkeypatch.setattr(ImageSource, "load", slow)
+
+
+@pytest.mark.parametrize("options", [{}, {"max_size": 20}], ids=["fixed", "rows"])
+def test_a_skipped_input_gives_the_layout_up_and_later_blocks_are_read_back(
+        tmp_path, png_folder, spied, slow_second_block, options):
+    """120 inputs in blocks of 16; the bad one is in the second block, which comes back after
+    the blocks behind it were written in their places."""
+    folder = shutil.copytree(png_folder, tmp_path / "in")
+    bad = folder / "bird_0000.png"
+    bad.write_bytes(bad.read_bytes()[:100])  # its header still reads: its rows were counted
+    out = packdata.convert(packdata.open_source(folder, **options), tmp_path / "v.h5",
+                           workers=2, on_error="skip")
+    assert [s["path"] for s in out.manifest.skipped] == [str(bad)]
+    assert spied["given_up"] == 1 and spied["read_back"] >= 1
+    assert out.manifest.count == 119 and packdata.verify(out.path).ok
+    bad.unlink()  # the same folder without it: the same records
+    alone = packdata.convert(packdata.open_source(folder, **options), tmp_path / "w.h5",
+                             workers=1)
+    assert np.array_equal(out.manifest.checksums, alone.manifest.checksums)
+    assert same_file_contents(out.path, alone.path)
+
+
+def test_a_record_larger_than_its_header_said_is_stored_all_the_same(
+        tmp_path, png_folder, monkeypatch, spied, slow_second_block):
+    survey = ImageSource.survey
+
+    def short(self, items):  # one row too few for input 20, in the second block of 16
+        found = survey(self, items)
+        names = items.keys()
+        if "bird_0000" in names:
+            found.rows["image"][names.index("bird_0000")] -= 1
+        return found
+
+    monkeypatch.setattr(ImageSource, "survey", short)
+    out = packdata.convert(packdata.open_source(png_folder, max_size=20), tmp_path / "v.h5",
+                           workers=2)
+    monkeypatch.setattr(ImageSource, "survey", lambda self, items: Survey(None, []))
+    spooled = packdata.convert(packdata.open_source(png_folder, max_size=20),
+                               tmp_path / "s.h5", workers=2)
+    assert spied["given_up"] == 1 and spied["read_back"] >= 1
+    assert np.array_equal(out.manifest.checksums, spooled.manifest.checksums)
+    assert same_file_contents(out.path, spooled.path) and packdata.verify(out.path).ok
+
+
+def test_a_bad_input_stops_a_placed_conversion_leaving_nothing(tmp_path, png_folder):
+    folder = shutil.copytree(png_folder, tmp_path / "in")
+    bad = sorted(folder.glob("*.png"))[40]
+    bad.write_bytes(bad.read_bytes()[:100])
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(packdata.PackdataError, match=bad.name):
+        packdata.convert(packdata.open_source(folder), out / "d.h5", workers=2)
+    assert list(out.iterdir()) == []
