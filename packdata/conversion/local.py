@@ -122,12 +122,10 @@ class _Records:
         checksums came), rows checked in the worker (see :mod:`.rows`) stored as one table
         where they are records of this conversion's fields; anything else item by item."""
         if isinstance(loaded, Placed):
-            with self.costs.phase("metadata"):
-                keys = keys_of(block)
             with self.costs.phase("writing"):
                 self.writer.placed(loaded.slot)  # type: ignore[union-attr]
             with self.costs.phase("metadata"):
-                self.meta.append_block(keys, loaded.checksums)  # type: ignore[union-attr]
+                self.meta.append_packed(*loaded.keys, loaded.checksums)  # type: ignore[union-attr]
             return
         if isinstance(loaded, Rows):
             if self.writer is None:
@@ -316,7 +314,7 @@ def load_blocks(source: Source, blocks: Iterable[list[Item]], workers: int, pack
                     return
                 block = task[0]
                 costs.add_workers(spent)
-                costs.count("handed_over", loaded.checksums.nbytes if isinstance(loaded, Placed)
+                costs.count("handed_over", loaded.nbytes if isinstance(loaded, Placed)
                             else handed_over(loaded))
                 source.add_notes(notes)  # the worker's counts, gathered where conversion runs
                 yield block, loaded
@@ -347,7 +345,7 @@ def _load_block(task: tuple[list[Item], placing.Placing | None], packed: bool = 
             with clock.phase("pack"):
                 loaded = pack(_worker_source, loaded, clock)  # type: ignore[arg-type]
         if place is not None:
-            loaded = placing.put(loaded, place, clock)
+            loaded = placing.put(items, loaded, place, clock)
         return loaded, clock.spent, _worker_source.take_notes()  # type: ignore[union-attr]
     except BaseException as exc:
         failure = exc

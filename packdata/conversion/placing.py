@@ -25,7 +25,8 @@ from packdata.conversion.costs import Costs, WorkerClock
 from packdata.conversion.rows import Hashed, Rows
 from packdata.errors import SampleError
 from packdata.manifest import Field
-from packdata.sources.base import Item, Loaded, safe_load
+from packdata.recordmeta import packed_keys
+from packdata.sources.base import Item, Loaded, keys_of, safe_load
 
 if TYPE_CHECKING:
     from packdata.conversion.job import Job
@@ -40,10 +41,17 @@ Placing = tuple[Placement, Slot]
 
 @dataclass
 class Placed:
-    """A block whose records a worker wrote into ``slot``, with their checksums."""
+    """A block whose records a worker wrote into ``slot``, with their checksums and keys
+    (packed and hashed there: :func:`packdata.recordmeta.packed_keys`)."""
 
     slot: Slot
     checksums: np.ndarray  # uint64, one a record
+    keys: tuple[np.ndarray, np.ndarray, np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        """What crossed from the worker: the checksums and the keys."""
+        return self.checksums.nbytes + sum(a.nbytes for a in self.keys)
 
 
 def probe(job: Job, costs: Costs) -> tuple[dict[str, Field], Item] | None:
@@ -79,10 +87,10 @@ def slots(job: Job, writer: Writer) -> Callable[[list[Item]], Placing | None]:
     return slot_of
 
 
-def put(loaded: Rows | Hashed | list[Loaded], placing: Placing,
+def put(items: list[Item], loaded: Rows | Hashed | list[Loaded], placing: Placing,
         clock: WorkerClock) -> Placed | Rows | Hashed | list[Loaded]:
-    """In a worker: the block's records written into their slot where they fit it exactly
-    (:class:`Placed`); else ``loaded`` as it is, for the converting process."""
+    """In a worker: the records ``items`` loaded written into their slot where they fit it
+    exactly (:class:`Placed`); else ``loaded`` as it is, for the converting process."""
     placement, slot = placing
     found = _columns(loaded, placement.fields, slot)
     if found is None:
@@ -91,7 +99,7 @@ def put(loaded: Rows | Hashed | list[Loaded], placing: Placing,
     with clock.phase("place"):
         if not placement.write(slot, columns):
             return loaded
-    return Placed(slot, checksums)
+        return Placed(slot, checksums, packed_keys(keys_of(items)))
 
 
 def _columns(loaded: Rows | Hashed | list[Loaded], fields: dict[str, Field], slot: Slot

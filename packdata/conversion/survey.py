@@ -16,8 +16,11 @@ import numpy as np
 from packdata.conversion.costs import Costs, WorkerClock
 from packdata.conversion.pool import WorkerPool
 from packdata.errors import PackdataError, WorkerDied
-from packdata.sources.base import Item, Source, Survey
+from packdata.sources.base import BLOCK, Item, Source, Survey
 from packdata.units import available_cores
+
+#: survey tasks a worker at most (a few: the ends of the slowest wait for no one long)
+TASKS = 8
 
 # the source, sent once per worker (forked), not once per block
 _worker_source: Source | None = None
@@ -46,8 +49,11 @@ def survey(source: Source, items: Sequence[Item], workers: int | None = None,
     if not source.surveying:
         return None
     costs = costs if costs is not None else Costs()
-    blocks = source.blocks(items)
-    workers = max(1, min(workers or available_cores(), len(blocks)))
+    workers = max(1, workers or available_cores())
+    # a header read costs microseconds: tasks far larger than loading's, TASKS a worker
+    size = max(BLOCK, -(-len(items) // (TASKS * workers)))
+    blocks = [items[a : a + size] for a in range(0, len(items), size)]
+    workers = min(workers, len(blocks))
     if workers <= 1:
         with costs.phase("survey"):
             surveys = [source.survey(block) for block in blocks]

@@ -167,8 +167,10 @@ def assign(
 
 def entry(table: dict[str, int], relpath: str) -> str | None:
     """The labels file's entry for a file: by relative path, file name, or name without suffix."""
+    if relpath in table:  # the common case: no name made
+        return relpath
     name = relpath.rsplit("/", 1)[-1]
-    for candidate in (relpath, name, os.path.splitext(name)[0]):
+    for candidate in (name, os.path.splitext(name)[0]):
         if candidate in table:
             return candidate
     return None
