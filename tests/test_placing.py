@@ -16,6 +16,7 @@ import pytest
 import packdata
 from packdata.containers import hdf5
 from packdata.containers.placement import FilePlacement
+from packdata.errors import InputWarning
 from packdata.sources.base import Survey
 from packdata.sources.images import ImageSource
 
@@ -129,3 +130,27 @@ def test_a_bad_input_stops_a_placed_conversion_leaving_nothing(tmp_path, png_fol
     with pytest.raises(packdata.PackdataError, match=bad.name):
         packdata.convert(packdata.open_source(folder), out / "d.h5", workers=2)
     assert list(out.iterdir()) == []
+
+
+def test_what_the_probe_notes_is_counted_once(tmp_path, png_folder):
+    """The probe loads the first input here, and its worker loads it again: an alpha channel
+    dropped from that input is one input in the manifest, as with one worker (once 4: the
+    probe's note, inherited by each forked worker, and the worker's own)."""
+    from PIL import Image
+
+    src = tmp_path / "src"
+    src.mkdir()
+    pngs = sorted(png_folder.glob("*.png"))[:40]
+    with Image.open(pngs[0]) as im:
+        rgba = im.convert("RGBA")
+    rgba.putalpha(128)
+    rgba.save(src / "a_first.png")  # the probe's input
+    for path in pngs:
+        shutil.copy(path, src / path.name)
+    with pytest.warns(InputWarning):  # no labels; an alpha channel dropped
+        one = packdata.convert(packdata.open_source(src), tmp_path / "1.h5", workers=1)
+        two = packdata.convert(packdata.open_source(src), tmp_path / "2.h5", workers=2)
+    assert two.costs.workers["place"] > 0  # placed: the probe ran
+    changed = two.manifest.source["changed"]
+    assert changed == one.manifest.source["changed"]
+    assert [entry["count"] for entry in changed.values()] == [1]

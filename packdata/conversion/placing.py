@@ -57,13 +57,19 @@ class Placed:
 def probe(job: Job, costs: Costs) -> tuple[dict[str, Field], Item] | None:
     """The fields of the first input that loads as one record (and that input), loaded here;
     None where the first :data:`PROBES` fail or one makes several records."""
+    source = job.source
     with costs.phase("probe"):
-        for item in job.items[:PROBES]:
-            loaded = safe_load(job.source, item)
-            if isinstance(loaded, dict):
-                return job.source.fields(loaded), item
-            if not isinstance(loaded, SampleError):
-                return None
+        kept = source.take_notes()
+        try:
+            for item in job.items[:PROBES]:
+                loaded = safe_load(source, item)
+                if isinstance(loaded, dict):
+                    return source.fields(loaded), item
+                if not isinstance(loaded, SampleError):
+                    return None
+        finally:  # what the probe noted is noted again by the worker that loads its input
+            source.take_notes()  # (and the workers forked next would each inherit it)
+            source.add_notes(kept)
     return None
 
 
