@@ -142,6 +142,51 @@ def test_a_full_filesystem_is_one_line_naming_the_path_and_leaves_nothing(tmp_pa
     assert result["counts"]["one line, nothing left"] >= 3, result
 
 
+def _placed_onto_a_small_disk(src: Path, work: Path, size: int) -> dict:
+    """Inside the namespace: a placed HDF5 conversion (2 workers) onto a tmpfs of ``size``
+    bytes (:func:`full_disk.one_run`), and the processes whose placed write met ENOSPC."""
+    import errno
+    import os
+
+    from packdata.containers.placement import FilePlacement
+
+    failed = work / "failed-in"
+    write = FilePlacement.write
+
+    def noted(self, slot, columns):
+        try:
+            return write(self, slot, columns)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                with open(failed, "a") as f:
+                    f.write(f"{os.getpid()}\n")
+            raise
+
+    FilePlacement.write = noted  # the conversion's process and its workers are forked after
+    try:
+        result = full_disk.one_run(src, work / "mnt", "hdf5", ["--workers", "2"], size, work)
+    finally:
+        FilePlacement.write = write
+    result["failed_in"] = failed.read_text().split() if failed.exists() else []
+    return result
+
+
+def test_a_full_disk_met_by_a_worker_writing_in_place_is_one_line_leaving_nothing(tmp_path,
+                                                                                 png_folder):
+    """The records of a placed HDF5 conversion are written by its workers (pwrite into the
+    file's space, allocated but not yet written: a tmpfs holds no page of it): a full disk
+    fails a worker's write, and the command still says it in one line naming DST, leaving
+    nothing on the filesystem."""
+    try:  # 120 images of 3 kB: a disk of 200 kB is full in the records
+        result = full_disk.in_namespace(_placed_onto_a_small_disk, png_folder, tmp_path, 200_000)
+    except OSError as exc:
+        pytest.skip(f"no mount namespace to mount a small filesystem in: {exc} (needs root, or "
+                    "unprivileged user namespaces)")
+    assert result["outcome"] == "one line, nothing left", result
+    assert "No space left on device" in result["lines"][-1], result
+    assert result["failed_in"], result  # in a worker's placed write, not the parent's
+
+
 class DiesMidSend(ImageSource):
     """The worker loading the 9th image dies as if SIGKILLed in the middle of sending a result:
     half a message in the result pipe, and the pipe's lock never released."""
