@@ -154,3 +154,29 @@ def test_what_the_probe_notes_is_counted_once(tmp_path, png_folder):
     changed = two.manifest.source["changed"]
     assert changed == one.manifest.source["changed"]
     assert [entry["count"] for entry in changed.values()] == [1]
+
+
+def test_the_block_checksums_cover_what_the_workers_wrote(tmp_path, png_folder):
+    """Format 3 over a placed file: the records and the variable field's offsets, both written
+    by the workers with pwrite, verify; a byte changed in either is caught, named."""
+    out = packdata.convert(packdata.open_source(png_folder, max_size=20), tmp_path / "p.h5",
+                           workers=2)
+    assert out.costs.workers["place"] > 0 and packdata.verify(out.path).ok
+    with h5py.File(out.path, "r") as f:
+        where = {name: (f[name].id.get_offset(), f[name].id.get_storage_size())
+                 for name in ("image", "image_offsets", "label")}
+    for name, (start, size) in where.items():
+        bad = tmp_path / f"bad-{name}.h5"
+        shutil.copy(out.path, bad)
+        with open(bad, "r+b") as f:  # a byte in the middle of the dataset
+            f.seek(start + size // 2)
+            byte = f.read(1)[0]
+            f.seek(start + size // 2)
+            f.write(bytes([byte ^ 0x10]))
+        report = packdata.verify(bad)
+        assert not report.ok, name
+        if name == "image_offsets":
+            assert any("'image_offsets' does not match its checksum" in p
+                       for p in report.problems), report
+        else:
+            assert len(report.bad) == 1, report  # the one record whose bytes changed
