@@ -24,8 +24,8 @@
 # bench/results/ keeps the runs' files under the names above with the GPU's name added where
 # there are several: an H100's as bench_gpu.json, bench_gpu_amp.json and augment_gpu.json, an
 # H200's (commit 9abf654) as bench_gpu-h200.json, bench_gpu_amp-h200.json and
-# augment_gpu-h200.json, and an H200's later runs (commit df2a3fb) as feed_gpu-h200.json,
-# bench_fast_gpu-h200.json and convert_cost-16core.json.
+# augment_gpu-h200.json, and an H200's later runs as feed_gpu-h200.json (commit df2a3fb),
+# bench_fast_gpu-h200.json (df2a3fb), convert_cost-16core-df2a3fb.json and convert_cost-16core.json (61fba18).
 #
 # Each step is bounded and writes into OUT_DIR as it goes, so a step that fails or runs long
 # leaves the others' results. DEVICE=cpu COUNT=2000 runs the same steps without a GPU, smaller
