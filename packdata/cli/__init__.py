@@ -1,3 +1,1 @@
-"""The ``packdata`` command line (``packdata.__main__`` starts it)."""
-
-from packdata.cli.app import app, run  # noqa: F401 - the command line's entry points
+from packdata.cli.app import app, run  # noqa: F401 - the command line (packdata.__main__ runs it)

@@ -48,8 +48,7 @@ class Command(TyperCommand):
 
 
 class Commands(TyperGroup):
-    """The ``packdata`` group: ``convert`` is built with its flags only when it is resolved to
-    run (their tables import every sample kind, numpy and Pillow: not for packdata --help)."""
+    """The group: ``convert`` gets its flags (numpy, Pillow…) only when it runs, not for --help."""
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         if args and args[0] == "convert":
