@@ -134,7 +134,8 @@ def main() -> None:
                 start = time.perf_counter()
                 peak = peak_mib([sys.executable, "-c", CONVERT, str(src), str(dst)])
                 row = {"records": count, "container": container, "convert_peak_mib": peak,
-                       "convert_s": time.perf_counter() - start}
+                       "convert_s": time.perf_counter() - start,
+                       "load_average": [round(x, 2) for x in os.getloadavg()]}
                 for mode in ("cold", "warm"):
                     out = subprocess.run([sys.executable, "-c", OPEN, str(dst), mode],
                                          capture_output=True, text=True, check=True).stdout

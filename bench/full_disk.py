@@ -37,6 +37,7 @@ TARGETS = {"lmdb": "d.lmdb", "hdf5": "d.h5", "tar": "d-tar"}
 CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
 MS_REC, MS_PRIVATE = 0x4000, 1 << 18
 LINE_START, LINE_END = "error: ", "; nothing was left behind"
+OUTCOMES = ("one line, nothing left", "complete", "failure")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -179,7 +180,8 @@ def sweep(src: Path, container: str, options: list[str], sizes: int, work: Path,
                     {round(need * f) for f in near})
     runs = [one_run(src, work / "mnt", container, options, size, work) for size in points]
     counts = Counter(r["outcome"] for r in runs)
-    return {"output_bytes": need, "runs": len(runs), "counts": dict(counts),
+    return {"output_bytes": need, "runs": len(runs),
+            "counts": {k: counts[k] for k in OUTCOMES},  # zeros too
             "failures": [r for r in runs if r["outcome"] == "failure"][:5],
             "sizes": [[r["size"], r["outcome"]] for r in runs]}
 
@@ -218,7 +220,7 @@ def main() -> None:
     parser.add_argument("--containers", nargs="+", choices=list(TARGETS), default=list(TARGETS))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    started = time.time()
+    started, load_at_start = time.time(), os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         results = run(Path(tmp), args.containers, args.sizes, args.count)
         for name, r in results.items():
@@ -230,7 +232,10 @@ def main() -> None:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps({
                 "command": "python bench/full_disk.py " + " ".join(sys.argv[1:]),
-                "seconds": round(time.time() - started, 1), "datasets": results},
+                "seconds": round(time.time() - started, 1),
+                "load_average_at_start": [round(x, 2) for x in load_at_start],
+                "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+                "datasets": results},
                 indent=2).replace(tmp, "TMP"))
 
 

@@ -430,6 +430,32 @@ def fuzz_one(original: Path, digests: list[str], scratch: Path, rng: random.Rand
             for level in levels]
 
 
+def mutation_kind(what: str) -> str:
+    """The kind of a mutation from what :func:`mutate` or ``mutate_arrays`` says it did
+    (``"index.npz: flip 3 bytes"`` → ``flip``; ``"keys: entries 3 and 9 swapped"`` → ``swap``;
+    ``"keys reversed, …"`` → ``rewrite reversed``)."""
+    if what.startswith("keys reversed") or what.startswith("keys renamed"):
+        return "rewrite " + what.split()[1].rstrip(",")
+    if what.startswith("manifest "):  # an edited value (not an array named manifest_hash)
+        return "manifest"
+    done = what.rsplit(": ", 1)[-1]
+    for word, kind in (("swapped", "swap"), ("deleted", "delete"), ("zeroed", "zero"),
+                       ("bits flipped", "flip"), ("zero 4 KiB", "zero block"),
+                       ("truncate", "truncate"), ("flip_head", "flip head"), ("flip", "flip")):
+        if word in done:
+            return kind
+    return "other"
+
+
+def mutated_array(what: str) -> str:
+    """The array a mutation of ``mutate_arrays`` changed (``"keys: zeroed"`` → ``keys``;
+    ``"__records__/checksums: deleted"`` → ``checksums``); ``key arrays`` for a coherent
+    rewrite of them all."""
+    if what.startswith("keys reversed") or what.startswith("keys renamed"):
+        return "key arrays"
+    return what.rsplit(": ", 1)[0].rsplit("/", 1)[-1].removeprefix("__records__.")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mutants", type=int, default=1000, help="per dataset")
@@ -445,7 +471,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.serve:
         return serve()
-    started = time.time()
+    started, load_at_start = time.time(), os.getloadavg()
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -460,12 +486,18 @@ def main() -> None:
                 if args.arrays else None
             rng = random.Random(f"{args.seed}-{name}")
             counts = {level: Counter() for level in args.verify}
+            kinds: Counter = Counter()
+            arrays: Counter = Counter()  # --arrays: which array each mutation changed
             examples: dict[str, list] = {}
             scratch = work / "mutants" / name
             scratch.mkdir(parents=True)
             began = time.time()
             for _ in range(args.mutants):
-                for r in fuzz_one(path, digests, scratch, rng, args.verify, read, keys):
+                checks = fuzz_one(path, digests, scratch, rng, args.verify, read, keys)
+                kinds[mutation_kind(checks[0]["mutation"])] += 1
+                if keys is not None:
+                    arrays[mutated_array(checks[0]["mutation"])] += 1
+                for r in checks:
                     counts[r["level"]][r["outcome"]] += 1
                     if r["outcome"] in failures:
                         examples.setdefault(f"{r['level']} {r['outcome']}", []).append(r)
@@ -473,6 +505,8 @@ def main() -> None:
             results[name] = {"records": records, "entry_reads": len(digests) - records,
                              "mutants": args.mutants,
                              "seconds": round(time.time() - began, 1),
+                             "mutations": dict(sorted(kinds.items())),
+                             **({"arrays": dict(sorted(arrays.items()))} if arrays else {}),
                              "outcomes": {lv: {o: c[o] for o in outcomes}
                                           for lv, c in counts.items()},
                              "failure_examples": {k: v[:3] for k, v in examples.items()}}
@@ -480,6 +514,8 @@ def main() -> None:
         read.close()
     summary = {"command": "python bench/fuzz_readers.py " + " ".join(sys.argv[1:]),
                "seconds": round(time.time() - started, 1), "timeout_s": TIMEOUT_S,
+               "load_average_at_start": [round(x, 2) for x in load_at_start],
+               "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
                "memory_headroom_bytes": MEMORY_HEADROOM, "datasets": results}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -431,7 +431,10 @@ def run(work: Path, container: str, kills: int, rng: random.Random, count: int =
     reference = packdata.convert(packdata.open_source(src), work / f"ref-{TARGETS[container]}",
                                  workers=2, container_options=options).manifest
     clean_s = clean_seconds(src, dst, container)
-    counts: Counter = Counter()
+    # every phase and worker state counted, zeros too (the results' readers need no defaults)
+    workers = "worker" in targets or real_worker_kills
+    counts: Counter = Counter({f"phase: {p}": 0 for p in PHASES}
+                              | ({f"worker: {w}": 0 for w in LIFE} if workers else {}))
     failures, trials = [], []
 
     def one(target: str, stop_at: tuple[str, int] | None = None) -> dict:
@@ -444,6 +447,7 @@ def run(work: Path, container: str, kills: int, rng: random.Random, count: int =
                                              "exit", "gone_s", "opened", "leftovers",
                                              "main_killed") if k in r} | {"hung": hung})
         counts[f"{target} {'signalled' if target == 'term' else 'killed'}"] += 1
+        counts["term aimed"] += bool(r.get("aimed"))  # stopped where it was aimed, signalled
         counts["opened complete" if r["opened"] else "refused"] += 1
         counts["leftovers"] += bool(r["leftovers"])
         counts["hung"] += hung
@@ -489,7 +493,7 @@ def main() -> None:
     parser.add_argument("--aimed", type=int, default=0,
                         help="then this many rounds of SIGTERMs aimed at every phase")
     args = parser.parse_args()
-    results = {}
+    results, load_at_start = {}, os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         for container in args.containers:
             results[container] = run(Path(tmp), container, args.kills,
@@ -504,6 +508,8 @@ def main() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(portable(json.dumps({
             "command": "python bench/kill_conversions.py " + " ".join(sys.argv[1:]),
+            "load_average_at_start": [round(x, 2) for x in load_at_start],
+            "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
             "containers": results}, indent=2), tmp))
 
 

@@ -23,6 +23,8 @@ fuzz = load_script(Path(__file__).resolve().parents[1] / "bench" / "fuzz_readers
 # what fuzz_readers imports by name for --arrays (bench/ is on a script's path, not the tests')
 load_script(Path(__file__).resolve().parents[1] / "bench" / "mutate_arrays.py", "mutate_arrays")
 
+ARRAY_KINDS = ("flip", "zero", "swap", "delete", "rewrite reversed", "rewrite renamed")
+
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="forks with Linux rlimits")
 
 
@@ -49,6 +51,28 @@ def test_mutants_read_back_exactly_or_raise_a_named_error(tmp_path_factory, orig
     assert "named_error" in seen  # the mutations do reach the data
 
 
+def test_mutations_are_counted_by_kind_and_array():
+    """What the results count each mutant as, from what the mutation said it did (the
+    strings of fuzz_readers.mutate and mutate_arrays)."""
+    said = {"index.npz: flip 3 bytes": ("flip", None),
+            "d.h5: flip_head 1 bytes": ("flip head", None),
+            "data.mdb: truncate to 812": ("truncate", None),
+            "shard-000000.tar: zero 4 KiB at 99": ("zero block", None),
+            "manifest packdata/count = 61": ("manifest", None),
+            "manifest packdata/fields: removed label": ("manifest", None),
+            "manifest_hash: bits flipped": ("flip", "manifest_hash"),
+            "manifest_hash: zeroed": ("zero", "manifest_hash"),
+            "__records__/manifest_hash: deleted": ("delete", "manifest_hash"),
+            "__records__.key_order: entries 3 and 9 swapped": ("swap", "key_order"),
+            "__offsets__: zeroed": ("zero", "__offsets__"),
+            "keys renamed, with their arrays and block checksums": ("rewrite renamed", "key arrays"),
+            "keys reversed, with their arrays and block checksums": ("rewrite reversed", "key arrays")}
+    for what, (kind, array) in said.items():
+        assert fuzz.mutation_kind(what) == kind, what
+        if array is not None:
+            assert fuzz.mutated_array(what) == array, what
+
+
 @pytest.mark.parametrize("name", ["lmdb", "hdf5", "tar"])
 def test_mutants_of_the_record_arrays_serve_no_wrong_key_and_verify_names_each(
         tmp_path_factory, originals, name):
@@ -70,6 +94,8 @@ def test_mutants_of_the_record_arrays_serve_no_wrong_key_and_verify_names_each(
                                        keys=keys)
         assert full["outcome"] in ("same", "named_error"), full
         assert verified["outcome"] == "named_error", verified
+        # the results count mutants by kind: each array mutation is one of the kinds counted
+        assert fuzz.mutation_kind(full["mutation"]) in ARRAY_KINDS, full["mutation"]
 
     check()
 
