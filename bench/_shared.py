@@ -45,6 +45,25 @@ def parser(doc: str | None, *, dataset: bool = False, data: Path | None = None,
     return p
 
 
+def build_folder(data: Path, out: Path, count: int) -> Path:
+    """``count`` PNGs of ``data`` repeated, with their labels (labels.json inside ``data``, as
+    packdata/demo_data has it, or beside it, as ../shared/data/cifar10 has it)."""
+    import shutil
+
+    inside = data / "labels.json"
+    labels = json.loads((inside if inside.is_file() else data.parent / "labels.json").read_text())
+    names = sorted(labels["labels"])
+    out.mkdir(parents=True)
+    table = {}
+    for i in range(count):
+        name = names[i % len(names)]
+        new = f"{Path(name).stem}_{i:06d}.png"
+        shutil.copyfile(data / name, out / new)
+        table[new] = labels["labels"][name]
+    (out / "labels.json").write_text(json.dumps({"classes": labels["classes"], "labels": table}))
+    return out
+
+
 def tile_clouds(src: Path, out: Path, count: int, link: bool = False) -> Path:
     """A folder of ``count`` point clouds: the LAS/LAZ files under ``src`` repeated round-robin
     under numbered names, each in the sub-folder (class) it has under ``src``; copied, or with

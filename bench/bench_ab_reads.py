@@ -22,8 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _shared import CIFAR_PNG, command_line, parser, write_results
-from bench_containers import build_folder
+from _shared import CIFAR_PNG, build_folder, command_line, parser, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTAINERS = {"lmdb": "d.lmdb", "hdf5": "d.h5", "tar": "d-tar"}

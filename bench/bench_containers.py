@@ -20,10 +20,8 @@ once, so worker processes persist across passes.
 
 from __future__ import annotations
 
-import json
 import os
 import resource
-import shutil
 import sys
 import tempfile
 import time
@@ -31,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _shared import CIFAR_PNG, command_line, parser, write_results
+from _shared import CIFAR_PNG, build_folder, command_line, parser, write_results
 from torch.utils.data import DataLoader
 
 import packdata
@@ -80,23 +78,6 @@ class SortedGather:
 def rows_of(array: np.ndarray) -> np.ndarray:
     """A C-contiguous array's records as rows of bytes (what ``gather_rows`` takes)."""
     return np.ascontiguousarray(array).reshape(len(array), -1).view(np.uint8)
-
-
-def build_folder(data: Path, out: Path, count: int) -> Path:
-    """``count`` PNGs of ``data`` repeated, with their labels (labels.json inside ``data``, as
-    packdata/demo_data has it, or beside it, as ../shared/data/cifar10 has it)."""
-    inside = data / "labels.json"
-    labels = json.loads((inside if inside.is_file() else data.parent / "labels.json").read_text())
-    names = sorted(labels["labels"])
-    out.mkdir(parents=True)
-    table = {}
-    for i in range(count):
-        name = names[i % len(names)]
-        new = f"{Path(name).stem}_{i:06d}.png"
-        shutil.copyfile(data / name, out / new)
-        table[new] = labels["labels"][name]
-    (out / "labels.json").write_text(json.dumps({"classes": labels["classes"], "labels": table}))
-    return out
 
 
 def peak_rss_mib() -> float:

@@ -58,7 +58,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _shared import CIFAR_PNG, command_line, parser, write_results
+from _shared import CIFAR_PNG, build_folder, command_line, parser, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 CONVERSIONS = {
@@ -88,25 +88,6 @@ def size_of(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def tiled_pngs(data: Path, out: Path, count: int) -> Path:
-    """``count`` of the CIFAR PNGs under new names, with labels.json (hard links where the file
-    system allows: the bytes are the same files' either way)."""
-    # labels.json beside the folder (../shared/data/cifar10) or in it (packdata/demo_data)
-    labels_file = data / "labels.json" if (data / "labels.json").is_file() else \
-        data.parent / "labels.json"
-    labels = json.loads(labels_file.read_text())
-    names = sorted(labels["labels"])
-    out.mkdir(parents=True)
-    table = {}
-    for i in range(count):
-        name = names[i % len(names)]
-        new = f"{Path(name).stem}_{i:06d}.png"
-        shutil.copyfile(data / name, out / new)
-        table[new] = labels["labels"][name]
-    (out / "labels.json").write_text(json.dumps({"classes": labels["classes"], "labels": table}))
-    return out
 
 
 def photo_jpegs(out: Path, count: int, png: Path) -> tuple[Path, str]:
@@ -267,7 +248,7 @@ def startup_only(roots: list[Path], args: argparse.Namespace) -> None:
     doc: dict = {"command": command_line(), "load_before": load(), "startup": {}}
     with tempfile.TemporaryDirectory(prefix="packdata-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        png = tiled_pngs(args.data, tmp / "png", 200)
+        png = build_folder(args.data, tmp / "png", 200)
         for r in range(args.rounds):
             for n, root in enumerate(roots):
                 where = tmp / f"{n}-{r}"
@@ -310,7 +291,7 @@ def main() -> None:
                  "rows": [], "copies": [], "not_run": []}
     with tempfile.TemporaryDirectory(prefix="packdata-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        inputs = {"png": tiled_pngs(args.data, tmp / "png", args.count)}
+        inputs = {"png": build_folder(args.data, tmp / "png", args.count)}
         if any(CONVERSIONS[c][0] == "jpeg" for c in args.only):
             if args.jpegs:
                 inputs["jpeg"], doc["jpegs"] = args.jpegs, str(args.jpegs)

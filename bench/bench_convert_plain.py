@@ -45,8 +45,7 @@ from pathlib import Path
 import h5py
 import lmdb
 import numpy as np
-from _shared import CIFAR_PNG, command_line, parser, timed, write_results
-from bench_containers import build_folder
+from _shared import CIFAR_PNG, build_folder, command_line, parser, timed, write_results
 from PIL import Image
 
 import packdata
