@@ -273,15 +273,21 @@ def child_keys(path: Path, keys: list[str]) -> dict:
             wrong = "the keys iterated differ"
         if wrong is None and "no such key~" in got:
             wrong = "a key that is not there is found"
-    except PackdataError as exc:
+    except Exception as exc:
+        return raised(exc, path)
+    return {"outcome": "same" if wrong is None else "wrong_key", "error": wrong or ""}
+
+
+def raised(exc: Exception, path: Path) -> dict:
+    """What an exception out of reading the mutant at ``path`` counts as: a packdata error that
+    names the dataset (or one of its files) or does not, memory, or a foreign exception."""
+    if isinstance(exc, PackdataError):
         named = str(path) in str(exc) or any(str(f) in str(exc) for f in files_of(path))
         return {"outcome": "named_error" if named else "unnamed_error", "error": str(exc)[:300]}
-    except MemoryError as exc:
+    if isinstance(exc, MemoryError):
         return {"outcome": "memory", "error": repr(exc)[:300]}
-    except Exception as exc:
-        return {"outcome": "foreign_error", "error": f"{type(exc).__name__}: {exc}"[:300],
-                "where": traceback.format_exc()[-600:]}
-    return {"outcome": "same" if wrong is None else "wrong_key", "error": wrong or ""}
+    return {"outcome": "foreign_error", "error": f"{type(exc).__name__}: {exc}"[:300],
+            "where": traceback.format_exc()[-600:]}
 
 
 def worst(results: list[dict]) -> dict:
@@ -305,14 +311,8 @@ def child_read(path: Path, digests: list[str], level: str) -> dict:
         # entries first: a fresh reader checks them entry by entry
         entries = [h for entry in reads[1:] for h in read_digests(reader, entry)]
         got = read_digests(reader) + entries
-    except PackdataError as exc:
-        named = str(path) in str(exc) or any(str(f) in str(exc) for f in files_of(path))
-        return {"outcome": "named_error" if named else "unnamed_error", "error": str(exc)[:300]}
-    except MemoryError as exc:
-        return {"outcome": "memory", "error": repr(exc)[:300]}
     except Exception as exc:
-        return {"outcome": "foreign_error", "error": f"{type(exc).__name__}: {exc}"[:300],
-                "where": traceback.format_exc()[-600:]}
+        return raised(exc, path)
     return {"outcome": "same" if got == digests else "silent_wrong",
             "error": f"{count} records, {sum(a != b for a, b in zip(got, digests))} differ"}
 
