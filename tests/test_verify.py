@@ -83,14 +83,30 @@ def test_verify_full_raises_at_read_and_off_reads_the_wrong_bytes(tmp_path, pack
     assert not np.array_equal(packdata.open(copy, verify="off")[3][0], original)
 
 
+def through_workers(ds) -> list:
+    """Every batch of a stock DataLoader with 2 workers. An iterator whose worker raised is shut
+    down here: torch's shutdown then waits its status interval (5 s) for each worker, which
+    does not exit, before terminating it; the test waits half a second for each."""
+    from torch.utils.data import _utils
+
+    batches = iter(torch.utils.data.DataLoader(ds, batch_size=16, num_workers=2))
+    try:
+        return list(batches)
+    finally:
+        interval, _utils.MP_STATUS_CHECK_INTERVAL = _utils.MP_STATUS_CHECK_INTERVAL, 0.5
+        try:
+            batches._shutdown_workers()
+        finally:
+            _utils.MP_STATUS_CHECK_INTERVAL = interval
+
+
 PATHS = {
     "ds[i]": lambda ds: ds[3],
     "batch": lambda ds: ds[[1, 2, 3, 4]],
     "loader": lambda ds: list(packdata.loader(ds, batch_size=16, shuffle=False, num_workers=0)),
     "loader threads": lambda ds: list(packdata.loader(ds, batch_size=8, shuffle=False,
                                                       num_workers=2, workers="thread")),
-    "DataLoader workers": lambda ds: list(torch.utils.data.DataLoader(ds, batch_size=16,
-                                                                      num_workers=2)),
+    "DataLoader workers": lambda ds: through_workers(ds),
     "streaming": lambda ds: list(StreamingDataset(ds.path, shuffle_buffer=1)),
 }
 
