@@ -21,6 +21,14 @@ from tests.conftest import fifo_folder
 runner = CliRunner()
 
 
+def fresh_python(script: str, *args: str, timeout: float = 60, **env: str
+                 ) -> subprocess.CompletedProcess:
+    """``script`` run by a fresh interpreter from the repository root, as a command line starts:
+    its output captured; ``env`` added to the environment."""
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **env}, cwd=Path(__file__).parents[1])
+
+
 def test_convert_and_inspect(tmp_path, png_folder):
     out = tmp_path / "c.lmdb"
     result = runner.invoke(app, ["convert", str(png_folder), str(out), "--workers", "2"])
@@ -235,8 +243,7 @@ def test_an_interrupt_python_swallowed_still_counts():
         "print('still running')\n"
         "interrupts.check()\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=60, cwd=Path(__file__).parents[1])
+    done = fresh_python(script)
     assert "still running" in done.stdout and "Exception ignored" in done.stderr
     assert done.returncode != 0 and done.stderr.rstrip().endswith("KeyboardInterrupt")
 
@@ -253,9 +260,9 @@ HELPS = ("import sys\nfrom packdata.__main__ import main\n"
 @pytest.fixture(scope="module")
 def helps() -> dict[str, str]:
     """``packdata COMMAND --help`` as a CI log shows it: 80 columns, no terminal."""
-    out = subprocess.run([sys.executable, "-c", HELPS, *HELPED], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "COLUMNS": "80"}, check=True,
-                         cwd=Path(__file__).parents[1]).stdout
+    done = fresh_python(HELPS, *HELPED, timeout=120, COLUMNS="80")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
     parts = out.split("=== ")[1:]
     return {part.split("\n", 1)[0]: part.split("\n", 1)[1] for part in parts}
 
@@ -304,9 +311,7 @@ def test_flags_follow_the_library_tables():
 def test_packdata_help_lists_every_command_without_importing_torch():
     script = ("import sys\nfrom packdata.__main__ import main\nsys.argv = ['packdata', '--help']\n"
               "status = main()\nprint('torch loaded:', 'torch' in sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "COLUMNS": "80"},
-                          cwd=Path(__file__).parents[1])
+    done = fresh_python(script, timeout=120, COLUMNS="80")
     assert "torch loaded: False" in done.stdout, done.stdout + done.stderr
     panel = done.stdout.split("Commands")[1].splitlines()
     listed = [line.split()[1] for line in panel if line.startswith("│ ") and line[2] != " "]
@@ -346,7 +351,7 @@ def test_no_command_takes_keyword_arguments_as_typer_reads_it():
             "kinds = {c.__name__: [str(p.kind) for p in inspect.signature(c).parameters.values()]"
             " for c in calls}\n"
             "print([n for n, k in kinds.items() if 'VAR_KEYWORD' in k], len(kinds))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = fresh_python(code)
     assert out.stdout.split() == ["[]", "7"], out.stdout + out.stderr  # 7 commands, none
 
 
@@ -370,7 +375,6 @@ def test_what_finalisers_raise_after_an_interrupt_is_not_shown():
         "HalfMade(); gc.collect()\n"
         "print('done')\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=60, cwd=Path(__file__).parents[1])
+    done = fresh_python(script)
     assert "done" in done.stdout
     assert "AttributeError: before" in done.stderr and "after" not in done.stderr
