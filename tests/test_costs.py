@@ -81,3 +81,21 @@ def test_the_survey_reads_headers_in_the_workers_as_here(tmp_path):
     assert here.parent["survey"][1] > 0 and here.workers == {}
     assert rows.keys() == alone.keys() == {"image"} and len(rows["image"]) == 600
     assert np.array_equal(rows["image"], alone["image"]) and set(rows["image"]) == {400}
+
+
+def test_a_phase_not_named_in_the_tables_is_refused():
+    """A misspelt phase would be timed apart and counted as serial work: refused by name."""
+    import pytest
+
+    from packdata.conversion.costs import Costs, WorkerClock
+
+    with pytest.raises(ValueError, match="no conversion phase 'writting'"):
+        Costs().phase("writting").__enter__()  # before the block runs
+    with pytest.raises(ValueError, match="no conversion phase 'list'"):
+        Costs().since("list", Costs.mark())
+    with pytest.raises(ValueError, match="no conversion phase 'packing'"):
+        WorkerClock().phase("packing").__enter__()
+    costs = Costs()
+    with costs.phase("writing"):
+        pass
+    assert list(costs.parent) == ["writing"]

@@ -26,6 +26,13 @@ WORKER = ("survey", "load", "pack", "hashing", "place")
 SPREAD = ("survey", "load")
 
 
+def _known(name: str, phases: tuple[str, ...]) -> str:
+    # a misspelt phase would be timed apart and counted as serial: refused instead
+    if name not in phases:
+        raise ValueError(f"no conversion phase {name!r} (phases: {', '.join(phases)})")
+    return name
+
+
 @dataclass
 class Costs:
     """Seconds and bytes of one conversion. ``parent``: phase → [wall, cpu]; ``workers``: phase
@@ -39,6 +46,7 @@ class Costs:
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Time the block as the parent's phase ``name`` (phases add up when repeated)."""
+        _known(name, PARENT)
         wall, cpu = time.perf_counter(), time.process_time()
         try:
             yield
@@ -55,7 +63,7 @@ class Costs:
     def since(self, name: str, mark: tuple[float, float]) -> None:
         """Time since ``mark`` (:meth:`mark`) added to the parent's phase ``name``: for a phase
         that ends where no block can wrap it (a commit, on leaving its context)."""
-        spent = self.parent.setdefault(name, [0.0, 0.0])
+        spent = self.parent.setdefault(_known(name, PARENT), [0.0, 0.0])
         spent[0] += time.perf_counter() - mark[0]
         spent[1] += time.process_time() - mark[1]
 
@@ -86,6 +94,7 @@ class WorkerClock:
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        _known(name, WORKER)
         cpu = time.process_time()
         try:
             yield
