@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from packdata.errors import ArgumentError
+
 #: the parent's phases, in the order a conversion runs them
 PARENT = ("listing", "keys", "survey", "surveying", "probe", "load", "hand-over", "writing",
           "hashing", "metadata", "finish", "commit")
@@ -29,7 +31,7 @@ SPREAD = ("survey", "load")
 def _known(name: str, phases: tuple[str, ...]) -> str:
     # a misspelt phase would be timed apart and counted as serial: refused instead
     if name not in phases:
-        raise ValueError(f"no conversion phase {name!r} (phases: {', '.join(phases)})")
+        raise ArgumentError(f"no conversion phase {name!r} (phases: {', '.join(phases)})")
     return name
 
 
